@@ -1,0 +1,74 @@
+"""Pure acceptance rules of the speculative loop, on numpy arrays.
+
+Greedy: keep the longest prefix where the draft equals the target's argmax, then the target's
+own token. Sampling with an argmax proposal (one-hot q): for draft token d at row j,
+
+    accept with probability min(1, p(d) / q(d)) = p(d)            (q(d) = 1)
+    on rejection sample from norm(max(0, p - q)) = p without d, renormalised
+    if every draft is accepted, the bonus comes from p at the last row.
+
+This is exact rejection sampling: the output distribution is the target's own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_local.events import GenerationParams
+
+
+def greedy_accept(draft_ids: list[int], target_argmax: np.ndarray) -> tuple[int, int]:
+    """draft_ids: [W-1]; target_argmax: [W]. Returns (accepted_len, next_token)."""
+    accepted_len = 0
+    for draft_id, target_id in zip(draft_ids, target_argmax[:-1]):
+        if draft_id != int(target_id):
+            break
+        accepted_len += 1
+    return accepted_len, int(target_argmax[accepted_len])
+
+
+def target_probs(logits: np.ndarray, params: GenerationParams) -> np.ndarray:
+    """logits: [rows, V] -> probabilities after temperature, top-k and top-p, [rows, V] float64."""
+    scaled = logits.astype(np.float64) / params.temperature
+    if params.top_k and params.top_k < scaled.shape[-1]:
+        kth = np.partition(scaled, -params.top_k, axis=-1)[:, -params.top_k][:, None]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    scaled -= scaled.max(axis=-1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    return probs
+
+
+def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
+    order = np.argsort(-probs, axis=-1)
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+    mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep_sorted = mass_before < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    filtered = np.where(keep, probs, 0.0)
+    return filtered / filtered.sum(axis=-1, keepdims=True)
+
+
+def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
+    return int(rng.choice(probs.shape[-1], p=probs))
+
+
+def sampled_accept(
+    draft_ids: list[int], probs: np.ndarray, rng: np.random.Generator
+) -> tuple[int, int]:
+    """draft_ids: [W-1] argmax proposals; probs: [W, V] target probabilities.
+
+    Returns (accepted_len, next_token) by the one-hot-q rejection rule in the module docstring.
+    """
+    for row, draft_id in enumerate(draft_ids):
+        p_draft = probs[row, draft_id]
+        if rng.random() < p_draft:
+            continue
+        residual = probs[row].copy()
+        residual[draft_id] = 0.0
+        return row, sample_from(residual / residual.sum(), rng)
+    return len(draft_ids), sample_from(probs[len(draft_ids)], rng)

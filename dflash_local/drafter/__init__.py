@@ -1,0 +1,1 @@
+"""The DFlash drafter: config parsing (framework-free) and one model per framework."""

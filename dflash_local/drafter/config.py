@@ -1,0 +1,266 @@
+"""Parse z-lab DFlash drafter checkpoints (config.json) into one frozen dataclass. Framework-free.
+
+Both schema generations are accepted: `block_size` top-level (older) or in `dflash_config`
+(newer); RoPE as `rope_theta` + `rope_scaling` (older) or `rope_parameters` (newer).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_local.errors import CheckpointError
+
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+SUPPORTED_VERSIONS = ("dflash",)  # DFlash 2 is parsed, then refused by check_compatible
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    version: str  # "dflash" (v1) | "dflash2"
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    attention_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    num_target_layers: int | None = None
+    input_embedding_scale: float | None = None
+    output_multiplier: float | None = None
+    final_logit_softcapping: float | None = None
+
+    def layer_is_sliding(self, layer_index: int) -> bool:
+        return (
+            bool(self.layer_types)
+            and self.layer_types[layer_index] == "sliding_attention"
+            and self.sliding_window is not None
+        )
+
+    def layer_is_causal(self, layer_index: int) -> bool:
+        """v1 layers are bidirectional in the block; sliding layers are causal unless overridden."""
+        if self.is_causal is not None:
+            return self.is_causal
+        return bool(self.layer_types) and self.layer_types[layer_index] == "sliding_attention"
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """z-lab's rule: one draft layer taps the middle; else evenly from layer 1 to L-3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    return tuple(
+        int(round(start + i * (end - start) / (num_draft_layers - 1)))
+        for i in range(num_draft_layers)
+    )
+
+
+def load_drafter_config(path: str | Path) -> DrafterConfig:
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"drafter directory {path} has no config.json")
+    try:
+        raw = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
+    return parse_drafter_config(raw, source=str(config_path))
+
+
+def parse_drafter_config(raw: dict[str, Any], source: str = "config.json") -> DrafterConfig:
+    version = _version(raw, source)
+    dflash = raw.get("dflash_config") or {}
+    if "mask_token_id" not in dflash:
+        raise CheckpointError(f"{source}: dflash_config.mask_token_id is missing")
+    block_size = dflash.get("block_size", raw.get("block_size"))
+    if block_size is None:
+        raise CheckpointError(f"{source}: no block_size (neither top-level nor in dflash_config)")
+    layers = _required(raw, "num_hidden_layers", source)
+    target_layer_ids = dflash.get("target_layer_ids")
+    if target_layer_ids is None:
+        if raw.get("num_target_layers") is None:
+            raise CheckpointError(
+                f"{source}: dflash_config.target_layer_ids is missing and so is num_target_layers"
+            )
+        target_layer_ids = default_target_layer_ids(raw["num_target_layers"], layers)
+    layer_types = tuple(raw.get("layer_types") or ())
+    if layer_types and len(layer_types) != layers:
+        raise CheckpointError(
+            f"{source}: layer_types has {len(layer_types)} entries for {layers} layers"
+        )
+    rope_theta, rope_scaling = _rope(raw)
+    heads = _required(raw, "num_attention_heads", source)
+    hidden = _required(raw, "hidden_size", source)
+    return DrafterConfig(
+        version=version,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads", heads),
+        head_dim=raw.get("head_dim") or hidden // heads,
+        intermediate_size=_required(raw, "intermediate_size", source),
+        vocab_size=_required(raw, "vocab_size", source),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=raw.get("max_position_embeddings", 40960),
+        block_size=int(block_size),
+        target_layer_ids=tuple(int(i) for i in target_layer_ids),
+        mask_token_id=int(dflash["mask_token_id"]),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        attention_bias=bool(raw.get("attention_bias", False)),
+        layer_types=layer_types,
+        sliding_window=raw.get("sliding_window"),
+        is_causal=raw.get("is_causal"),
+        num_target_layers=raw.get("num_target_layers"),
+        input_embedding_scale=dflash.get("input_embedding_scale"),
+        output_multiplier=dflash.get("output_multiplier"),
+        final_logit_softcapping=dflash.get("final_logit_softcapping"),
+    )
+
+
+def to_checkpoint_json(config: DrafterConfig) -> dict[str, Any]:
+    """The config.json z-lab writes (newer schema: block_size inside dflash_config)."""
+    dflash: dict[str, Any] = {
+        "target_layer_ids": list(config.target_layer_ids),
+        "mask_token_id": config.mask_token_id,
+        "block_size": config.block_size,
+    }
+    for key in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
+        if getattr(config, key) is not None:
+            dflash[key] = getattr(config, key)
+    raw: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel" if config.version == "dflash" else "DFlash2DraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "attention_bias": config.attention_bias,
+        "hidden_act": "silu",
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "num_target_layers": config.num_target_layers,
+        "block_size": config.block_size,
+        "torch_dtype": "bfloat16",
+        "dflash_config": dflash,
+    }
+    if config.layer_types:
+        raw["layer_types"] = list(config.layer_types)
+        raw["sliding_window"] = config.sliding_window
+    if config.is_causal is not None:
+        raw["is_causal"] = config.is_causal
+    return raw
+
+
+def _version(raw: dict[str, Any], source: str) -> str:
+    architectures = raw.get("architectures") or []
+    for name in architectures:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise CheckpointError(
+        f"{source}: architectures {architectures} is not a DFlash drafter "
+        f"(expected one of {sorted(ARCHITECTURES)})"
+    )
+
+
+def _required(raw: dict[str, Any], key: str, source: str):
+    if key not in raw:
+        raise CheckpointError(f"{source}: required key {key!r} is missing")
+    return raw[key]
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
+    params = raw.get("rope_parameters")
+    if params:  # newer transformers: theta and scaling in one dict
+        params = dict(params)
+        theta = float(params.pop("rope_theta", raw.get("rope_theta", 1_000_000.0)))
+        scaling = params if params.get("rope_type", "default") != "default" else None
+        return theta, scaling
+    scaling = raw.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return float(raw.get("rope_theta", 1_000_000.0)), scaling
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the compatibility check needs to know of a target, read from its config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    embedding_rows: int  # rows of embed_tokens (usually == vocab_size)
+    max_position_embeddings: int = 0
+
+
+def target_info_from_config(raw: dict[str, Any]) -> TargetInfo:
+    text = raw.get("text_config") or raw  # multimodal and hybrid configs nest the LM
+    return TargetInfo(
+        model_type=str(text.get("model_type", raw.get("model_type", "unknown"))),
+        vocab_size=int(text.get("vocab_size", raw.get("vocab_size", 0))),
+        hidden_size=int(text["hidden_size"]),
+        num_hidden_layers=int(text["num_hidden_layers"]),
+        embedding_rows=int(text.get("vocab_size", raw.get("vocab_size", 0))),
+        max_position_embeddings=int(text.get("max_position_embeddings", 0)),
+    )
+
+
+def load_target_info(path: str | Path) -> TargetInfo:
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"target directory {path} has no config.json")
+    return target_info_from_config(json.loads(config_path.read_text()))
+
+
+def check_compatible(
+    drafter: DrafterConfig,
+    target: TargetInfo,
+    supported_versions: tuple[str, ...] = SUPPORTED_VERSIONS,
+) -> list[str]:
+    """Every reason this pair cannot work; an empty list means it can."""
+    reasons = []
+    if drafter.version not in supported_versions:
+        reasons.append(
+            f"drafter architecture {drafter.version!r} is not supported by this engine "
+            f"(supported: {', '.join(supported_versions)})"
+        )
+    if drafter.vocab_size != target.vocab_size:
+        reasons.append(f"drafter vocab_size {drafter.vocab_size} != target vocab_size {target.vocab_size}")
+    if drafter.hidden_size != target.hidden_size:
+        reasons.append(
+            f"drafter hidden_size {drafter.hidden_size} != target hidden_size {target.hidden_size}"
+        )
+    for tap in drafter.target_layer_ids:
+        if tap >= target.num_hidden_layers:
+            reasons.append(f"drafter tap {tap} >= target layers {target.num_hidden_layers}")
+        elif tap < 0:
+            reasons.append(f"drafter tap {tap} is negative")
+    if not 0 <= drafter.mask_token_id < target.embedding_rows:
+        reasons.append(
+            f"mask_token_id {drafter.mask_token_id} is outside the target's embedding table "
+            f"of {target.embedding_rows} rows"
+        )
+    if drafter.num_target_layers is not None and drafter.num_target_layers != target.num_hidden_layers:
+        reasons.append(
+            f"drafter was trained for a target of {drafter.num_target_layers} layers, "
+            f"this target has {target.num_hidden_layers}"
+        )
+    return reasons

@@ -1,0 +1,313 @@
+"""The DFlash v1 drafter in PyTorch, with the checkpoint's own weight names.
+
+Boundary: this file holds the model (layers, context cache, loading and saving z-lab
+checkpoints). It has no embeddings or LM head of its own: `bind()` borrows the target's.
+The same forward serves inference (context rows from a cache) and training (packed blocks
+with an explicit block-sparse mask, see dflash_local/train/).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_checkpoint_json
+from dflash_local.errors import CheckpointError
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for absolute positions; scaled variants through transformers' own rope table."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        inv_freq, self.attention_scaling = _rope_inv_freq(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def _rope_inv_freq(config: DrafterConfig) -> tuple[torch.Tensor, float]:
+    if not config.rope_scaling:
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+        return 1.0 / (config.rope_theta**exponents), 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = dict(config.rope_scaling)
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    hf_config = Qwen3Config(
+        hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+        head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+        rope_parameters={**scaling, "rope_type": rope_type, "rope_theta": config.rope_theta},
+    )
+    inv_freq, scaling_factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq.float(), float(scaling_factor)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, heads, T, d]; cos/sin: [T, d]."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, head_dim,
+        )
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, count, self.head_dim).transpose(1, 2)  # [b, heads, t, d]
+
+    def context_kv(self, ctx: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of context rows (KV injection): they are only ever attended to."""
+        keys = apply_rope(self.k_norm(self._heads(self.k_proj(ctx), self.num_kv_heads)), *rope)
+        return keys, self._heads(self.v_proj(ctx), self.num_kv_heads)
+
+    def forward(self, x, ctx_keys, ctx_values, block_rope, mask):
+        """x: [b, Q, H] block rows; ctx_keys/values: [b, kv, S, d]; mask: [Q, S+Q] bool or None."""
+        b, q_len, _ = x.shape
+        queries = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), *block_rope)
+        keys = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), *block_rope)
+        keys = torch.cat([ctx_keys, keys], dim=2)
+        values = torch.cat([ctx_values, self._heads(self.v_proj(x), self.num_kv_heads)], dim=2)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+
+@dataclass
+class ContextCache:
+    """Per-layer keys/values of context rows; `start` = absolute position of the first kept row.
+
+    `window` bounds it (the draft sliding window): draft cost stays flat on long contexts.
+    """
+
+    keys: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+    start: int = 0
+    end: int = 0  # absolute position after the last row
+    window: int | None = None
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
+        if self.keys[layer] is not None:
+            keys = torch.cat([self.keys[layer], keys], dim=2)
+            values = torch.cat([self.values[layer], values], dim=2)
+        if self.window is not None and keys.shape[2] > self.window:
+            keys, values = keys[:, :, -self.window :], values[:, :, -self.window :]
+        self.keys[layer], self.values[layer] = keys, values
+        return keys, values
+
+
+class DFlashDrafter(nn.Module):
+    """Attribute names are z-lab's weight names: a checkpoint loads with no name map."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config)
+        self._borrowed: tuple = ()  # (embed_tokens, lm_head): the target's, never saved with us
+
+    def bind(self, embed_tokens: nn.Module, lm_head) -> DFlashDrafter:
+        self._borrowed = (embed_tokens, lm_head)
+        return self
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        embeds = self._borrowed[0](token_ids)
+        if self.config.input_embedding_scale is not None:
+            embeds = embeds * self.config.input_embedding_scale
+        return embeds
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self._borrowed[1](hidden)
+        if self.config.output_multiplier is not None:
+            logits = logits * self.config.output_multiplier
+        if self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def new_cache(self, window: int | None = None) -> ContextCache:
+        count = len(self.layers)
+        return ContextCache([None] * count, [None] * count, window=window)
+
+    def draft(self, block_ids: torch.Tensor, new_taps: torch.Tensor, cache: ContextCache) -> torch.Tensor:
+        """block_ids: [b, W] (anchor + MASKs); new_taps: [b, n, taps*H] rows not yet cached.
+
+        Returns the final-normed hidden states of the block, [b, W, H].
+        """
+        n_new, width = new_taps.shape[1], block_ids.shape[1]
+        device = block_ids.device
+        ctx_pos = torch.arange(cache.end, cache.end + n_new, device=device)
+        block_pos = torch.arange(cache.end + n_new, cache.end + n_new + width, device=device)
+        x = self.embed(block_ids)
+        ctx = self.hidden_norm(self.fc(new_taps))
+        ctx_rope, block_rope = self.rotary(ctx_pos, x.dtype), self.rotary(block_pos, x.dtype)
+        for index, layer in enumerate(self.layers):
+            new_keys, new_values = layer.self_attn.context_kv(ctx, ctx_rope)
+            keys, values = cache.append(index, new_keys, new_values)
+            kept_pos = torch.arange(cache.end + n_new - keys.shape[2], cache.end + n_new, device=device)
+            mask = self._layer_mask(index, kept_pos, block_pos)
+            x = self._layer(layer, x, keys, values, block_rope, mask)
+        cache.end += n_new
+        cache.start = cache.end - cache.keys[0].shape[2]
+        return self.norm(x)
+
+    def forward_packed(
+        self, block_ids: torch.Tensor, taps: torch.Tensor, block_pos: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Training: blocks packed in one pass. taps: [b, S, taps*H] at positions 0..S-1;
+        block_ids/block_pos: [b, Q] / [Q]; mask: [Q, S+Q] bool (True = may attend)."""
+        x = self.embed(block_ids)
+        ctx = self.hidden_norm(self.fc(taps))
+        ctx_rope = self.rotary(torch.arange(taps.shape[1], device=taps.device), x.dtype)
+        block_rope = self.rotary(block_pos, x.dtype)
+        for layer in self.layers:
+            keys, values = layer.self_attn.context_kv(ctx, ctx_rope)
+            x = self._layer(layer, x, keys, values, block_rope, mask)
+        return self.norm(x)
+
+    @staticmethod
+    def _layer(layer: DecoderLayer, x, keys, values, block_rope, mask):
+        x = x + layer.self_attn(layer.input_layernorm(x), keys, values, block_rope, mask)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _layer_mask(self, index: int, ctx_pos: torch.Tensor, block_pos: torch.Tensor):
+        sliding, causal = self.config.layer_is_sliding(index), self.config.layer_is_causal(index)
+        if not sliding and not causal:
+            return None  # v1: the block sees all cached context and itself, both ways
+        key_pos = torch.cat([ctx_pos, block_pos])
+        allowed = torch.ones(len(block_pos), len(key_pos), dtype=torch.bool, device=block_pos.device)
+        if sliding:
+            allowed &= key_pos[None, :] > block_pos[:, None] - self.config.sliding_window
+        if causal:
+            allowed &= key_pos[None, :] <= block_pos[:, None]
+        return allowed
+
+
+class DraftSession:
+    """One generation's drafter (the `speculative.Drafter` interface): owns the context cache."""
+
+    def __init__(self, model: DFlashDrafter, window: int | None = None):
+        self.model = model
+        self.block_size = model.config.block_size
+        self.cache = model.new_cache(window)
+        self._device = model.fc.weight.device
+
+    @torch.inference_mode()
+    def propose(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> list[int]:
+        block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
+        block_ids = torch.tensor([block], device=self._device)
+        hidden = self.model.draft(block_ids, new_taps.to(self.model.fc.weight.dtype), self.cache)
+        return self.model.logits(hidden[:, 1:]).argmax(-1)[0].tolist()
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
+    """Load a z-lab checkpoint directory as it is: config.json + *.safetensors."""
+    config = load_drafter_config(path)
+    if config.version != "dflash":
+        raise CheckpointError(
+            f"{path}: {config.version} drafters are parsed but not implemented yet (only DFlash v1)"
+        )
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"drafter directory {path} has no *.safetensors file")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(f"{file} is truncated or corrupt ({exc})") from None
+    model = DFlashDrafter(config)
+    _check_state(model, state, path)
+    model.load_state_dict(state)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _check_state(model: DFlashDrafter, state: dict[str, torch.Tensor], path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the config "
+            f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
+        )
+    for name, tensor in expected.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{path}: weight {name} has shape {tuple(state[name].shape)}, "
+                f"config implies {tuple(tensor.shape)}"
+            )
+
+
+def save_drafter(model: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the exact z-lab format: config.json + model.safetensors (no name prefix)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().to(dtype).contiguous() for name, tensor in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(to_checkpoint_json(model.config), indent=2) + "\n")
+    return out

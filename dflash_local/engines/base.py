@@ -1,0 +1,100 @@
+"""The Engine interface every backend implements, and the shared base of the local engines.
+
+A local engine (MLX, Transformers) runs our speculative loop over a framework-specific
+TargetRunner and Drafter; a remote engine (vLLM, SGLang, any OpenAI server) streams from a server.
+Both yield the same StepEvents, so the service, the TUI and the benchmark never care which.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dflash_local import speculative
+from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    engine: str
+    target: str  # the name the user gave (repo id or path)
+    drafter: str | None
+    target_path: Path | None = None  # resolved local directory
+    drafter_path: Path | None = None
+    dtype: str = "float32"
+    block_size: int = 1  # the drafter's trained block size (1 = no drafter)
+
+
+class Engine(abc.ABC):
+    name: str
+    capabilities: EngineCapabilities
+    pair: PairInfo
+
+    @abc.abstractmethod
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+        """Apply the target's chat template (thinking on/off where it has the switch)."""
+
+    @abc.abstractmethod
+    def encode_raw(self, text: str) -> list[int]:
+        """Tokenize text as it is, no template."""
+
+    @abc.abstractmethod
+    def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        """Generate; each event carries its text delta. Closing the iterator cancels."""
+
+    def close(self) -> None:
+        """Free what the engine holds (models, child processes)."""
+
+
+class LocalEngine(Engine):
+    """Shared by MLX and Transformers: tokenizer handling and the loop; subclasses build runners."""
+
+    def __init__(self, tokenizer, pair: PairInfo, capabilities: EngineCapabilities):
+        self.tokenizer = tokenizer
+        self.pair = pair
+        self.capabilities = capabilities
+        self.eos_token_ids = _eos_ids(tokenizer)
+
+    @abc.abstractmethod
+    def make_runner(self, collect_taps: bool) -> speculative.TargetRunner:
+        """A fresh per-generation target runner (own cache)."""
+
+    @abc.abstractmethod
+    def make_drafter(self) -> speculative.Drafter | None:
+        """A fresh per-generation drafter (own context cache), or None without a drafter."""
+
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+        extra = {} if thinking is None else {"enable_thinking": thinking}
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **extra
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_raw(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        if not params.stop_token_ids:
+            params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
+        drafter = self.make_drafter() if params.speculative else None
+        runner = self.make_runner(collect_taps=drafter is not None)
+        detokenizer = StreamDetokenizer(self.tokenizer)
+        for event in speculative.generate(runner, drafter, prompt_ids, params):
+            yield replace(event, text=detokenizer.add(event.token_ids))
+
+
+def _eos_ids(tokenizer) -> list[int]:
+    ids = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    return ids

@@ -1,0 +1,142 @@
+"""The Transformers engine: target via AutoModelForCausalLM, our torch drafter, our loop.
+
+Taps come from forward hooks on just the tapped decoder layers (no output_hidden_states, which
+keeps every layer's output alive); the target cache is rolled back by cropping.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2-core machines stall under load otherwise
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+
+from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info  # noqa: E402
+from dflash_local.drafter.model_torch import DraftSession, load_drafter  # noqa: E402
+from dflash_local.engines.base import LocalEngine, PairInfo  # noqa: E402
+from dflash_local.errors import CheckpointError, IncompatiblePairError  # noqa: E402
+from dflash_local.events import EngineCapabilities  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The target's decoder layer list, by architecture family (declared, not probed deeply)."""
+    inner = model.model
+    if hasattr(inner, "language_model"):  # multimodal wrappers (Qwen3.5, Gemma 3/4)
+        inner = inner.language_model
+    if not hasattr(inner, "layers"):
+        raise CheckpointError(f"no decoder layer list found in {type(model).__name__}")
+    return inner.layers
+
+
+class TapCollector:
+    """Forward hooks on the tapped layers; collects only while `enabled`."""
+
+    def __init__(self, model, layer_ids: tuple[int, ...]):
+        self.layer_ids = layer_ids
+        self.enabled = False
+        self.outputs: dict[int, torch.Tensor] = {}
+        layers = decoder_layers(model)
+        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in layer_ids]
+
+    def _hook(self, layer_id: int):
+        def capture(_module, _inputs, output):
+            if self.enabled:
+                self.outputs[layer_id] = output[0] if isinstance(output, tuple) else output
+        return capture
+
+    def take(self) -> torch.Tensor:
+        """[1, rows, taps*H]: tap i = output of decoder layer i (HF hidden_states[i + 1])."""
+        taps = torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)
+        self.outputs.clear()
+        self.enabled = False
+        return taps
+
+
+class TorchTargetRunner:
+    """The `speculative.TargetRunner` interface for one generation."""
+
+    def __init__(self, model, taps: TapCollector | None, max_context: int):
+        self.model = model
+        self.taps = taps
+        self.max_context = max_context
+        self.cache = DynamicCache(config=model.config)
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._length = 0
+        self._pending_taps: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], logits_to_keep: int):
+        if self.taps is not None:
+            self.taps.enabled = True
+        input_ids = torch.tensor([ids], device=self.model.device)
+        out = self.model(input_ids, use_cache=True, logits_to_keep=logits_to_keep,
+                         **{self._cache_kwarg: self.cache})
+        taps = self.taps.take() if self.taps is not None else None
+        return out.logits[0].float().cpu().numpy(), taps
+
+    def prefill(self, prompt_ids: list[int]):
+        logits, taps = self._forward(prompt_ids, logits_to_keep=1)
+        self._length = len(prompt_ids)
+        return logits[-1], taps
+
+    def verify(self, block_ids: list[int]) -> np.ndarray:
+        logits, self._pending_taps = self._forward(block_ids, logits_to_keep=0)
+        return logits
+
+    def commit(self, kept_rows: int):
+        verified = self.cache.get_seq_length() - self._length
+        if verified > kept_rows:
+            self.cache.crop(-(verified - kept_rows))
+        self._length += kept_rows
+        taps = self._pending_taps
+        return taps[:, :kept_rows] if taps is not None else None
+
+
+class TorchEngine(LocalEngine):
+    name = "transformers"
+
+    def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
+                 drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
+                 draft_window: int | None = None):
+        torch_dtype = DTYPES[dtype]
+        drafter_config = load_drafter_config(drafter_path) if drafter_path else None
+        if drafter_config is not None:
+            reasons = check_compatible(drafter_config, load_target_info(target_path))
+            if reasons:
+                raise IncompatiblePairError(reasons)
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype).to(device).eval()
+        self.drafter = None
+        self.taps = None
+        if drafter_config is not None:
+            self.drafter = load_drafter(drafter_path, dtype=torch_dtype, device=device)
+            self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
+            self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
+        self.draft_window = draft_window
+        max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
+        pair = PairInfo(
+            engine=self.name, target=target_name or str(target_path),
+            drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
+            target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
+            dtype=dtype, block_size=drafter_config.block_size if drafter_config else 1,
+        )
+        capabilities = EngineCapabilities(
+            speculative_toggle=True, sampling=True, max_context=max_context,
+        )
+        super().__init__(tokenizer, pair, capabilities)
+
+    def make_runner(self, collect_taps: bool) -> TorchTargetRunner:
+        return TorchTargetRunner(self.model, self.taps if collect_taps else None,
+                                 self.capabilities.max_context)
+
+    def make_drafter(self) -> DraftSession | None:
+        if self.drafter is None:
+            return None
+        return DraftSession(self.drafter, window=self.draft_window)

@@ -1,0 +1,53 @@
+"""One error tree for the whole app. Messages name the check and the values."""
+
+
+class DFlashError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    code = "dflash_error"
+
+
+class CheckpointError(DFlashError):
+    """A drafter or target directory is missing, partial, corrupt or of an unknown kind."""
+
+    code = "bad_checkpoint"
+
+
+class IncompatiblePairError(DFlashError):
+    """A drafter cannot run with this target; `reasons` lists every failed check."""
+
+    code = "incompatible_pair"
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = list(reasons)
+        super().__init__("drafter does not fit target: " + "; ".join(self.reasons))
+
+
+class ModelNotFoundError(DFlashError):
+    """A model name resolves to nothing local, and the hub cannot be reached or has no such repo."""
+
+    code = "model_not_found"
+
+
+class PromptTooLongError(DFlashError):
+    """The prompt (plus the tokens asked for) does not fit the target's context."""
+
+    code = "context_length_exceeded"
+
+
+class EngineUnavailableError(DFlashError):
+    """An engine's package is not installed or cannot run on this machine."""
+
+    code = "engine_unavailable"
+
+
+class InvalidRequestError(DFlashError):
+    """A request's parameters are out of range or inconsistent."""
+
+    code = "invalid_request"
+
+
+class GenerationCancelled(DFlashError):
+    """The consumer stopped the generation (disconnect, Esc)."""
+
+    code = "cancelled"

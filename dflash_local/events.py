@@ -1,0 +1,103 @@
+"""The values that cross layer boundaries: request parameters, stream events, capabilities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_local.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    speculative: bool = True
+    block_size: int | None = None  # None = the drafter's own block size
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
+        if self.block_size is not None and self.block_size < 1:
+            raise InvalidRequestError(f"block_size must be >= 1, got {self.block_size!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one round committed. The first event of a generation is the prefill's token."""
+
+    token_ids: tuple[int, ...]
+    text: str = ""
+    drafted: int = 0  # tokens the drafter proposed this round
+    accepted: int = 0  # of those, how many the target kept (the bonus token is not counted)
+    round_index: int = 0  # 0 = prefill token, then 1, 2, ...
+    elapsed_s: float = 0.0  # since the start of decoding (after prefill)
+    prefill_s: float = 0.0
+    prompt_tokens: int = 0
+    block_size: int = 1  # width used this round (1 = plain step)
+    finish_reason: str | None = None  # "stop" | "length" on the last event
+
+
+@dataclass
+class GenerationStats:
+    """Running totals over a generation's events; τ counts rounds after prefill."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    accepted_per_round: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, event: StepEvent) -> None:
+        self.completion_tokens += len(event.token_ids)
+        if event.round_index == 0:
+            self.prompt_tokens = event.prompt_tokens
+            self.prefill_s = event.prefill_s
+        else:
+            self.rounds += 1
+            self.drafted += event.drafted
+            self.accepted += event.accepted
+            self.accepted_per_round.append(len(event.token_ids))
+        self.decode_s = event.elapsed_s
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+
+    @property
+    def tau(self) -> float:
+        return sum(self.accepted_per_round) / self.rounds if self.rounds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # tokens after the prefill's own token, over decode time
+        produced = self.completion_tokens - 1
+        return produced / self.decode_s if self.decode_s > 0 and produced > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    speculative_toggle: bool  # can switch speculation per request
+    sampling: bool
+    max_context: int
+    hybrid_targets: bool = False
+    block_size_per_request: bool = True

@@ -1,0 +1,30 @@
+"""Where things live: the app's data and config dirs, and the repo's shipped models/ folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "dflash-local"
+
+
+def data_dir() -> Path:
+    """DFLASH_LOCAL_HOME overrides the platform data dir (tests and CI use it)."""
+    override = os.environ.get("DFLASH_LOCAL_HOME")
+    path = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_dir() -> Path:
+    override = os.environ.get("DFLASH_LOCAL_HOME")
+    path = Path(override) / "config" if override else Path(platformdirs.user_config_dir(APP_NAME))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def shipped_models_dir() -> Path:
+    """The repo's models/ folder (catalog, embedded drafter), found beside the package."""
+    return Path(__file__).resolve().parent.parent / "models"

@@ -1,0 +1,134 @@
+"""The speculative loop: prefill, draft, verify, accept, commit. Framework-neutral.
+
+The loop only does bookkeeping over two small interfaces that each framework implements:
+a `TargetRunner` (the target with its KV cache and tap collection) and a `Drafter` (the DFlash
+model with its context cache). Logits cross the boundary as numpy arrays; taps stay opaque.
+Block size 1 (or no drafter) is plain decoding through exactly this code: the honest baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+from dflash_local.acceptance import greedy_accept, sample_from, sampled_accept, target_probs
+from dflash_local.errors import PromptTooLongError
+from dflash_local.events import GenerationParams, StepEvent
+
+
+class TargetRunner(Protocol):
+    """One generation's view of the target: owns its cache, collects the drafter's taps."""
+
+    max_context: int
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[np.ndarray, Any]:
+        """Run the prompt. Returns (logits of the last position [V], taps of every prompt row)."""
+
+    def verify(self, block_ids: list[int]) -> np.ndarray:
+        """Run W block rows on top of the cache. Returns logits [W, V]."""
+
+    def commit(self, kept_rows: int) -> Any:
+        """Keep the first kept_rows rows of the last verify, roll the rest back; return their taps."""
+
+
+class Drafter(Protocol):
+    """One generation's view of the drafter: owns the draft context cache."""
+
+    block_size: int
+
+    def propose(self, anchor_id: int, new_taps: Any, width: int) -> list[int]:
+        """Append new_taps to the context, draft the block [anchor, MASK * (width-1)].
+
+        Returns the width-1 argmax proposals for block positions 1..width-1.
+        """
+
+
+def choose_width(block_size: int, remaining: int) -> int:
+    """A round commits at most `width` tokens, so never draft past max_tokens."""
+    return max(1, min(block_size, remaining))
+
+
+def generate(
+    runner: TargetRunner,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    params: GenerationParams,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per round until a stop token or max_tokens. Lossless by construction.
+
+    Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
+    per-generation objects, so nothing is left half-updated for anyone else.
+    """
+    if len(prompt_ids) + params.max_tokens > runner.max_context:
+        raise PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
+            f"target's context of {runner.max_context} tokens"
+        )
+    block_size = _effective_block_size(drafter, params)
+    rng = np.random.default_rng(params.seed)
+    stop_ids = set(params.stop_token_ids)
+
+    start = time.perf_counter()
+    last_logits, new_taps = runner.prefill(prompt_ids)
+    anchor_id = _pick(last_logits[None, :], params, rng)
+    prefill_s = time.perf_counter() - start
+    decode_start = time.perf_counter()
+    produced = 1
+    finish = "stop" if anchor_id in stop_ids else ("length" if produced >= params.max_tokens else None)
+    yield StepEvent(
+        token_ids=(anchor_id,), round_index=0, prefill_s=prefill_s,
+        prompt_tokens=len(prompt_ids), finish_reason=finish,
+    )
+    round_index = 0
+    while finish is None:
+        round_index += 1
+        width = choose_width(block_size, params.max_tokens - produced)
+        draft_ids = drafter.propose(anchor_id, new_taps, width) if width > 1 else []
+        logits = runner.verify([anchor_id, *draft_ids])
+        accepted_len, next_id = _accept(draft_ids, logits, params, rng)
+        new_taps = runner.commit(accepted_len + 1)
+        committed = [*draft_ids[:accepted_len], next_id]
+        committed, finish = _apply_stops(committed, stop_ids)
+        produced += len(committed)
+        if finish is None and produced >= params.max_tokens:
+            finish = "length"
+        anchor_id = committed[-1]
+        yield StepEvent(
+            token_ids=tuple(committed), drafted=len(draft_ids),
+            accepted=min(accepted_len, len(committed)), round_index=round_index,
+            elapsed_s=time.perf_counter() - decode_start, block_size=width,
+            finish_reason=finish,
+        )
+
+
+def _effective_block_size(drafter: Drafter | None, params: GenerationParams) -> int:
+    if drafter is None or not params.speculative:
+        return 1
+    if params.block_size is None:
+        return drafter.block_size
+    # a drafter can run with a smaller block than it was trained with, never a larger one
+    return min(params.block_size, drafter.block_size)
+
+
+def _pick(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
+    if params.greedy:
+        return int(np.argmax(logits[-1]))
+    return sample_from(target_probs(logits[-1:], params)[0], rng)
+
+
+def _accept(
+    draft_ids: list[int], logits: np.ndarray, params: GenerationParams, rng: np.random.Generator
+) -> tuple[int, int]:
+    if params.greedy:
+        return greedy_accept(draft_ids, np.argmax(logits, axis=-1))
+    return sampled_accept(draft_ids, target_probs(logits, params), rng)
+
+
+def _apply_stops(committed: list[int], stop_ids: set[int]) -> tuple[list[int], str | None]:
+    for index, token_id in enumerate(committed):
+        if token_id in stop_ids:
+            return committed[: index + 1], "stop"
+    return committed, None

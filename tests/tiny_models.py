@@ -1,0 +1,106 @@
+"""Tiny random-weight targets and z-lab-format drafters, built from configs and written to disk.
+
+Everything here is real: real transformers model classes, a real tokenizer (byte-level BPE with
+no merges), real safetensors files with z-lab's weight names, loaded back through our loaders.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+
+
+def make_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {token: index for index, token in enumerate(SPECIALS + sorted(alphabet))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", bos_token=None,
+        pad_token="<|endoftext|>", additional_special_tokens=SPECIALS[1:],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+VOCAB = len(SPECIALS) + 256
+MASK_ID = 3
+
+
+def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6, hidden: int = 64) -> Path:
+    """A random-weight target of the given family, saved as a normal HF directory."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=2, pad_token_id=0,
+    )
+    config = Qwen3Config(**common) if family == "qwen3" else LlamaConfig(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # larger-than-default init makes greedy output depend on the prompt, not collapse to one token
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    make_tokenizer(out)
+    return out
+
+
+def drafter_config_json(target_dir: Path, layers: int = 2, block_size: int = 16,
+                        taps: list[int] | None = None, newer_schema: bool = True, **extra) -> dict:
+    target = json.loads((target_dir / "config.json").read_text())
+    hidden = target["hidden_size"]
+    taps = taps if taps is not None else [1, target["num_hidden_layers"] - 2]
+    raw = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": hidden // 4, "intermediate_size": 2 * hidden,
+        "vocab_size": target["vocab_size"], "rms_norm_eps": 1e-6, "max_position_embeddings": 1024,
+        "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
+        "num_target_layers": target["num_hidden_layers"],
+        "dflash_config": {"target_layer_ids": taps, "mask_token_id": MASK_ID},
+    }
+    if newer_schema:
+        raw["dflash_config"]["block_size"] = block_size
+    else:
+        raw["block_size"] = block_size
+    raw.update(extra)
+    return raw
+
+
+def make_drafter(out: Path, target_dir: Path, seed: int = 1, **config_kwargs) -> Path:
+    """A random drafter in the exact z-lab format: config.json + model.safetensors, bf16."""
+    from safetensors.torch import save_file
+
+    from dflash_local.drafter.config import parse_drafter_config
+    from dflash_local.drafter.model_torch import DFlashDrafter
+
+    raw = drafter_config_json(target_dir, **config_kwargs)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(parse_drafter_config(raw))
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+    out.mkdir(parents=True, exist_ok=True)
+    # stored as float32 so float32 losslessness tests compare like with like
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
