@@ -44,7 +44,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim/2]
+        freqs = positions.float()[..., None] * self.inv_freq  # [(b,) T, head_dim/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
@@ -73,7 +73,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [b, heads, T, d]; cos/sin: [T, d]."""
+    """x: [b, heads, T, d]; cos/sin: [T, d], or [b, T, d] when positions differ per row."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
     return x * cos + _rotate_half(x) * sin
 
 
@@ -174,7 +176,9 @@ class DFlashDrafter(nn.Module):
         return self
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        embeds = self._borrowed[0](token_ids)
+        # the raw table, as z-lab does: a Gemma-style scaled embedding module would apply its
+        # embed_scale on top of input_embedding_scale, which the drafter was not trained with
+        embeds = F.embedding(token_ids, self._borrowed[0].weight)
         if self.config.input_embedding_scale is not None:
             embeds = embeds * self.config.input_embedding_scale
         return embeds
@@ -183,7 +187,7 @@ class DFlashDrafter(nn.Module):
         logits = self._borrowed[1](hidden)
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
-        if self.config.final_logit_softcapping is not None:
+        if self.config.final_logit_softcapping:  # None or 0 = no soft-cap
             cap = self.config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
@@ -218,7 +222,7 @@ class DFlashDrafter(nn.Module):
         self, block_ids: torch.Tensor, taps: torch.Tensor, block_pos: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Training: blocks packed in one pass. taps: [b, S, taps*H] at positions 0..S-1;
-        block_ids/block_pos: [b, Q] / [Q]; mask: [Q, S+Q] bool (True = may attend)."""
+        block_ids/block_pos: [b, Q]; mask: [b, 1, Q, S+Q] bool (True = may attend)."""
         x = self.embed(block_ids)
         ctx = self.hidden_norm(self.fc(taps))
         ctx_rope = self.rotary(torch.arange(taps.shape[1], device=taps.device), x.dtype)
@@ -240,7 +244,10 @@ class DFlashDrafter(nn.Module):
         key_pos = torch.cat([ctx_pos, block_pos])
         allowed = torch.ones(len(block_pos), len(key_pos), dtype=torch.bool, device=block_pos.device)
         if sliding:
-            allowed &= key_pos[None, :] > block_pos[:, None] - self.config.sliding_window
+            window = self.config.sliding_window
+            allowed &= key_pos[None, :] > block_pos[:, None] - window
+            if not causal:  # a bidirectional sliding layer also bounds the look-ahead
+                allowed &= key_pos[None, :] < block_pos[:, None] + window
         if causal:
             allowed &= key_pos[None, :] <= block_pos[:, None]
         return allowed

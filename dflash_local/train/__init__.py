@@ -1,0 +1,1 @@
+"""The DFlash drafter training recipe (PyTorch): regenerate, then train a z-lab-format drafter."""

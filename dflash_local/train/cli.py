@@ -1,0 +1,103 @@
+"""`dflash-local train`: one command from a target to a z-lab-format drafter directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from dflash_local.errors import DFlashError
+
+MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="train a DFlash drafter for a target")
+    parser.add_argument("--target", required=True, help="target model directory or hub repo id")
+    parser.add_argument("--out", required=True, type=Path, help="output drafter directory")
+    parser.add_argument("--data", type=Path, help="regenerated-data directory (default: <out>.data)")
+    parser.add_argument("--regen-minutes", type=float, default=35.0)
+    parser.add_argument("--train-minutes", type=float, default=40.0)
+    parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--taps", help="comma-separated target layer ids (default: z-lab's rule)")
+    parser.add_argument("--mask-token", help="token string or id used as MASK")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch size")
+    parser.add_argument("--prompts-limit", type=int, default=20000)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def choose_mask_token(tokenizer, requested: str | None) -> int:
+    """An explicit choice, or the first special token of MASK_CANDIDATES the vocabulary has."""
+    vocab = tokenizer.get_vocab()
+    if requested is not None:
+        if requested.isdigit() and int(requested) < len(vocab):
+            return int(requested)
+        if requested in vocab:
+            return vocab[requested]
+        raise DFlashError(f"--mask-token {requested!r} is not a token of this target's vocabulary")
+    for candidate in MASK_CANDIDATES:
+        if candidate in vocab:
+            return vocab[candidate]
+    raise DFlashError(
+        f"the target has no usable MASK row (none of {', '.join(MASK_CANDIDATES)}); "
+        "pass --mask-token with a rarely used special token"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_local.drafter.config import default_target_layer_ids
+    from dflash_local.drafter.model_torch import DFlashDrafter
+    from dflash_local.hub import resolve_model
+    from dflash_local.train.prompts import all_prompts, split_prompts
+    from dflash_local.train.regenerate import regenerate
+    from dflash_local.train.trainer import (
+        TrainSettings, drafter_config_for, init_from_target, load_sequences, train,
+    )
+
+    torch.manual_seed(args.seed)
+    target_dir = resolve_model(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
+    target.requires_grad_(False)  # frozen: its embeddings and head are shared, never trained
+    layers = target.config.num_hidden_layers
+    taps = tuple(int(t) for t in args.taps.split(",")) if args.taps else default_target_layer_ids(layers, args.layers)
+    mask_id = choose_mask_token(tokenizer, args.mask_token)
+    data_dir = args.data or args.out.with_name(args.out.name + ".data")
+    train_prompts, _held_out = split_prompts(all_prompts(limit=args.prompts_limit))
+    started = time.perf_counter()
+    regenerate(target, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
+               max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
+    regen_minutes = (time.perf_counter() - started) / 60
+    sequences = load_sequences(data_dir)
+    config = drafter_config_for(target.config, args.layers, args.block_size, taps, mask_id)
+    drafter = DFlashDrafter(config).to(args.device)
+    drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
+    init_from_target(drafter, target)
+    settings = TrainSettings(block_size=args.block_size, gamma=_gamma(args.block_size),
+                             steps=args.steps, train_minutes=args.train_minutes, seed=args.seed)
+    report = train(drafter, sequences, args.out, settings)
+    report.update({
+        "target": str(args.target), "taps": list(taps), "mask_token_id": mask_id,
+        "sequences": len(sequences), "regenerated_tokens": sum(len(s["tokens"]) - s["prompt_len"] for s in sequences),
+        "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
+        "regen_minutes": round(regen_minutes, 1),
+        "total_minutes": round((time.perf_counter() - started) / 60, 1),
+    })
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["held_out"]))
+    return 0
+
+
+def _gamma(block_size: int) -> float:
+    """The published decay constants: 7 for B=16, 5 for 10, 4 for 8."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(2.0, block_size * 7 / 16))

@@ -1,0 +1,162 @@
+"""Training and held-out prompts from data every machine has: the CPython standard library's
+docstrings (found through sysconfig) plus hand-written chat prompts. Split deterministically."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import sysconfig
+from pathlib import Path
+
+from dflash_local.errors import DFlashError
+
+CHAT_PROMPTS = [
+    "What is the capital of France, and what is it famous for?",
+    "Explain photosynthesis to a ten-year-old.",
+    "Write a short poem about the ocean at night.",
+    "Give me three tips for staying focused while studying.",
+    "What are the main differences between a list and a tuple in Python?",
+    "Summarize the plot of Romeo and Juliet in a few sentences.",
+    "How do I make a simple tomato pasta sauce?",
+    "Why is the sky blue?",
+    "Write a friendly email inviting a colleague to lunch.",
+    "What is machine learning? Explain it simply.",
+    "List five healthy breakfast ideas.",
+    "How does a bicycle stay upright when it moves?",
+    "Explain the difference between weather and climate.",
+    "Write a haiku about autumn leaves.",
+    "What are the benefits of regular exercise?",
+    "How do vaccines work?",
+    "Describe the water cycle step by step.",
+    "Give me a short motivational message for a Monday morning.",
+    "What is the Pythagorean theorem? Give an example.",
+    "How can I improve my public speaking skills?",
+    "Explain what a black hole is.",
+    "Write a short story about a robot who learns to paint.",
+    "What is the difference between HTTP and HTTPS?",
+    "How do I reverse a string in Python?",
+    "What causes the seasons on Earth?",
+    "Give me a recipe for chocolate chip cookies.",
+    "Explain recursion with a simple example.",
+    "What is the importance of sleep for health?",
+    "Write a thank-you note to a teacher.",
+    "How do plants get water from the soil to their leaves?",
+    "What are prime numbers? List the first ten.",
+    "Explain the rules of chess briefly.",
+    "How does the internet work, in simple terms?",
+    "What is the difference between a virus and a bacterium?",
+    "Write a limerick about a cat.",
+    "How can I save money on groceries?",
+    "What is gravity?",
+    "Explain how a compiler differs from an interpreter.",
+    "What are some good habits for writing clean code?",
+    "Describe a typical day in the life of a honeybee.",
+    "Translate 'Good morning, how are you?' into Spanish and French.",
+    "What is the tallest mountain in the world and how tall is it?",
+    "Explain supply and demand with an example.",
+    "Write a Python function that checks whether a number is prime.",
+    "What is the difference between RAM and storage?",
+    "How do I write a good resume?",
+    "Explain the greenhouse effect.",
+    "What are the planets in our solar system?",
+    "Give me tips for learning a new language.",
+    "How does a refrigerator keep food cold?",
+    "Write a SQL query that selects all users older than 30.",
+    "What is an API?",
+    "Explain what DNA is.",
+    "How can I reduce stress?",
+    "Write a short dialogue between a customer and a barista.",
+    "What is the speed of light?",
+    "Explain the difference between a class and an object.",
+    "What is a sorting algorithm? Describe bubble sort.",
+    "How do airplanes fly?",
+    "Describe the life cycle of a butterfly.",
+    "Write a Python function to compute the factorial of n.",
+    "What is inflation and why does it matter?",
+    "How do I care for a houseplant?",
+    "Explain what a neural network is.",
+    "What is the boiling point of water at sea level?",
+    "Give me three ideas for a birthday party.",
+    "What is the difference between mean, median and mode?",
+    "Write a JavaScript function that adds two numbers.",
+    "Explain the French Revolution in a paragraph.",
+    "How can I be more productive working from home?",
+    "What is renewable energy? Give examples.",
+    "How does a rainbow form?",
+    "Write a short speech for a friend's wedding.",
+    "What is a dictionary in Python and how do I use it?",
+    "Explain how the heart pumps blood.",
+    "What is the difference between git merge and git rebase?",
+    "Give me a workout plan for beginners.",
+    "What are the causes of earthquakes?",
+    "Describe the taste of a lemon to someone who has never had one.",
+    "How do I read a file line by line in Python?",
+]
+
+FRAMINGS = [
+    "Explain what this Python code does:\n\n{code}",
+    "Here is the documentation of a Python function. Explain it in simple words.\n\n{doc}",
+    "Write a Python function that does the following: {summary}",
+    "Summarize this text in one or two sentences:\n\n{doc}",
+    "{summary} How would I do this in Python?",
+]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def docstring_prompts(root: Path | None = None, limit: int = 20000, seed: int = 0) -> list[str]:
+    """Prompts framed around stdlib docstrings and short function sources."""
+    root = root or stdlib_root()
+    files = sorted(p for p in root.glob("*.py")) + sorted(root.glob("*/*.py"))
+    if not files:
+        raise DFlashError(f"no Python sources under {root}: cannot build the docstring corpus")
+    rng = random.Random(seed)
+    prompts = []
+    for path in files:
+        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
+            continue
+        prompts.extend(_prompts_from_file(path, rng))
+        if len(prompts) >= limit:
+            break
+    return prompts[:limit]
+
+
+def _prompts_from_file(path: Path, rng: random.Random) -> list[str]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    prompts = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.ClassDef):
+            continue
+        doc = ast.get_docstring(node)
+        if not doc or len(doc) < 40 or node.name.startswith("_"):
+            continue
+        summary = doc.strip().split("\n")[0].strip()
+        code = ast.get_source_segment(source, node) or ""
+        framing = rng.choice(FRAMINGS)
+        if "{code}" in framing and (len(code) > 1200 or not code):
+            framing = FRAMINGS[1]
+        prompts.append(framing.format(code=code, doc=doc[:800], summary=summary))
+    return prompts
+
+
+def is_held_out(prompt: str, fraction: float = 0.05) -> bool:
+    digest = hashlib.sha256(prompt.encode()).digest()
+    return digest[0] < 256 * fraction
+
+
+def split_prompts(prompts: list[str]) -> tuple[list[str], list[str]]:
+    train = [p for p in prompts if not is_held_out(p)]
+    held_out = [p for p in prompts if is_held_out(p)]
+    return train, held_out
+
+
+def all_prompts(limit: int = 20000) -> list[str]:
+    """Chat prompts first (each several times would overfit; once is enough), then docstrings."""
+    return CHAT_PROMPTS + docstring_prompts(limit=limit)

@@ -1,0 +1,173 @@
+"""Train a DFlash drafter on regenerated data (the published recipe, DFLASH.md "Training").
+
+Target embeddings and LM head are frozen and shared; cross-entropy on block positions
+1..B-1 weighted exp(-(k-1)/gamma); AdamW, cosine schedule with warmup, grad clip; resumable
+checkpoints; the output directory is the exact z-lab format.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from dflash_local.drafter.config import DrafterConfig
+from dflash_local.drafter.model_torch import DFlashDrafter, save_drafter
+from dflash_local.errors import DFlashError
+from dflash_local.train.batches import Batch, make_batch
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    block_size: int = 16
+    gamma: float = 7.0
+    anchors_per_seq: int = 16
+    seqs_per_step: int = 4
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    grad_clip: float = 1.0
+    steps: int | None = None  # None: fit the schedule to train_minutes
+    train_minutes: float = 40.0
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def load_sequences(data_dir: Path) -> list[dict]:
+    shards = sorted(data_dir.glob("regen-*.pt"))
+    if not shards:
+        raise DFlashError(f"no regenerated data (regen-*.pt) in {data_dir}: run the regenerate step first")
+    sequences = [s for shard in shards for s in torch.load(shard, weights_only=True)]
+    return [s for s in sequences if len(s["tokens"]) - s["prompt_len"] >= 2]
+
+
+def init_from_target(drafter: DFlashDrafter, target) -> None:
+    """Start the draft layers from the target's last layers and the target's final norm: the
+    drafter's output feeds the target's LM head, so matching its scale shortens training."""
+    from dflash_local.engines.torch_engine import decoder_layers
+
+    source_layers = decoder_layers(target)[-len(drafter.layers):]
+    with torch.no_grad():
+        for draft_layer, source in zip(drafter.layers, source_layers):
+            own = draft_layer.state_dict()
+            for name, tensor in source.state_dict().items():
+                if name in own and own[name].shape == tensor.shape:
+                    own[name].copy_(tensor)
+        drafter.norm.weight.copy_(target.model.norm.weight)
+
+
+def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict]:
+    hidden = drafter.forward_packed(batch.block_ids, batch.taps, batch.block_pos, batch.mask)
+    logits = drafter.logits(hidden).float()  # [b, Q, V]
+    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100, reduction="none")
+    weights = batch.weights.flatten()
+    loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+    return loss, _metrics(logits.detach(), batch, drafter.config.block_size)
+
+
+def _metrics(logits: torch.Tensor, batch: Batch, block_size: int) -> dict:
+    """Accuracy at position 1 and the τ greedy verification would give on these blocks."""
+    correct = (logits.argmax(-1) == batch.labels).view(logits.shape[0], -1, block_size)[..., 1:]
+    valid = (batch.labels != -100).view(correct.shape[0], -1, block_size)[..., 1:]
+    leading = (correct & valid).int().cumprod(-1).sum(-1)  # accepted drafts per block
+    has_block = valid[..., 0]
+    return {
+        "acc1": float(correct[..., 0][has_block].float().mean()),
+        "tau": float(1 + leading[has_block].float().mean()),
+    }
+
+
+def lr_at(step: int, total: int, settings: TrainSettings) -> float:
+    warmup = max(1, int(total * settings.warmup_frac))
+    if step < warmup:
+        return settings.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return settings.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings: TrainSettings) -> dict:
+    """Runs (or resumes) training; writes out_dir (z-lab format) and out_dir/../checkpoint.pt."""
+    checkpoint_path = out_dir.parent / f"{out_dir.name}.checkpoint.pt"
+    rng = random.Random(settings.seed)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state = {"step": 0, "total": settings.steps, "history": []}
+    if checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, weights_only=False)
+        drafter.load_state_dict(saved["drafter"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        rng.setstate(saved["rng"])
+    held_out = sequences[: max(8, len(sequences) // 50)]
+    train_set = sequences[len(held_out):]
+    started = time.perf_counter()
+    bar = tqdm(initial=state["step"], total=state["total"], desc="train", unit="step")
+    while state["total"] is None or state["step"] < state["total"]:
+        batch = make_batch(rng.sample(train_set, settings.seqs_per_step), settings.anchors_per_seq,
+                           settings.block_size, drafter.config.mask_token_id, settings.gamma, rng)
+        if state["total"] is None and state["step"] == 5:
+            per_step = (time.perf_counter() - started) / 5  # fit the cosine schedule to the budget
+            state["total"] = max(10, int(settings.train_minutes * 60 / per_step))
+            bar.total = state["total"]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state["step"], state["total"] or 1000, settings)
+        loss, metrics = batch_loss(drafter, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+        optimizer.step()
+        state["step"] += 1
+        state["history"].append({"step": state["step"], "loss": float(loss), **metrics})
+        bar.set_postfix(loss=f"{float(loss):.3f}", tau=f"{metrics['tau']:.2f}")
+        bar.update(1)
+        if state["step"] % settings.checkpoint_every == 0:
+            _checkpoint(drafter, optimizer, state, rng, checkpoint_path, out_dir)
+    bar.close()
+    _checkpoint(drafter, optimizer, state, rng, checkpoint_path, out_dir)
+    return {"steps": state["step"], "held_out": evaluate(drafter, held_out, settings),
+            "settings": asdict(settings), "history_tail": state["history"][-20:]}
+
+
+@torch.no_grad()
+def evaluate(drafter: DFlashDrafter, sequences: list[dict], settings: TrainSettings) -> dict:
+    rng = random.Random(1234)
+    totals = {"loss": 0.0, "acc1": 0.0, "tau": 0.0}
+    for start in range(0, len(sequences), settings.seqs_per_step):
+        batch = make_batch(sequences[start : start + settings.seqs_per_step], settings.anchors_per_seq,
+                           settings.block_size, drafter.config.mask_token_id, settings.gamma, rng)
+        loss, metrics = batch_loss(drafter, batch)
+        for key, value in {"loss": float(loss), **metrics}.items():
+            totals[key] += value
+    batches = math.ceil(len(sequences) / settings.seqs_per_step)
+    return {key: value / batches for key, value in totals.items()}
+
+
+def _checkpoint(drafter, optimizer, state, rng, checkpoint_path: Path, out_dir: Path) -> None:
+    tmp = checkpoint_path.with_suffix(".tmp")
+    torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+                "state": state, "rng": rng.getstate()}, tmp)
+    tmp.rename(checkpoint_path)  # atomic: a kill mid-save keeps the previous checkpoint
+    save_drafter(drafter, out_dir)
+
+
+def drafter_config_for(target_config, layers: int, block_size: int, taps: tuple[int, ...],
+                       mask_token_id: int) -> DrafterConfig:
+    """A drafter shaped like the target's own layers (so it can start from them)."""
+    text = getattr(target_config, "text_config", None) or target_config
+    rope = getattr(text, "rope_parameters", None) or {}
+    heads = text.num_attention_heads
+    return DrafterConfig(
+        version="dflash", hidden_size=text.hidden_size, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=text.num_key_value_heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
+        rms_norm_eps=text.rms_norm_eps, max_position_embeddings=text.max_position_embeddings,
+        block_size=block_size, target_layer_ids=taps, mask_token_id=mask_token_id,
+        rope_theta=float(rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))),
+        num_target_layers=text.num_hidden_layers,
+    )
