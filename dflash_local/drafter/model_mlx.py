@@ -1,0 +1,239 @@
+"""The DFlash v1 drafter in MLX, with the checkpoint's own weight names.
+
+Boundary: the model (layers, bounded context cache, loading z-lab checkpoints) and the
+per-generation `DraftSession`. Numerically the same model as drafter/model_torch.py (the tests
+hold them equal); it has no embeddings or LM head of its own: `bind()` borrows the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx import nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from dflash_local.drafter.config import DrafterConfig, load_drafter_config
+from dflash_local.errors import CheckpointError
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bias)
+        self.q_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
+
+    @staticmethod
+    def _heads(x: mx.array, count: int) -> mx.array:
+        b, t, _ = x.shape
+        return x.reshape(b, t, count, -1).transpose(0, 2, 1, 3)  # [b, heads, t, d]
+
+    def context_kv(self, ctx: mx.array, rope, offset: int) -> tuple[mx.array, mx.array]:
+        """Keys/values of context rows (KV injection): they are only ever attended to."""
+        keys = rope(self.k_norm(self._heads(self.k_proj(ctx), self.num_kv_heads)), offset=offset)
+        return keys, self._heads(self.v_proj(ctx), self.num_kv_heads)
+
+    def __call__(self, x, ctx_keys, ctx_values, rope, block_offset: int, mask):
+        """x: [b, Q, H] block rows; ctx_keys/values: [b, kv, S, d]; mask: [Q, S+Q] bool or None."""
+        b, q_len, _ = x.shape
+        queries = rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), offset=block_offset)
+        keys = rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), offset=block_offset)
+        keys = mx.concatenate([ctx_keys, keys], axis=2)
+        values = mx.concatenate([ctx_values, self._heads(self.v_proj(x), self.num_kv_heads)], axis=2)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+
+class ContextCache:
+    """Per-layer keys/values of context rows; `end` = absolute position after the last row.
+
+    `window` bounds what the block attends to (the draft sliding window); the buffers are
+    compacted once they hold two windows, so memory stays flat on long contexts too.
+    """
+
+    def __init__(self, layers: int, window: int | None = None):
+        self.window = window
+        self.layers = [KVCache() for _ in range(layers)]
+        self.end = 0
+
+    def append(self, layer: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        cache = self.layers[layer]
+        keys, values = cache.update_and_fetch(keys, values)
+        if self.window is not None and keys.shape[2] > self.window:
+            keys, values = keys[:, :, -self.window :], values[:, :, -self.window :]
+            if cache.offset >= 2 * self.window:
+                self.layers[layer] = KVCache()
+                self.layers[layer].update_and_fetch(keys, values)
+        return keys, values
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """The target's parts the drafter uses; a plain object so MLX never treats them as ours."""
+
+    embed_tokens: Any
+    lm_head: Any
+
+
+class DFlashDrafter(nn.Module):
+    """Attribute names are z-lab's weight names: a checkpoint loads with no name map."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        taps_width = len(config.target_layer_ids) * config.hidden_size
+        self.fc = nn.Linear(taps_width, config.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self._rope = initialize_rope(
+            config.head_dim, base=config.rope_theta, traditional=False,
+            scaling_config=config.rope_scaling,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+        self.borrowed: Borrowed | None = None  # the target's, never saved with us
+
+    def bind(self, embed_tokens, lm_head) -> DFlashDrafter:
+        """Borrow the target's embedding and head (tied targets: `embed_tokens.as_linear`)."""
+        self.borrowed = Borrowed(embed_tokens, lm_head)
+        return self
+
+    def embed(self, token_ids: mx.array) -> mx.array:
+        embeds = self.borrowed.embed_tokens(token_ids)
+        if self.config.input_embedding_scale is not None:
+            embeds = embeds * self.config.input_embedding_scale
+        return embeds
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        logits = self.borrowed.lm_head(hidden)
+        if self.config.output_multiplier is not None:
+            logits = logits * self.config.output_multiplier
+        if self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            logits = mx.tanh(logits / cap) * cap
+        return logits
+
+    def new_cache(self, window: int | None = None) -> ContextCache:
+        return ContextCache(len(self.layers), window)
+
+    def draft(self, block_ids: mx.array, new_taps: mx.array, cache: ContextCache) -> mx.array:
+        """block_ids: [b, W] (anchor + MASKs); new_taps: [b, n, taps*H] rows not yet cached.
+
+        Returns the final-normed hidden states of the block, [b, W, H].
+        """
+        n_new, width = new_taps.shape[1], block_ids.shape[1]
+        block_start = cache.end + n_new
+        x = self.embed(block_ids).astype(self.fc.weight.dtype)
+        ctx = self.hidden_norm(self.fc(new_taps))
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            keys, values = cache.append(index, *attn.context_kv(ctx, self._rope, cache.end))
+            mask = self._layer_mask(index, block_start - keys.shape[2], block_start, width)
+            h = attn(layer.input_layernorm(x), keys, values, self._rope, block_start, mask)
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.end = block_start
+        return self.norm(x)
+
+    def _layer_mask(self, index: int, ctx_start: int, block_start: int, width: int):
+        """Same rule as model_torch._layer_mask: sliding layers see the last sliding_window
+        positions, causal layers are causal inside the block; v1 layers need no mask."""
+        sliding, causal = self.config.layer_is_sliding(index), self.config.layer_is_causal(index)
+        if not sliding and not causal:
+            return None
+        key_pos = mx.arange(ctx_start, block_start + width)[None, :]
+        block_pos = mx.arange(block_start, block_start + width)[:, None]
+        allowed = mx.ones((width, key_pos.shape[1]), dtype=mx.bool_)
+        if sliding:
+            allowed = allowed & (key_pos > block_pos - self.config.sliding_window)
+        if causal:
+            allowed = allowed & (key_pos <= block_pos)
+        return allowed
+
+
+class DraftSession:
+    """One generation's drafter (the `speculative.Drafter` interface): owns the context cache."""
+
+    def __init__(self, model: DFlashDrafter, window: int | None = None):
+        self.model = model
+        self.block_size = model.config.block_size
+        self.cache = model.new_cache(window)
+
+    def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:
+        block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
+        new_taps = new_taps.astype(self.model.fc.weight.dtype)
+        hidden = self.model.draft(mx.array([block]), new_taps, self.cache)
+        draft_ids = mx.argmax(self.model.logits(hidden[:, 1:]), axis=-1)
+        return draft_ids[0].tolist()
+
+
+def load_drafter(path: str | Path, dtype: mx.Dtype = mx.float32) -> DFlashDrafter:
+    """Load a z-lab checkpoint directory as it is: config.json + *.safetensors."""
+    config = load_drafter_config(path)
+    if config.version != "dflash":
+        raise CheckpointError(
+            f"{path}: {config.version} drafters are parsed but not implemented yet (only DFlash v1)"
+        )
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"drafter directory {path} has no *.safetensors file")
+    weights: dict[str, mx.array] = {}
+    for file in files:
+        try:
+            weights.update(mx.load(str(file)))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise CheckpointError(f"{file} is truncated or corrupt ({exc})") from None
+    model = DFlashDrafter(config)
+    _check_weights(model, weights, path)
+    model.load_weights([(name, value.astype(dtype)) for name, value in weights.items()])
+    mx.eval(model.parameters())
+    return model
+
+
+def _check_weights(model: DFlashDrafter, weights: dict[str, mx.array], path) -> None:
+    expected = dict(tree_flatten(model.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the config "
+            f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
+        )
+    for name, param in expected.items():
+        if tuple(weights[name].shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"{path}: weight {name} has shape {tuple(weights[name].shape)}, "
+                f"config implies {tuple(param.shape)}"
+            )

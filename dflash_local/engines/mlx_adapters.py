@@ -1,0 +1,189 @@
+"""Per-architecture adapters: run an mlx-lm target's decoder layers in an explicit loop.
+
+Each adapter states, for one family of mlx-lm model classes, where the decoder stack lives,
+how its input is scaled, which mask each layer gets and what the head is. The loop then
+collects the drafter's taps (tap i = output of decoder layer i) without wrapping or swapping
+any layer. Sliding-window layers get a plain KVCache (windowed by their mask) instead of
+mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6) mark
+their GatedDeltaNet layers recurrent: their input is kept so the runner can replay the
+accepted rows from the saved state (see MLXTargetRunner.commit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from dflash_local.errors import CheckpointError
+
+
+@dataclass
+class LayerRun:
+    hidden: mx.array  # final-normed hidden states [1, T, H]
+    taps: dict[int, mx.array] = field(default_factory=dict)  # layer index -> its output
+    recurrent_inputs: dict[int, mx.array] = field(default_factory=dict)  # layer -> its input
+
+
+class TargetAdapter:
+    """The plain decoder stack `model.model` with `layer(h, mask, cache)` and one causal mask."""
+
+    model_types: tuple[str, ...] = ()
+
+    def language_model(self, model):
+        """The object holding `model` (the decoder stack) and `lm_head`."""
+        return model
+
+    def text_model(self, model):
+        return self.language_model(model).model
+
+    def lm_head(self, model):
+        """The raw head (the drafter borrows it); tied targets use the embedding as linear."""
+        language_model = self.language_model(model)
+        if "lm_head" in language_model:  # an mlx Module is a dict of its children
+            return language_model.lm_head
+        return self.text_model(model).embed_tokens.as_linear
+
+    def logits(self, model, hidden: mx.array) -> mx.array:
+        return self.lm_head(model)(hidden)
+
+    def make_cache(self, model) -> list:
+        return [KVCache() if isinstance(c, RotatingKVCache) else c for c in make_prompt_cache(model)]
+
+    def is_recurrent(self, layer) -> bool:
+        return False
+
+    def replay_recurrent(self, layer, layer_input: mx.array, cache) -> None:
+        raise NotImplementedError
+
+    def embed(self, inner, token_ids: mx.array) -> mx.array:
+        return inner.embed_tokens(token_ids)
+
+    def masks(self, inner, h: mx.array, cache: list) -> list:
+        return [create_attention_mask(h, cache[0])] * len(inner.layers)
+
+    def run(self, model, token_ids: mx.array, cache: list, tap_ids: frozenset[int],
+            record_recurrent: bool = False) -> LayerRun:
+        inner = self.text_model(model)
+        h = self.embed(inner, token_ids)
+        run = LayerRun(hidden=h)
+        for index, (layer, layer_cache, mask) in enumerate(
+            zip(inner.layers, cache, self.masks(inner, h, cache), strict=True)
+        ):
+            if record_recurrent and self.is_recurrent(layer):
+                run.recurrent_inputs[index] = h
+            h = layer(h, mask, layer_cache)
+            if index in tap_ids:
+                run.taps[index] = h
+        run.hidden = inner.norm(h)
+        return run
+
+
+class Qwen3Adapter(TargetAdapter):
+    model_types = ("qwen3", "qwen3_moe")
+
+
+class LlamaAdapter(TargetAdapter):
+    model_types = ("llama", "mistral")
+
+    def masks(self, inner, h, cache):
+        full = create_attention_mask(h, cache[inner.fa_idx])
+        if inner.swa_idx is None:
+            return [full] * len(inner.layers)
+        sliding = create_attention_mask(h, cache[inner.swa_idx], window_size=inner.sliding_window)
+        return [sliding if layer.use_sliding else full for layer in inner.layers]
+
+
+class Qwen35Adapter(TargetAdapter):
+    """Hybrid: GatedDeltaNet layers (ArraysCache, not trimmable) and full-attention layers."""
+
+    model_types = ("qwen3_5", "qwen3_5_moe")
+
+    def language_model(self, model):
+        return model.language_model
+
+    def masks(self, inner, h, cache):
+        full = create_attention_mask(h, cache[inner.fa_idx])
+        ssm = create_ssm_mask(h, cache[inner.ssm_idx])
+        return [ssm if layer.is_linear else full for layer in inner.layers]
+
+    def is_recurrent(self, layer) -> bool:
+        return layer.is_linear
+
+    def replay_recurrent(self, layer, layer_input, cache) -> None:
+        """Run the layer's own GatedDeltaNet on the accepted rows from the restored state.
+        Only the cache update is evaluated later: MLX never computes the unused output."""
+        layer.linear_attn(layer.input_layernorm(layer_input), None, cache)
+
+
+class Gemma3Adapter(TargetAdapter):
+    model_types = ("gemma3", "gemma3_text")
+
+    def language_model(self, model):
+        return model.language_model if model.model_type == "gemma3" else model
+
+    def embed(self, inner, token_ids):
+        h = inner.embed_tokens(token_ids)
+        return h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
+
+    def masks(self, inner, h, cache):
+        pattern = inner.sliding_window_pattern
+        full = create_attention_mask(h, cache[pattern - 1])
+        sliding = create_attention_mask(h, cache[0], window_size=inner.window_size)
+        return [full if i % pattern == pattern - 1 else sliding for i in range(len(inner.layers))]
+
+
+class Gemma4Adapter(TargetAdapter):
+    """Per-layer input embeddings and KV sharing: the loop mirrors Gemma4TextModel.__call__."""
+
+    model_types = ("gemma4", "gemma4_text")
+
+    def language_model(self, model):
+        return model.language_model if model.model_type == "gemma4" else model
+
+    def logits(self, model, hidden):
+        logits = self.lm_head(model)(hidden)
+        cap = self.language_model(model).final_logit_softcapping
+        return logits if cap is None else mx.tanh(logits / cap) * cap
+
+    def run(self, model, token_ids, cache, tap_ids, record_recurrent=False):
+        inner = self.text_model(model)
+        embeds = inner.embed_tokens(token_ids)
+        h = embeds * inner.embed_scale
+        per_layer = [None] * len(inner.layers)
+        if inner.hidden_size_per_layer_input:
+            projected = inner._project_per_layer_inputs(
+                h, inner._get_per_layer_inputs(token_ids, embeds)
+            )
+            per_layer = [projected[:, :, i, :] for i in range(len(inner.layers))]
+        cache = cache + [None] * (len(inner.layers) - len(cache))  # KV-shared layers: no cache
+        masks = inner._make_masks(h, cache)
+        shared: list = [(None, None)] * len(inner.layers)
+        run = LayerRun(hidden=h)
+        for index, layer in enumerate(inner.layers):
+            kvs, offset = shared[inner.previous_kvs[index]]
+            h, kvs, offset = layer(h, masks[index], cache[index], per_layer_input=per_layer[index],
+                                   shared_kv=kvs, offset=offset)
+            shared[index] = (kvs, offset)
+            if index in tap_ids:
+                run.taps[index] = h
+        run.hidden = inner.norm(h)
+        return run
+
+
+ADAPTERS: dict[str, TargetAdapter] = {
+    model_type: adapter
+    for adapter in (Qwen3Adapter(), LlamaAdapter(), Qwen35Adapter(), Gemma3Adapter(), Gemma4Adapter())
+    for model_type in adapter.model_types
+}
+
+
+def adapter_for(model_type: str) -> TargetAdapter:
+    if model_type not in ADAPTERS:
+        raise CheckpointError(
+            f"target model_type {model_type!r} is not supported by the MLX engine "
+            f"(supported: {', '.join(sorted(ADAPTERS))})"
+        )
+    return ADAPTERS[model_type]

@@ -1,0 +1,205 @@
+"""The MLX engine: target via mlx-lm, our MLX drafter, our loop (the default engine).
+
+Taps come from running the target's layers in an explicit loop (engines/mlx_adapters.py).
+Rollback after a partial acceptance: attention caches are trimmed (mlx-lm's trimmable caches);
+the GatedDeltaNet states of hybrid targets are restored to their pre-verify values and the
+accepted rows are replayed through the layer's own module. On Linux a fast BLAS is loaded
+before mlx is imported (dflash_local/blas.py): the wheel's reference BLAS makes verify ~10x dearer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_local import blas
+
+blas.preload_fast_blas()  # must precede the first `import mlx.core` in the process
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm import load as mlx_lm_load
+from mlx_lm.models.cache import trim_prompt_cache
+
+from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.model_mlx import DraftSession, load_drafter
+from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
+from dflash_local.errors import CheckpointError, IncompatiblePairError, InvalidRequestError
+from dflash_local.events import EngineCapabilities
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+PREFILL_STEP = 2048  # prompt rows per forward, as mlx-lm's generate: bounds prefill memory
+
+
+@dataclass
+class _Verified:
+    """What commit() needs from the last verify."""
+
+    width: int
+    taps: mx.array | None
+    recurrent_inputs: dict[int, mx.array]
+    recurrent_states: dict[int, list]
+
+
+class MLXTargetRunner:
+    """The `speculative.TargetRunner` interface for one generation (owns the target cache)."""
+
+    def __init__(self, model, adapter: TargetAdapter, tap_ids: tuple[int, ...] | None,
+                 max_context: int):
+        self.model = model
+        self.adapter = adapter
+        self.tap_ids = tap_ids
+        self.max_context = max_context
+        self.cache = adapter.make_cache(model)
+        self._layers = adapter.text_model(model).layers
+        self._recurrent = [i for i, layer in enumerate(self._layers) if adapter.is_recurrent(layer)]
+        self._verified: _Verified | None = None
+
+    def _run(self, token_ids: list[int], record_recurrent: bool = False):
+        run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
+                               frozenset(self.tap_ids or ()), record_recurrent)
+        taps = None
+        if self.tap_ids is not None:
+            taps = mx.concatenate([run.taps[i] for i in self.tap_ids], axis=-1)
+        return run, taps
+
+    def prefill(self, prompt_ids: list[int]):
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty: nothing to prefill")
+        chunks = []
+        for start in range(0, len(prompt_ids), PREFILL_STEP):
+            run, taps = self._run(prompt_ids[start : start + PREFILL_STEP])
+            mx.eval(run.hidden, taps, [c.state for c in self.cache])
+            chunks.append(taps)
+        logits = self.adapter.logits(self.model, run.hidden[:, -1:]).astype(mx.float32)
+        taps = mx.concatenate(chunks, axis=1) if self.tap_ids is not None else None
+        return np.array(logits[0, -1]), taps
+
+    def verify(self, block_ids: list[int]) -> np.ndarray:
+        states = {i: list(self.cache[i].cache) for i in self._recurrent}
+        run, taps = self._run(block_ids, record_recurrent=bool(self._recurrent))
+        logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
+        mx.eval(logits, taps)
+        self._verified = _Verified(len(block_ids), taps, run.recurrent_inputs, states)
+        return np.array(logits[0])
+
+    def commit(self, kept_rows: int):
+        verified, self._verified = self._verified, None
+        rejected = verified.width - kept_rows
+        if rejected > 0:
+            self._roll_back(verified, kept_rows, rejected)
+        return verified.taps[:, :kept_rows] if verified.taps is not None else None
+
+    def _roll_back(self, verified: _Verified, kept_rows: int, rejected: int) -> None:
+        if not self._recurrent:
+            trim_prompt_cache(self.cache, rejected)
+            return
+        for index, layer_cache in enumerate(self.cache):
+            if index not in verified.recurrent_states:
+                layer_cache.trim(rejected)
+                continue
+            for slot, value in enumerate(verified.recurrent_states[index]):
+                layer_cache[slot] = value
+            layer_input = verified.recurrent_inputs[index][:, :kept_rows]
+            self.adapter.replay_recurrent(self._layers[index], layer_input, layer_cache)
+        mx.eval([self.cache[i].state for i in self._recurrent])
+
+
+def _read_config(target_path: Path) -> dict:
+    config_path = Path(target_path) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"target directory {target_path} has no config.json")
+    return json.loads(config_path.read_text())
+
+
+def _check_pair(drafter_path: Path | None, target_path: Path):
+    if drafter_path is None:
+        return None
+    drafter_config = load_drafter_config(drafter_path)
+    reasons = check_compatible(drafter_config, load_target_info(target_path))
+    if reasons:
+        raise IncompatiblePairError(reasons)
+    return drafter_config
+
+
+def _cast_floating(model, dtype: mx.Dtype) -> None:
+    """Cast floating weights, except those mlx-lm keeps as they are (Qwen3.5's A_log)."""
+    keep_as_is = getattr(model, "cast_predicate", None)  # mlx-lm's own optional hook
+    weights = [
+        (path, value.astype(dtype)) for path, value in tree_flatten(model.parameters())
+        if mx.issubdtype(value.dtype, mx.floating) and value.dtype != dtype
+        and (keep_as_is is None or keep_as_is(path))
+    ]
+    if weights:
+        model.load_weights(weights, strict=False)
+        mx.eval(model.parameters())
+
+
+def _precision_warnings(dtype: str, quantized: bool) -> list[str]:
+    notes = []
+    on_cpu = mx.default_device() == mx.cpu
+    if on_cpu and dtype != "float32":
+        notes.append(f"the drafter and target run in {dtype} on MLX's CPU backend, which has no "
+                     "fast half-precision matmul: float32 is faster there")
+    if quantized:
+        notes.append("quantized target: its verify matmul grows dearer with block width than a "
+                     "bf16 one; measure, or use a smaller block size")
+        if on_cpu:
+            notes.append("quantized target on MLX's CPU backend: quantized matmuls do not use "
+                         "BLAS there and are slow; prefer a float32/bf16 target on Linux")
+    return notes
+
+
+class MLXEngine(LocalEngine):
+    name = "mlx"
+
+    def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
+                 drafter_name: str | None = None, dtype: str = "float32",
+                 draft_window: int | None = None):
+        if dtype not in DTYPES:
+            raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        if sys.platform.startswith("linux") and blas.loaded_library() is None:
+            blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
+        raw_config = _read_config(target_path)
+        self.adapter = adapter_for(str(raw_config.get("model_type")))
+        drafter_config = _check_pair(drafter_path, target_path)
+        quantized = bool(raw_config.get("quantization") or raw_config.get("quantization_config"))
+        for note in _precision_warnings(dtype, quantized):
+            logger.warning(note)
+        self.model, wrapper = mlx_lm_load(str(target_path))
+        _cast_floating(self.model, DTYPES[dtype])  # quantized: scales, norms (packed ints stay)
+        self.drafter = None
+        if drafter_config is not None:
+            self.drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
+            inner = self.adapter.text_model(self.model)
+            self.drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
+        self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
+        self.draft_window = draft_window
+        max_context = load_target_info(target_path).max_position_embeddings or 32768
+        pair = PairInfo(
+            engine=self.name, target=target_name or str(target_path),
+            drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
+            target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
+            dtype=dtype, block_size=drafter_config.block_size if drafter_config else 1,
+        )
+        capabilities = EngineCapabilities(
+            speculative_toggle=True, sampling=True, max_context=max_context,
+            hybrid_targets=True,
+        )
+        super().__init__(wrapper._tokenizer, pair, capabilities)
+
+    def make_runner(self, collect_taps: bool) -> MLXTargetRunner:
+        tap_ids = self.tap_ids if collect_taps else None
+        return MLXTargetRunner(self.model, self.adapter, tap_ids, self.capabilities.max_context)
+
+    def make_drafter(self) -> DraftSession | None:
+        if self.drafter is None:
+            return None
+        return DraftSession(self.drafter, window=self.draft_window)

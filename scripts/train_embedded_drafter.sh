@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Reproduce the embedded drafter (models/smollm2-135m-dflash) from scratch on this machine's CPU:
+# regenerate responses with SmolLM2-135M-Instruct itself, then train a 2-layer DFlash drafter.
+# About 85 minutes on 2 cores (regeneration budget + training budget below); resumable: rerun
+# the same command after a kill and it continues from the last shard / checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGET="$(.venv/bin/python -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
+OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local train \
+  --target "$TARGET" \
+  --out runs/smollm2-135m-dflash \
+  --data runs/smol-regen \
+  --layers 2 --block-size 16 --taps 1,10,18,27 --mask-token "<empty_output>" \
+  --regen-minutes "${REGEN_MINUTES:-40}" --train-minutes "${TRAIN_MINUTES:-40}" "$@"
+echo "trained drafter: runs/smollm2-135m-dflash (copy to models/ to ship it)"

