@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dflash_local import speculative
+from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
 from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent
 
@@ -32,6 +32,7 @@ class Engine(abc.ABC):
     name: str
     capabilities: EngineCapabilities
     pair: PairInfo
+    tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
@@ -44,6 +45,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         """Generate; each event carries its text delta. Closing the iterator cancels."""
+
+    def stream_chat(self, messages: list[dict], params: GenerationParams,
+                    thinking: bool | None = None) -> Iterator[StepEvent]:
+        """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
+        return self.stream(self.encode_chat(messages, thinking), params)
 
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
@@ -82,10 +88,11 @@ class LocalEngine(Engine):
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         if not params.stop_token_ids:
             params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
+        policy = calibration.policy_for(self, params)  # None unless block_size "auto"
         drafter = self.make_drafter() if params.speculative else None
         runner = self.make_runner(collect_taps=drafter is not None)
         detokenizer = StreamDetokenizer(self.tokenizer)
-        for event in speculative.generate(runner, drafter, prompt_ids, params):
+        for event in speculative.generate(runner, drafter, prompt_ids, params, policy):
             yield replace(event, text=detokenizer.add(event.token_ids))
 
 

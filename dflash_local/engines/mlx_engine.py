@@ -97,6 +97,9 @@ class MLXTargetRunner:
             self._roll_back(verified, kept_rows, rejected)
         return verified.taps[:, :kept_rows] if verified.taps is not None else None
 
+    def join_taps(self, chunks: list[mx.array]) -> mx.array:
+        return mx.concatenate(chunks, axis=1)
+
     def _roll_back(self, verified: _Verified, kept_rows: int, rejected: int) -> None:
         if not self._recurrent:
             trim_prompt_cache(self.cache, rejected)

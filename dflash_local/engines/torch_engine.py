@@ -12,38 +12,48 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2-core machines stall under load otherwise
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info  # noqa: E402
-from dflash_local.drafter.model_torch import DraftSession, load_drafter  # noqa: E402
-from dflash_local.engines.base import LocalEngine, PairInfo  # noqa: E402
-from dflash_local.errors import CheckpointError, IncompatiblePairError  # noqa: E402
-from dflash_local.events import EngineCapabilities  # noqa: E402
+from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.model_torch import DraftSession, load_drafter
+from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.errors import CheckpointError, IncompatiblePairError
+from dflash_local.events import EngineCapabilities
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The target's decoder layer list, by architecture family (declared, not probed deeply)."""
+def decoder_stack(model) -> torch.nn.Module:
+    """The target's decoder (with `.layers` and `.norm`), by architecture family."""
     inner = model.model
     if hasattr(inner, "language_model"):  # multimodal wrappers (Qwen3.5, Gemma 3/4)
         inner = inner.language_model
     if not hasattr(inner, "layers"):
         raise CheckpointError(f"no decoder layer list found in {type(model).__name__}")
-    return inner.layers
+    return inner
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    return decoder_stack(model).layers
 
 
 class TapCollector:
-    """Forward hooks on the tapped layers; collects only while `enabled`."""
+    """Forward hooks on the tapped layers; collects only while `enabled`.
+
+    Tap i is HF `hidden_states[i + 1]`, which z-lab trained on; for the last layer HF reports
+    the final-normed state, so that tap hooks the final norm instead of the layer.
+    """
 
     def __init__(self, model, layer_ids: tuple[int, ...]):
         self.layer_ids = layer_ids
         self.enabled = False
         self.outputs: dict[int, torch.Tensor] = {}
-        layers = decoder_layers(model)
-        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in layer_ids]
+        stack = decoder_stack(model)
+        last = len(stack.layers) - 1
+        modules = {i: stack.norm if i == last else stack.layers[i] for i in layer_ids}
+        self._handles = [module.register_forward_hook(self._hook(i)) for i, module in modules.items()]
 
     def _hook(self, layer_id: int):
         def capture(_module, _inputs, output):
@@ -98,6 +108,20 @@ class TorchTargetRunner:
         taps = self._pending_taps
         return taps[:, :kept_rows] if taps is not None else None
 
+    def join_taps(self, chunks: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(chunks, dim=1)
+
+
+def _load_target(target_path: Path, dtype: torch.dtype, device: str):
+    """Tokenizer and model; a partial or corrupt directory is a CheckpointError, not a traceback."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot load target from {target_path}: {first_line}") from None
+    return tokenizer, model.to(device).eval()
+
 
 class TorchEngine(LocalEngine):
     name = "transformers"
@@ -111,8 +135,7 @@ class TorchEngine(LocalEngine):
             reasons = check_compatible(drafter_config, load_target_info(target_path))
             if reasons:
                 raise IncompatiblePairError(reasons)
-        tokenizer = AutoTokenizer.from_pretrained(target_path)
-        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype).to(device).eval()
+        tokenizer, self.model = _load_target(target_path, torch_dtype, device)
         self.drafter = None
         self.taps = None
         if drafter_config is not None:

