@@ -15,7 +15,7 @@ class GenerationParams:
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
     speculative: bool = True
-    block_size: int | None = None  # None = the drafter's own block size
+    block_size: int | str | None = None  # None = the drafter's own; "auto" = block_policy.py
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
@@ -27,7 +27,12 @@ class GenerationParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
-        if self.block_size is not None and self.block_size < 1:
+        if isinstance(self.block_size, str):
+            if self.block_size != "auto":
+                raise InvalidRequestError(
+                    f"block_size must be an integer or 'auto', got {self.block_size!r}"
+                )
+        elif self.block_size is not None and self.block_size < 1:
             raise InvalidRequestError(f"block_size must be >= 1, got {self.block_size!r}")
 
     @property
@@ -48,6 +53,7 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     block_size: int = 1  # width used this round (1 = plain step)
+    mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" (block_policy.py)
     finish_reason: str | None = None  # "stop" | "length" on the last event
 
 

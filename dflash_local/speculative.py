@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from dflash_local.acceptance import greedy_accept, sample_from, sampled_accept, target_probs
-from dflash_local.errors import PromptTooLongError
+from dflash_local.block_policy import SPECULATIVE, BlockPolicy, RoundCosts
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent
 
 
@@ -32,6 +33,9 @@ class TargetRunner(Protocol):
 
     def commit(self, kept_rows: int) -> Any:
         """Keep the first kept_rows rows of the last verify, roll the rest back; return their taps."""
+
+    def join_taps(self, chunks: list[Any]) -> Any:
+        """Concatenate tap chunks along the row axis (rows of plain rounds the drafter skipped)."""
 
 
 class Drafter(Protocol):
@@ -56,18 +60,29 @@ def generate(
     drafter: Drafter | None,
     prompt_ids: list[int],
     params: GenerationParams,
+    policy: BlockPolicy | None = None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. Lossless by construction.
 
+    With params.block_size "auto", `policy` (a fresh one per generation; uncalibrated if None)
+    picks each round's width, 1 included (plain fallback): the taps of plain rounds wait in
+    `pending_taps` and reach the drafter, joined, with its next block.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else.
     """
+    if not prompt_ids:
+        raise InvalidRequestError("the prompt has no tokens")
     if len(prompt_ids) + params.max_tokens > runner.max_context:
         raise PromptTooLongError(
             f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
             f"target's context of {runner.max_context} tokens"
         )
     block_size = _effective_block_size(drafter, params)
+    if block_size == 1 or params.block_size != "auto":
+        policy = None
+    elif policy is None:
+        policy = BlockPolicy(RoundCosts.uncalibrated(block_size))
+    mode = SPECULATIVE if block_size > 1 else "plain"
     rng = np.random.default_rng(params.seed)
     stop_ids = set(params.stop_token_ids)
 
@@ -80,15 +95,23 @@ def generate(
     finish = "stop" if anchor_id in stop_ids else ("length" if produced >= params.max_tokens else None)
     yield StepEvent(
         token_ids=(anchor_id,), round_index=0, prefill_s=prefill_s,
-        prompt_tokens=len(prompt_ids), finish_reason=finish,
+        prompt_tokens=len(prompt_ids), finish_reason=finish, mode=mode,
     )
     round_index = 0
+    pending_taps: list[Any] = []
     while finish is None:
         round_index += 1
-        width = choose_width(block_size, params.max_tokens - produced)
-        draft_ids = drafter.propose(anchor_id, new_taps, width) if width > 1 else []
+        width, mode = _next_width(policy, block_size, params.max_tokens - produced, mode)
+        draft_ids: list[int] = []
+        if block_size > 1:
+            pending_taps.append(new_taps)
+            if width > 1:
+                draft_ids = drafter.propose(anchor_id, _joined(runner, pending_taps), width)
+                pending_taps = []
         logits = runner.verify([anchor_id, *draft_ids])
         accepted_len, next_id = _accept(draft_ids, logits, params, rng)
+        if policy is not None:
+            policy.observe(width, accepted_len)
         new_taps = runner.commit(accepted_len + 1)
         committed = [*draft_ids[:accepted_len], next_id]
         committed, finish = _apply_stops(committed, stop_ids)
@@ -100,17 +123,28 @@ def generate(
             token_ids=tuple(committed), drafted=len(draft_ids),
             accepted=min(accepted_len, len(committed)), round_index=round_index,
             elapsed_s=time.perf_counter() - decode_start, block_size=width,
-            finish_reason=finish,
+            finish_reason=finish, mode=mode,
         )
 
 
 def _effective_block_size(drafter: Drafter | None, params: GenerationParams) -> int:
     if drafter is None or not params.speculative:
         return 1
-    if params.block_size is None:
+    if params.block_size is None or params.block_size == "auto":
         return drafter.block_size
     # a drafter can run with a smaller block than it was trained with, never a larger one
     return min(params.block_size, drafter.block_size)
+
+
+def _next_width(policy: BlockPolicy | None, block_size: int, remaining: int, mode: str):
+    if policy is None:
+        return choose_width(block_size, remaining), mode
+    choice = policy.choose(remaining)
+    return choice.width, choice.mode
+
+
+def _joined(runner: TargetRunner, tap_chunks: list[Any]) -> Any:
+    return tap_chunks[0] if len(tap_chunks) == 1 else runner.join_taps(tap_chunks)
 
 
 def _pick(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:

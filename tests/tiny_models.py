@@ -44,11 +44,12 @@ def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6
     """A random-weight target of the given family, saved as a normal HF directory."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-    common = dict(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-        max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=2, pad_token_id=0,
-    )
+    common = {
+        "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": hidden // 4, "max_position_embeddings": 1024, "tie_word_embeddings": True,
+        "eos_token_id": 2, "pad_token_id": 0,
+    }
     config = Qwen3Config(**common) if family == "qwen3" else LlamaConfig(**common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -56,7 +57,7 @@ def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 2:
-                param.normal_(0.0, 0.08)
+                param.normal_(0.0, 0.15)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     make_tokenizer(out)

@@ -63,7 +63,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
         return (num_target_layers // 2,)
     start, end = 1, num_target_layers - 3
     return tuple(
-        int(round(start + i * (end - start) / (num_draft_layers - 1)))
+        round(start + i * (end - start) / (num_draft_layers - 1))
         for i in range(num_draft_layers)
     )
 
@@ -227,7 +227,12 @@ def load_target_info(path: str | Path) -> TargetInfo:
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"target directory {path} has no config.json")
-    return target_info_from_config(json.loads(config_path.read_text()))
+    try:
+        return target_info_from_config(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
+    except KeyError as exc:
+        raise CheckpointError(f"{config_path}: required key {exc.args[0]!r} is missing") from None
 
 
 def check_compatible(

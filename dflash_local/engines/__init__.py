@@ -26,7 +26,8 @@ class EngineSpec:
 
 ENGINES = {
     "transformers": EngineSpec(
-        "torch_engine", "TorchEngine", ("torch", "transformers"), "pip install 'dflash-local[torch]'"
+        "torch_engine", "TorchEngine", ("torch", "transformers"),
+        "pip install 'dflash-local[torch]'",
     ),
     # served engines: the package may live in another venv, so the engine checks it itself
     "vllm": EngineSpec("vllm_engine", "VLLMEngine", (), "pip install 'dflash-local[vllm]'"),
@@ -73,7 +74,8 @@ def engine_class_for(name: str) -> type[Engine]:
     missing = _missing_packages(spec)
     if missing:
         raise EngineUnavailableError(
-            f"the {name} engine needs {', '.join(missing)}, which is not installed: {spec.install_hint}"
+            f"the {name} engine needs {', '.join(missing)}, which is not installed: "
+            f"{spec.install_hint}"
         )
     module_name = f"dflash_local.engines.{spec.module}"
     try:

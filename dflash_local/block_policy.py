@@ -1,0 +1,163 @@
+"""Choosing the block width of each round: the width with the most expected tokens per second.
+
+Pure logic on plain numbers; the loop (speculative.py) asks `choose` before each round and
+reports the round with `observe`. Inputs: what one round costs at each width on this machine
+(target verify + drafter pass, measured by dflash_local/calibration.py) and the acceptance seen
+so far. With a_j = P(draft j accepted | drafts 1..j-1 accepted), a round of width w commits
+
+    E[committed | w] = 1 + sum_{k=1..w-1} a_1 * a_2 * ... * a_k     (the bonus token included)
+
+and the policy picks argmax_w E[committed | w] / cost(w). Width 1 is plain decoding. When no
+width beats it, the policy falls back to plain and probes the best speculative width once every
+`probe_every` plain rounds, doubling that interval after each probe that does not win it back
+(so a useless drafter costs well under 1% once it has lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SPECULATIVE = "speculative"
+FALLBACK = "plain-fallback"
+PROBE = "probe"  # one speculative round tried while falling back
+
+DEFAULT_PRIOR = 0.5  # per-position acceptance assumed without a calibration run
+DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain step (CPU, small B)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """seconds[w - 1] = one round of width w: verify + commit, plus the drafter pass when w > 1."""
+
+    seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.seconds or any(not s > 0 for s in self.seconds):
+            raise ValueError(f"round costs must be positive seconds per width, got {self.seconds!r}")
+
+    @property
+    def max_width(self) -> int:
+        return len(self.seconds)
+
+    def at(self, width: int) -> float:
+        return self.seconds[width - 1]
+
+    @classmethod
+    def uncalibrated(cls, max_width: int, slope: float = DEFAULT_COST_SLOPE) -> RoundCosts:
+        return cls(tuple(1.0 + slope * (w - 1) for w in range(1, max_width + 1)))
+
+
+def expected_committed(rates: Sequence[float], width: int) -> float:
+    """E[tokens committed by a round of `width`]; rates[j-1] = a_j as in the module docstring."""
+    survival = np.cumprod(np.asarray(rates[: width - 1], dtype=np.float64))
+    return 1.0 + float(survival.sum())
+
+
+def smoothed_rates(hits: Sequence[float], trials: Sequence[float],
+                   prior: float = DEFAULT_PRIOR) -> list[float]:
+    """a_j from counts (hits[j] of the trials[j] rounds that reached position j+1 kept it),
+    with one pseudo-trial at `prior` so that a position seen rarely is not 0 or 1 outright."""
+    return [(h + prior) / (t + 1.0) for h, t in zip(hits, trials)]
+
+
+class AcceptanceEstimate:
+    """Per-position conditional acceptance a_1..a_{B-1}, from the prior on, following the
+    generation. A position a round reached moves toward what happened there (1 kept, 0 rejected)
+    by 1/(n + prior_weight) at its n-th observation, a running mean that counts the prior as
+    `prior_weight` rounds, and never by less than `rate` (after that, an exponential average
+    that keeps following a generation whose text changes). Positions a round did not reach drift
+    back to the prior by `drift`: a width that stopped being tried is tried again some day."""
+
+    def __init__(self, prior: Sequence[float], rate: float = 0.1, drift: float = 0.005,
+                 prior_weight: float = 2.0):
+        self.prior = np.clip(np.asarray(prior, dtype=np.float64), 0.0, 1.0)
+        self.values = self.prior.copy()
+        self.seen = np.zeros_like(self.prior)
+        self.rate, self.drift, self.prior_weight = rate, drift, prior_weight
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A round drafted `drafted` tokens and the target accepted the first `accepted`."""
+        assert 0 <= accepted <= drafted <= len(self.values), (accepted, drafted, len(self.values))
+        reached = min(accepted + 1, drafted)  # the accepted positions and the first rejection
+        outcome = np.zeros(reached)
+        outcome[:accepted] = 1.0
+        self.seen[:reached] += 1.0
+        step = np.maximum(self.rate, 1.0 / (self.seen[:reached] + self.prior_weight))
+        self.values[:reached] += step * (outcome - self.values[:reached])
+        self.values[reached:] += self.drift * (self.prior[reached:] - self.values[reached:])
+
+    def rates(self) -> np.ndarray:
+        return self.values
+
+
+@dataclass(frozen=True)
+class Choice:
+    width: int
+    mode: str  # SPECULATIVE, FALLBACK or PROBE
+
+
+class BlockPolicy:
+    """One generation's width chooser. `choose` before a round, `observe` after it."""
+
+    def __init__(self, costs: RoundCosts, prior: Sequence[float] = (), *, max_width: int | None = None,
+                 rate: float = 0.1, drift: float = 0.005, probe_every: int = 16,
+                 max_probe_every: int = 64):
+        self.costs = costs
+        self.max_width = min(max_width or costs.max_width, costs.max_width)
+        self.estimate = AcceptanceEstimate(_fit(prior, self.max_width - 1), rate, drift)
+        self.mode = SPECULATIVE
+        self.probe_every = probe_every
+        self.max_probe_every = max_probe_every
+        self._interval = probe_every
+        self._plain_rounds = 0
+        self._probing = False
+
+    def expected_tokens_per_s(self, width: int) -> float:
+        return expected_committed(self.estimate.rates(), width) / self.costs.at(width)
+
+    def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
+        """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
+        limit = min(limit or self.max_width, self.max_width)
+        rates = self.estimate.rates()
+        survival = np.concatenate([[1.0], np.cumprod(rates[: limit - 1])])
+        committed = np.cumsum(survival)  # committed[w-1] = E[committed | w]
+        speed = committed / np.asarray(self.costs.seconds[:limit])
+        return min_width + int(np.argmax(speed[min_width - 1 :]))
+
+    def choose(self, remaining: int) -> Choice:
+        """The width of the next round; never more than the `remaining` tokens allowed."""
+        limit = max(1, min(self.max_width, remaining))
+        if limit == 1:  # the last token: one plain step, whatever the mode
+            return Choice(1, self.mode)
+        best = self.best_width(limit)
+        if best > 1:
+            self.mode, self._interval, self._plain_rounds = SPECULATIVE, self.probe_every, 0
+            return Choice(best, SPECULATIVE)
+        self.mode = FALLBACK
+        self._plain_rounds += 1
+        if self._plain_rounds < self._interval:
+            return Choice(1, FALLBACK)
+        self._plain_rounds, self._probing = 0, True
+        return Choice(self.best_width(limit, min_width=2), PROBE)
+
+    def observe(self, width: int, accepted: int) -> None:
+        """The round of `width` kept `accepted` of its width-1 drafts (the bonus not counted)."""
+        if width > 1:
+            self.estimate.observe(width - 1, accepted)
+        if self._probing:  # a probe that kept nothing: the next one comes twice as late
+            self._probing = False
+            self._interval = (min(self._interval * 2, self.max_probe_every) if accepted == 0
+                              else self.probe_every)
+
+    def rates(self) -> list[float]:
+        return [float(r) for r in self.estimate.rates()]
+
+
+def _fit(prior: Sequence[float], length: int) -> list[float]:
+    """The prior cut or padded (with its last value, or DEFAULT_PRIOR) to `length` positions."""
+    values = [float(p) for p in prior[:length]]
+    pad = values[-1] if values else DEFAULT_PRIOR
+    return values + [pad] * (length - len(values))

@@ -1,0 +1,110 @@
+"""Session-cached tiny pairs on disk, engines over them, and scripted drafters.
+
+Test modules wrap these in their own session fixtures (tests/conftest.py belongs to others):
+a pair is built once per session whichever module asks first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import tiny_models
+import torch
+
+# Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two threads
+# make each small matmul wait for a busy core: one thread was ~30x faster under load here.
+torch.set_num_threads(1)
+
+_PAIRS: dict[tuple, Pair] = {}
+_ENGINES: dict[tuple, object] = {}
+
+
+@dataclass(frozen=True)
+class Pair:
+    target: Path
+    drafter: Path
+
+
+def tiny_pair(tmp_path_factory, family: str = "qwen3", block_size: int = 16,
+              **drafter_kwargs) -> Pair:
+    """A random target of `family` and a z-lab-format drafter for it, written once per session."""
+    key = (family, block_size, json.dumps(drafter_kwargs, sort_keys=True))
+    if key not in _PAIRS:
+        root = tmp_path_factory.mktemp(f"pair-{family}-b{block_size}")
+        target = tiny_models.make_target(root / "target", family=family)
+        drafter = tiny_models.make_drafter(root / "drafter", target, block_size=block_size,
+                                           **drafter_kwargs)
+        _PAIRS[key] = Pair(target, drafter)
+    return _PAIRS[key]
+
+
+def tiny_engine(pair: Pair, with_drafter: bool = True):
+    """A TorchEngine (float32, CPU) over the pair; engines hold no per-generation state."""
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    key = (pair, with_drafter)
+    if key not in _ENGINES:
+        _ENGINES[key] = TorchEngine(pair.target, pair.drafter if with_drafter else None)
+    return _ENGINES[key]
+
+
+def collect(events) -> tuple[list[int], list]:
+    """All committed token ids of a stream, and its events."""
+    events = list(events)
+    return [token for event in events for token in event.token_ids], events
+
+
+# (context tokens + [anchor], number of drafts wanted) -> draft ids
+Script = Callable[[list[int], int], list[int]]
+
+
+class ScriptedDrafter:
+    """A `speculative.Drafter` whose proposals come from a script, for cases a random pair cannot
+    produce on demand (all accepted, none accepted, exactly k accepted).
+
+    It rebuilds the committed sequence from what the loop hands it: the prompt's taps first,
+    then each round the taps of [previous anchor, accepted drafts]. An `inner` real drafter, if
+    given, still runs every round so its cache goes through the same path.
+    """
+
+    def __init__(self, prompt_ids: list[int], script: Script, block_size: int = 16, inner=None):
+        self.prompt_ids = list(prompt_ids)
+        self.script = script
+        self.block_size = block_size
+        self.inner = inner
+        self.context: list[int] = []
+        self._last_block: list[int] | None = None
+        self.accepted_seen: list[int] = []  # drafts accepted in each previous round
+
+    def propose(self, anchor_id: int, new_taps, width: int) -> list[int]:
+        rows = new_taps.shape[1]
+        if self._last_block is None:
+            assert rows == len(self.prompt_ids), (rows, len(self.prompt_ids))
+            self.context.extend(self.prompt_ids)
+        else:
+            self.context.extend(self._last_block[:rows])
+            self.accepted_seen.append(rows - 1)
+        if self.inner is not None:
+            self.inner.propose(anchor_id, new_taps, width)
+        drafts = list(self.script(self.context + [anchor_id], width - 1))
+        assert len(drafts) == width - 1
+        self._last_block = [anchor_id, *drafts]
+        return drafts
+
+
+def follow(continuation: list[int], prompt_len: int, right: int | None = None,
+           vocab: int = tiny_models.VOCAB) -> Script:
+    """A script that proposes `continuation` (the plain output) for the first `right` drafts of
+    each block and a wrong token after (None = always right, 0 = always wrong)."""
+
+    def script(sequence: list[int], count: int) -> list[int]:
+        start = len(sequence) - prompt_len  # index in the output of the first draft
+        padded = continuation + [0] * (start + count)
+        truth = padded[start : start + count]
+        keep = count if right is None else right
+        return truth[:keep] + [(token + 1) % vocab for token in truth[keep:]]
+
+    return script
