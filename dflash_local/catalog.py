@@ -1,0 +1,186 @@
+"""The catalog of known target <-> drafter pairs (models/catalog.toml), as frozen dataclasses.
+
+Boundary: parse and validate the TOML, answer "which pairs does engine X run", and locate a pair's
+models on this machine (the embedded target, the shipped drafter, or the Hugging Face cache).
+Downloading is hub.py's job; loading is the engines'.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_local import paths
+from dflash_local.errors import CheckpointError, ModelNotFoundError
+
+ENGINES = ("mlx", "transformers", "vllm", "sglang")
+THINKING_MODES = ("off", "on", "none")
+SOURCES = ("hub", "embedded", "shipped")
+EMBEDDED_PAIR_ID = "embedded"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    repo: str  # hub repo id, or the local name for the embedded target / shipped drafter
+    source: str  # "hub" | "embedded" | "shipped"
+    revision: str | None = None  # None = not pinned
+    params_b: float | None = None
+    size_gb: float | None = None  # an estimate; None = unknown
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repo": self.repo, "source": self.source, "revision": self.revision,
+                "revision_pinned": self.revision is not None, "params_b": self.params_b,
+                "size_gb": self.size_gb}
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    id: str
+    engines: tuple[str, ...]
+    target: ModelSpec
+    drafter: ModelSpec
+    thinking: str  # the thinking mode the drafter was trained for
+    hybrid: bool
+    block_sizes: tuple[tuple[str, int], ...]  # (engine, recommended block size)
+    notes: str = ""
+
+    def block_size_for(self, engine: str) -> int | None:
+        return dict(self.block_sizes).get(engine)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
+                "hybrid": self.hybrid, "block_size": dict(self.block_sizes), "notes": self.notes,
+                "target": self.target.to_json(), "drafter": self.drafter.to_json()}
+
+
+@dataclass(frozen=True)
+class Catalog:
+    pairs: tuple[PairSpec, ...]
+
+    def get(self, pair_id: str) -> PairSpec:
+        for pair in self.pairs:
+            if pair.id == pair_id:
+                return pair
+        raise ModelNotFoundError(
+            f"no pair {pair_id!r} in the catalog (known: {', '.join(p.id for p in self.pairs)})"
+        )
+
+    def for_engine(self, engine: str) -> tuple[PairSpec, ...]:
+        return tuple(pair for pair in self.pairs if engine in pair.engines)
+
+    def hub_repos(self) -> frozenset[str]:
+        """Every hub repo id the catalog names (targets and drafters)."""
+        return frozenset(
+            model.repo for pair in self.pairs for model in (pair.target, pair.drafter)
+            if model.source == "hub"
+        )
+
+
+def catalog_path() -> Path:
+    return paths.shipped_models_dir() / "catalog.toml"
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    path = Path(path) if path is not None else catalog_path()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CheckpointError(f"cannot read the catalog {path}: {exc}") from None
+    pairs = tuple(_parse_pair(entry, f"{path.name} pair #{index}")
+                  for index, entry in enumerate(raw.get("pair", [])))
+    ids = [pair.id for pair in pairs]
+    duplicates = sorted({pair_id for pair_id in ids if ids.count(pair_id) > 1})
+    if duplicates:
+        raise CheckpointError(f"{path.name}: duplicate pair ids {duplicates}")
+    if not pairs or pairs[0].id != EMBEDDED_PAIR_ID:
+        raise CheckpointError(f"{path.name}: the first pair must be {EMBEDDED_PAIR_ID!r}")
+    return Catalog(pairs)
+
+
+def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
+    pair_id = _field(entry, "id", str, where)
+    where = f"{where} ({pair_id!r})"
+    engines = tuple(_field(entry, "engines", list, where))
+    unknown = [engine for engine in engines if engine not in ENGINES]
+    if not engines or unknown:
+        raise CheckpointError(f"{where}: engines {list(engines)} must be a non-empty subset of {ENGINES}")
+    thinking = _field(entry, "thinking", str, where)
+    if thinking not in THINKING_MODES:
+        raise CheckpointError(f"{where}: thinking {thinking!r} is not one of {THINKING_MODES}")
+    block_sizes = _field(entry, "block_size", dict, where)
+    bad = {engine: size for engine, size in block_sizes.items()
+           if engine not in engines or not isinstance(size, int) or size < 1}
+    if bad:
+        raise CheckpointError(f"{where}: block_size entries {bad} name an engine the pair lacks "
+                              f"or are not integers >= 1")
+    return PairSpec(
+        id=pair_id, engines=engines, thinking=thinking,
+        hybrid=bool(entry.get("hybrid", False)),
+        block_sizes=tuple(sorted(block_sizes.items())),
+        notes=str(entry.get("notes", "")),
+        target=_parse_model(_field(entry, "target", dict, where), f"{where} target"),
+        drafter=_parse_model(_field(entry, "drafter", dict, where), f"{where} drafter"),
+    )
+
+
+def _parse_model(entry: dict[str, Any], where: str) -> ModelSpec:
+    source = _field(entry, "source", str, where)
+    if source not in SOURCES:
+        raise CheckpointError(f"{where}: source {source!r} is not one of {SOURCES}")
+    numbers = {key: entry.get(key) for key in ("params_b", "size_gb")}
+    for key, value in numbers.items():
+        if value is not None and (not isinstance(value, int | float) or value <= 0):
+            raise CheckpointError(f"{where}: {key} {value!r} must be a positive number")
+    return ModelSpec(repo=_field(entry, "repo", str, where), source=source,
+                     revision=entry.get("revision"), **numbers)
+
+
+def _field(entry: dict[str, Any], key: str, kind: type, where: str):
+    value = entry.get(key)
+    if not isinstance(value, kind):
+        raise CheckpointError(f"{where}: {key!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+# --- where a pair's models are on this machine ---
+
+def locate(model: ModelSpec, local_only: bool = True, prepare: bool = False,
+           cache_dir: str | Path | None = None) -> Path:
+    """The local directory of a catalog model. `prepare` imports the embedded target if needed."""
+    if model.source == "embedded":
+        from dflash_local import embedded  # lazy: it pulls in the GGUF reader
+
+        target_dir = embedded.embedded_target_dir()
+        if embedded.is_complete_import(target_dir):
+            return target_dir
+        if prepare:
+            return embedded.import_embedded(target_dir)
+        raise ModelNotFoundError(f"the embedded target is not imported yet into {target_dir}")
+    if model.source == "shipped":
+        shipped = paths.shipped_models_dir() / model.repo.removeprefix("models/")
+        if not (shipped / "config.json").is_file():
+            raise ModelNotFoundError(f"the shipped drafter {model.repo} is missing ({shipped})")
+        return shipped
+    from dflash_local.hub import resolve_model
+
+    return resolve_model(model.repo, revision=model.revision, local_only=local_only,
+                         cache_dir=cache_dir)
+
+
+def is_available(model: ModelSpec, cache_dir: str | Path | None = None) -> bool:
+    """True when the model can be loaded without a download (the embedded one: importable)."""
+    try:
+        locate(model, cache_dir=cache_dir)
+        return True
+    except ModelNotFoundError:
+        if model.source != "embedded":
+            return False
+    from dflash_local import embedded
+
+    try:
+        embedded.find_embedded_gguf()
+        return True
+    except CheckpointError:
+        return False

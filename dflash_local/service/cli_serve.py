@@ -1,0 +1,89 @@
+"""`dflash-local serve`: load a pair and serve it over HTTP. Parsing here; the service elsewhere.
+
+Imports nothing heavy at module scope, so `dflash-local --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser(
+        "serve", help="serve a pair over an OpenAI-compatible HTTP API (plus DFlash extensions)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
+    serve.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
+    serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
+    serve.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
+    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
+                       help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
+    serve.add_argument("--max-queue", type=int, default=8, metavar="N",
+                       help="requests waiting behind the running one before 429s")
+    serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
+    serve.add_argument("--log-level", default="warning",
+                       choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(handler=run, func=run)
+    return serve
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_local.errors import InvalidRequestError
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import bind, make_server
+    from dflash_local.service.state import ServiceState
+
+    if args.pair and args.target:
+        raise InvalidRequestError("give --pair or --target, not both")
+    if args.max_queue < 1:
+        raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not args.api_key and not _is_loopback(args.host):
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can "
+              f"use it", file=sys.stderr)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # before torch loads: spinning OpenMP threads would starve the event loop's thread
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
+                         load_options={"dtype": args.dtype})
+    if not args.no_load:
+        _initial_load(state, args)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    served = state.loaded.served_name if state.loaded else "no pair loaded"
+    print(f"dflash-local serving {served} on http://{host}:{port}", flush=True)
+    make_server(create_app(state), args.log_level).run(sockets=[sock])
+    return 0
+
+
+def _initial_load(state, args: argparse.Namespace) -> None:
+    from dflash_local.hub import resolve_model
+    from dflash_local.service.state import pick_engine
+
+    if args.target:  # the local user's own names: paths and repo ids (downloaded if needed)
+        target = resolve_model(args.target)
+        drafter = resolve_model(args.drafter) if args.drafter else None
+        state.load(pick_engine(args.engine), target, drafter,
+                   served_name=os.path.basename(args.target.rstrip("/")) or args.target)
+        return
+    try:
+        state.load_pair(args.pair or "embedded", args.engine)
+    except Exception as exc:
+        if args.pair:
+            raise
+        print(f"warning: the embedded pair could not be loaded ({exc}); serving with no pair "
+              f"loaded: POST /dflash/load", file=sys.stderr)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

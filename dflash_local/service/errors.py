@@ -1,0 +1,118 @@
+"""Errors as the service shows them: OpenAI-style JSON with the right status, never a traceback.
+
+DFlashError subclasses map to a status by their `code`; validation errors become 400.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dflash_local.errors import DFlashError
+
+log = logging.getLogger("dflash_local.service")
+
+
+class QueueFullError(DFlashError):
+    code = "queue_full"
+
+
+class NoModelLoadedError(DFlashError):
+    code = "model_not_loaded"
+
+
+class BusyError(DFlashError):
+    """A management action that cannot run while a generation or a load is in progress."""
+
+    code = "busy"
+
+
+class NotFoundError(DFlashError):
+    code = "not_found"
+
+
+class AuthenticationError(DFlashError):
+    code = "invalid_api_key"
+
+
+STATUS_BY_CODE = {
+    "invalid_request": 400,
+    "context_length_exceeded": 400,
+    "incompatible_pair": 400,
+    "bad_checkpoint": 400,
+    "download_refused": 400,
+    "invalid_api_key": 401,
+    "model_not_found": 404,
+    "not_found": 404,
+    "busy": 409,
+    "queue_full": 429,
+    "cancelled": 503,
+    "download_cancelled": 409,
+    "engine_unavailable": 503,
+    "model_not_loaded": 503,
+}
+TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": TYPE_BY_STATUS.get(status, "server_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, code: str | None, param: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def status_of(exc: DFlashError) -> int:
+    return STATUS_BY_CODE.get(exc.code, 500)
+
+
+def dflash_error_response(exc: DFlashError) -> JSONResponse:
+    status = status_of(exc)
+    if status == 500:
+        log.error("unmapped %s: %s", type(exc).__name__, exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, str(exc), exc.code, headers=headers)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DFlashError)
+    async def on_dflash_error(_request: Request, exc: DFlashError) -> JSONResponse:
+        return dflash_error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(loc) or None
+        message = first.get("msg", "invalid request")
+        if param:
+            message = f"{param}: {message}"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more)"
+        return error_response(400, message, "invalid_request", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), None, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # the one catch-all: the client gets a short message, the log gets the traceback
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "internal server error (details are in the server log)",
+                              "internal_error")

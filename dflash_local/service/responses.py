@@ -1,0 +1,88 @@
+"""OpenAI response shapes as dicts, plus our `dflash` objects.
+
+Per chunk, `dflash` says what that step committed: `token_ids`, of which the first `accepted`
+came from the drafter (the rest is the target's bonus/correction token), `drafted` proposals,
+the `round` (0 = the prefill's token) and the `block_size` used. The final usage's `dflash`
+holds the generation's totals: tau, tokens/s, drafted/accepted, the accepted-per-round histogram.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from dflash_local.events import GenerationStats, StepEvent
+
+
+def sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def step_dflash(event: StepEvent) -> dict:
+    return {"token_ids": list(event.token_ids), "drafted": event.drafted,
+            "accepted": event.accepted, "round": event.round_index, "block_size": event.block_size}
+
+
+def accepted_histogram(stats: GenerationStats) -> list[int]:
+    """Index k = how many rounds committed k tokens (bonus included, as tau counts them)."""
+    histogram = [0] * (max(stats.accepted_per_round, default=0) + 1)
+    for committed in stats.accepted_per_round:
+        histogram[committed] += 1
+    return histogram
+
+
+def usage(stats: GenerationStats, engine: str, block_size: int, speculative: bool) -> dict:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "dflash": {
+            "tau": round(stats.tau, 4),
+            "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+            "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 2),
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "rounds": stats.rounds,
+            "accepted_per_round": accepted_histogram(stats),
+            "prefill_s": round(stats.prefill_s, 6),
+            "decode_s": round(stats.decode_s, 6),
+            "engine": engine,
+            "block_size": block_size,
+            "speculative": speculative,
+        },
+    }
+
+
+class ChunkWriter:
+    """Builds the chat.completion.chunk payloads of one streamed response."""
+
+    def __init__(self, job_id: str, model: str):
+        self.job_id = job_id
+        self.model = model
+        self.created = int(time.time())
+        self._sent_role = False
+
+    def _base(self) -> dict:
+        return {"id": self.job_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model}
+
+    def step(self, text: str, event: StepEvent, finish_reason: str | None) -> dict:
+        delta = {"content": text}
+        if not self._sent_role:
+            delta = {"role": "assistant", **delta}
+            self._sent_role = True
+        return {**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                             "finish_reason": finish_reason}],
+                "dflash": step_dflash(event)}
+
+    def usage(self, usage_payload: dict) -> dict:
+        return {**self._base(), "choices": [], "usage": usage_payload}
+
+
+def completion(job_id: str, model: str, text: str, finish_reason: str | None,
+               usage_payload: dict) -> dict:
+    return {"id": job_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage_payload}

@@ -1,0 +1,112 @@
+"""Request bodies as pydantic models: the OpenAI chat fields we honour, and our extensions.
+
+Strict types (no "5" for 5, no true for 1); unknown OpenAI fields are ignored, as vLLM does.
+Range checks mirror OpenAI's (temperature in [0, 2], n == 1). Responses are plain dicts
+built in responses.py: they are ours to shape, and dicts stream fastest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
+MAX_STOP_STRINGS = 8
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def as_template_message(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        # chat templates know "system"; "developer" is OpenAI's newer name for it
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(StrictModel):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # thinking on/off: vLLM's chat_template_kwargs.enable_thinking, or our own field
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking: bool | None = None
+    # DFlash extensions
+    speculative: bool | None = None
+    block_size: int | None = Field(None, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens disagree")
+        stops = self.stop_strings()
+        if len(stops) > MAX_STOP_STRINGS or any(not stop for stop in stops):
+            raise ValueError(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings")
+        template_thinking = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if template_thinking is not None and not isinstance(template_thinking, bool):
+            raise ValueError("chat_template_kwargs.enable_thinking must be a boolean")
+        if None not in (template_thinking, self.thinking) and template_thinking != self.thinking:
+            raise ValueError("thinking and chat_template_kwargs.enable_thinking disagree")
+        return self
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def thinking_mode(self) -> bool | None:
+        if self.thinking is not None:
+            return self.thinking
+        return (self.chat_template_kwargs or {}).get("enable_thinking")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class LoadRequest(StrictModel):
+    """Load a catalog pair by id, or a target (+ drafter) by repo id from the local cache."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    pair: str | None = Field(None, min_length=1, max_length=200)
+    engine: str | None = Field(None, min_length=1, max_length=40)
+    target: str | None = Field(None, min_length=1, max_length=200)
+    drafter: str | None = Field(None, min_length=1, max_length=200)
+    block_size: int | None = Field(None, ge=1, le=256)  # default block size for requests
+
+    @model_validator(mode="after")
+    def _one_form(self) -> LoadRequest:
+        if (self.pair is None) == (self.target is None):
+            raise ValueError("give either pair (a catalog id) or target (a repo id), not both")
+        if self.pair is not None and self.drafter is not None:
+            raise ValueError("drafter goes with target, not with pair")
+        return self
+
+
+class DownloadRequest(StrictModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    pair: str = Field(min_length=1, max_length=200)
+    context_tokens: int = Field(4096, ge=1, le=10_000_000)  # for the will-it-fit estimate

@@ -1,0 +1,218 @@
+"""What the service owns: the loaded pair and its worker, the catalog, the downloads.
+
+Loading is blocking (the app runs it in a thread) and refuses to start while a generation runs.
+Names from remote callers are catalog ids or hub repo ids found in the local cache, never paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_local.catalog import Catalog, load_catalog, locate
+from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.engines.base import Engine
+from dflash_local.errors import (
+    DFlashError,
+    EngineUnavailableError,
+    IncompatiblePairError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
+from dflash_local.hub import is_repo_id, resolve_model
+from dflash_local.service.downloads import DownloadManager
+from dflash_local.service.errors import BusyError, NoModelLoadedError
+from dflash_local.service.worker import GenerationWorker
+
+log = logging.getLogger("dflash_local.service")
+Loader = Callable[..., Engine]  # (engine, target, drafter, **opts) -> Engine
+LOCAL_ENGINES = ("transformers", "mlx")  # these load from local directories
+DEFAULT_NAMES = (None, "", "default")
+WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def check_model_name(name: str | None) -> None:
+    """Refuse a model name that is a filesystem path: remote callers name models, not files."""
+    if name in DEFAULT_NAMES:
+        return
+    is_path = (
+        name.startswith(("/", "~", ".", "\\")) or ".." in name or "\\" in name or "\0" in name
+        or os.path.isabs(name) or bool(WINDOWS_DRIVE.match(name))
+        or ("/" in name and os.path.exists(name))
+    )
+    if is_path or len(name) > 200:
+        raise InvalidRequestError(f"{name[:200]!r} is not a known model (name a catalog pair or a "
+                                  f"hub repo id; filesystem paths are not accepted)")
+
+
+@dataclass
+class LoadedPair:
+    served_name: str
+    engine: Engine
+    worker: GenerationWorker
+    pair_id: str | None = None
+    default_block_size: int | None = None
+    aliases: tuple[str, ...] = ()
+    loaded_at: int = field(default_factory=lambda: int(time.time()))
+
+    def answers_to(self, name: str | None) -> bool:
+        return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
+
+    def describe(self) -> dict:
+        pair = self.engine.pair
+        return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
+                "target": pair.target, "drafter": pair.drafter, "dtype": pair.dtype,
+                "drafter_block_size": pair.block_size, "default_block_size": self.default_block_size}
+
+
+def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None) -> str:
+    """The engine asked for, else the installed one `engines.choose_engine` prefers, if it fits."""
+    if requested not in (None, "auto"):
+        return requested
+    try:
+        from dflash_local.engines import choose_engine
+
+        chosen = choose_engine()
+    except (ImportError, DFlashError):
+        chosen = supported[0] if supported else "transformers"
+    return chosen if supported is None or chosen in supported else supported[0]
+
+
+def default_loader(engine: str, target: str, drafter: str | None, **opts) -> Engine:
+    try:
+        from dflash_local.engines import load_engine
+    except ImportError as exc:
+        raise EngineUnavailableError(f"engines cannot be loaded: {exc}") from None
+    return load_engine(engine, target, drafter, **opts)
+
+
+class ServiceState:
+    def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
+                 api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
+                 hub_cache_dir: str | Path | None = None, load_options: dict | None = None):
+        self.catalog = catalog or load_catalog()
+        self.load_options = dict(load_options or {})  # to the loader: dtype, draft_window
+        self.loader = loader or default_loader
+        self.api_key = api_key
+        self.max_queue = max_queue
+        self.loaded: LoadedPair | None = None
+        self.loading: str | None = None
+        self.load_error: str | None = None
+        self.load_warning: str | None = None
+        self.hub_cache_dir = hub_cache_dir
+        self.downloads = DownloadManager(self.catalog, endpoint=hub_endpoint, cache_dir=hub_cache_dir)
+        self._load_lock = threading.Lock()
+
+    def require_model(self, name: str | None) -> LoadedPair:
+        check_model_name(name)
+        loaded = self.loaded
+        if self.loading is not None or loaded is None:
+            raise NoModelLoadedError(
+                f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
+                else "no model is loaded; POST /dflash/load first")
+        if not loaded.answers_to(name):
+            raise ModelNotFoundError(f"model {name!r} is not loaded (this server serves "
+                                     f"{loaded.served_name!r})")
+        return loaded
+
+    # --- blocking: the app calls these in a thread ---
+
+    def load_pair(self, pair_id: str, engine: str | None = None,
+                  block_size: int | None = None) -> LoadedPair:
+        pair = self.catalog.get(pair_id)
+        self._ensure_idle()  # before any slow preparation (the embedded import)
+        engine = pick_engine(engine, pair.engines)
+        if engine not in pair.engines:
+            raise InvalidRequestError(f"pair {pair_id!r} runs on {', '.join(pair.engines)}, "
+                                      f"not on engine {engine!r}")
+        if engine in LOCAL_ENGINES:
+            target = locate(pair.target, prepare=True, cache_dir=self.hub_cache_dir)
+            drafter, warning = self._locate_drafter(pair)
+        else:  # a served engine fetches the models itself
+            target, drafter, warning = pair.target.repo, pair.drafter.repo, None
+        return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
+                         block_size=block_size or pair.block_size_for(engine),
+                         aliases=(pair.target.repo,), warning=warning)
+
+    def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
+        try:
+            return locate(pair.drafter, cache_dir=self.hub_cache_dir), None
+        except ModelNotFoundError as exc:
+            if pair.drafter.source != "shipped":
+                raise
+            # the app's own pair still serves, plainly, until its drafter ships (as the CLI does)
+            log.warning("%s: decoding without speculation", exc)
+            return None, f"{exc}: decoding without speculation"
+
+    def load_repos(self, engine: str | None, target: str, drafter: str | None,
+                   block_size: int | None = None) -> LoadedPair:
+        engine = pick_engine(engine)
+        self._ensure_idle()
+        for name in (target, drafter):
+            if name is not None:
+                check_model_name(name)
+                if not is_repo_id(name):
+                    raise InvalidRequestError(f"{name!r} is not a known model (not a hub repo id)")
+        if engine in LOCAL_ENGINES:
+            cache = self.hub_cache_dir
+            target_path = resolve_model(target, local_only=True, cache_dir=cache)
+            drafter_path = resolve_model(drafter, local_only=True, cache_dir=cache) if drafter else None
+        else:
+            target_path, drafter_path = target, drafter
+        return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size)
+
+    def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
+             served_name: str, pair_id: str | None = None, block_size: int | None = None,
+             aliases: tuple[str, ...] = (), warning: str | None = None) -> LoadedPair:
+        """Unload the current pair and load this one (local paths are trusted: CLI and internal)."""
+        if not self._load_lock.acquire(blocking=False):
+            raise BusyError("another load is in progress")
+        try:
+            self.loading = served_name  # from here on, new chat requests get 503
+            self._ensure_idle()
+            precheck_pair(target, drafter)
+            self.unload()
+            self.load_error, self.load_warning = None, warning
+            try:
+                engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
+                                         **self.load_options)
+            except Exception as exc:
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                raise
+            worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
+            self.loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
+                                     pair_id=pair_id, default_block_size=block_size,
+                                     aliases=aliases)
+            return self.loaded
+        finally:
+            self.loading = None
+            self._load_lock.release()
+
+    def _ensure_idle(self) -> None:
+        if self.loaded is not None and self.loaded.worker.busy:
+            raise BusyError("a generation is running or queued; load again when it is done")
+
+    def unload(self) -> None:
+        loaded, self.loaded = self.loaded, None
+        if loaded is not None:
+            loaded.worker.close()
+            loaded.engine.close()
+
+    def shutdown(self) -> None:
+        self.downloads.cancel_all()
+        self.unload()
+
+
+def precheck_pair(target: str | Path, drafter: str | Path | None) -> None:
+    """The config-level compatibility check, before the current pair is unloaded."""
+    if drafter is None or not Path(target).is_dir() or not Path(drafter).is_dir():
+        return
+    reasons = check_compatible(load_drafter_config(drafter), load_target_info(target))
+    if reasons:
+        raise IncompatiblePairError(reasons)

@@ -1,0 +1,247 @@
+"""The generation worker: one thread per loaded engine runs one generation at a time.
+
+Jobs wait in a bounded queue (full -> QueueFullError, a 429). The thread hands each round's
+output to the job's asyncio queue through `call_soon_threadsafe`, so the event loop never waits
+on the engine. A job's cancel flag is checked after every round; the engine's iterator is then
+closed, so a disconnected client costs at most the round already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, replace
+
+from dflash_local.engines.base import Engine
+from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
+from dflash_local.events import GenerationParams, GenerationStats, StepEvent
+from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+
+log = logging.getLogger("dflash_local.service")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    messages: list[dict]
+    params: GenerationParams
+    max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
+    thinking: bool | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str  # the text delta, stop strings applied
+    event: StepEvent
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+class Job:
+    """One request's generation; `outbox` is read on the event loop, written from the worker."""
+
+    def __init__(self, request: JobRequest, loop: asyncio.AbstractEventLoop):
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.request = request
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.outcome = "queued"  # queued | running | finished | cancelled | failed
+        self.rounds = 0  # speculative rounds run (the prefill is not a round)
+        self.rounds_at_cancel: int | None = None
+        self._loop = loop
+        self._cancel = threading.Event()
+        self._handoff: deque = deque()  # items put by the worker, not yet in outbox
+        self._handoff_lock = threading.Lock()
+        self._delivery_scheduled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> None:
+        if self._cancel.is_set() or self.outcome in ("finished", "failed"):
+            return
+        self.rounds_at_cancel = self.rounds
+        self._cancel.set()
+
+    def put(self, item: Chunk | Finished | Failed) -> None:
+        """From the worker thread. The loop is woken once per batch, not once per item: when it
+        falls behind, the items that pile up are delivered (and written) together."""
+        with self._handoff_lock:
+            self._handoff.append(item)
+            if self._delivery_scheduled:
+                return
+            self._delivery_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            self._cancel.set()
+
+    def _deliver(self) -> None:
+        with self._handoff_lock:
+            items = list(self._handoff)
+            self._handoff.clear()
+            self._delivery_scheduled = False
+        for item in items:
+            self.outbox.put_nowait(item)
+
+    def summary(self) -> dict:
+        return {"id": self.id, "outcome": self.outcome, "rounds": self.rounds,
+                "rounds_at_cancel": self.rounds_at_cancel}
+
+
+class StopMatcher:
+    """Finds stop strings across text deltas, holding back a tail that could begin one."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(stop for stop in stops if stop)
+        self._pending = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was found)."""
+        if not self.stops:
+            return delta, False
+        text = self._pending + delta
+        hits = [index for stop in self.stops if (index := text.find(stop)) >= 0]
+        if hits:
+            self._pending = ""
+            return text[: min(hits)], True
+        keep = max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])),
+                   default=0)
+        self._pending = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        text, self._pending = self._pending, ""
+        return text
+
+
+class GenerationWorker:
+    def __init__(self, engine: Engine, max_queue: int = 8):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.current: Job | None = None
+        self.last: Job | None = None
+        self.jobs_done = 0
+        self.rounds_total = 0
+        self._closed = False
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self._closed:
+            raise NoModelLoadedError("the model is being unloaded")
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError(f"the generation queue is full ({self.max_queue} requests "
+                                 f"waiting); retry later") from None
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or not self._queue.empty()
+
+    def status(self) -> dict:
+        current = self.current
+        return {"busy": self.busy, "queued": self._queue.qsize(), "max_queue": self.max_queue,
+                "current": current.summary() if current else None,
+                "last": self.last.summary() if self.last else None,
+                "jobs_done": self.jobs_done, "rounds_total": self.rounds_total}
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Refuse new jobs, fail the queued ones, cancel the running one, stop the thread."""
+        self._closed = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.outcome = "failed"
+                job.put(Failed(NoModelLoadedError("the model was unloaded")))
+        if self.current is not None:
+            self.current.cancel()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            if job.cancelled:  # its client left while it waited
+                job.outcome = "cancelled"
+                continue
+            self.current = job
+            try:
+                self._run(job)
+            finally:
+                self.current = None
+                self.last = job
+                self.jobs_done += 1
+
+    def _run(self, job: Job) -> None:
+        job.outcome = "running"
+        try:
+            stats = self._generate(job)
+        except DFlashError as exc:
+            job.outcome = "failed"
+            job.put(Failed(exc))
+            return
+        except Exception as exc:  # the worker's edge: log it, tell the client, go on
+            log.exception("generation %s failed", job.id)
+            job.outcome = "failed"
+            job.put(Failed(exc))
+            return
+        if stats is None:
+            job.outcome = "cancelled"
+            job.put(Failed(GenerationCancelled("the generation was cancelled")))
+        else:
+            job.outcome = "finished"
+            job.put(Finished(stats))
+
+    def _generate(self, job: Job) -> GenerationStats | None:
+        request = job.request
+        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
+        params = self._fit_max_tokens(request, len(prompt_ids))
+        stats = GenerationStats()
+        stops = StopMatcher(request.stop)
+        stream = self.engine.stream(prompt_ids, params)
+        try:
+            for event in stream:
+                stats.add(event)
+                if event.round_index > 0:
+                    job.rounds += 1
+                    self.rounds_total += 1
+                text, hit_stop = stops.feed(event.text)
+                finish = "stop" if hit_stop else event.finish_reason
+                if finish and not hit_stop:
+                    text += stops.flush()
+                job.put(Chunk(text, event, finish))
+                if finish:
+                    stats.finish_reason = finish
+                    return stats
+                if job.cancelled:
+                    return None
+        finally:
+            stream.close()  # stops the engine's loop; its per-generation state is dropped
+        return stats
+
+    def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
+        room = self.engine.capabilities.max_context - prompt_len
+        if room < 1:
+            raise PromptTooLongError(f"prompt of {prompt_len} tokens fills the target's context "
+                                     f"of {self.engine.capabilities.max_context} tokens")
+        if request.max_tokens_given:
+            return request.params  # the loop checks prompt + max_tokens against the context
+        return replace(request.params, max_tokens=min(request.params.max_tokens, room))

@@ -1,0 +1,134 @@
+"""The catalog of pairs, the management endpoints with no pair loaded, and `dflash-local serve`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from service_support import make_pair
+
+from dflash_local.catalog import ENGINES, THINKING_MODES, load_catalog, locate
+from dflash_local.errors import CheckpointError, ModelNotFoundError
+from dflash_local.hub import is_repo_id
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def test_embedded_pair_comes_first(catalog):
+    embedded = catalog.pairs[0]
+    assert embedded.id == "embedded"
+    assert (embedded.target.source, embedded.target.repo) == ("embedded", "SmolLM2-135M-Instruct")
+    assert (embedded.drafter.source, embedded.drafter.repo) == ("shipped", "models/smollm2-135m-dflash")
+
+
+def test_every_pair_is_complete(catalog):
+    assert len({pair.id for pair in catalog.pairs}) == len(catalog.pairs)
+    for pair in catalog.pairs:
+        assert set(pair.engines) <= set(ENGINES) and pair.thinking in THINKING_MODES
+        assert {engine for engine, _ in pair.block_sizes} == set(pair.engines), pair.id
+        for model in (pair.target, pair.drafter):
+            assert model.source != "hub" or is_repo_id(model.repo), model
+            assert model.revision is None  # none pinned yet: written without hub access
+
+
+def test_known_pairs(catalog):
+    by_id = {pair.id: pair for pair in catalog.pairs}
+    expected = {
+        "qwen3-4b-mlx-bf16": ("mlx-community/Qwen3-4B-bf16", "z-lab/Qwen3-4B-DFlash-b16"),
+        "qwen3-8b-mlx-bf16": ("mlx-community/Qwen3-8B-bf16", "z-lab/Qwen3-8B-DFlash-b16"),
+        "qwen3-8b-mlx-4bit": ("mlx-community/Qwen3-8B-4bit", "z-lab/Qwen3-8B-DFlash-b16"),
+        "qwen3.5-4b-mlx": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash"),
+        "qwen3-8b": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
+        "llama3.1-8b-instruct": ("meta-llama/Llama-3.1-8B-Instruct",
+                                 "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+    }
+    for pair_id, (target, drafter) in expected.items():
+        assert (by_id[pair_id].target.repo, by_id[pair_id].drafter.repo) == (target, drafter)
+    assert by_id["qwen3-8b-mlx-4bit"].block_size_for("mlx") <= 8  # quantized verify is costly
+    assert by_id["qwen3-8b"].thinking == "off" and by_id["qwen3.5-9b"].thinking == "on"
+    assert "qwen3-8b" in {pair.id for pair in catalog.for_engine("transformers")}
+    assert all("mlx" in pair.engines for pair in catalog.for_engine("mlx"))
+    with pytest.raises(ModelNotFoundError, match="no pair 'nope'"):
+        catalog.get("nope")
+
+
+@pytest.mark.parametrize("broken,message", [
+    ('[[pair]]\nid = "x"\n', "first pair must be 'embedded'|'engines' must be a list"),
+    ("[[pair]\n", "cannot read the catalog"),
+    ('[[pair]]\nid = "embedded"\nengines = ["tpu"]\n', "must be a non-empty subset"),
+    ('[[pair]]\nid = "embedded"\nengines = ["mlx"]\nthinking = "maybe"\n', "thinking 'maybe'"),
+    ('[[pair]]\nid = "embedded"\nengines = ["mlx"]\nthinking = "on"\nblock_size = { vllm = 4 }\n',
+     "name an engine the pair lacks"),
+])
+def test_broken_catalogs_say_what_is_wrong(tmp_path, broken, message):
+    path = tmp_path / "catalog.toml"
+    path.write_text(broken)
+    with pytest.raises(CheckpointError, match=message):
+        load_catalog(path)
+
+
+def test_a_missing_shipped_drafter_is_reported(catalog, monkeypatch, tmp_path):
+    monkeypatch.setattr("dflash_local.paths.shipped_models_dir", lambda: tmp_path)
+    with pytest.raises(ModelNotFoundError, match="shipped drafter"):
+        locate(catalog.pairs[0].drafter)
+
+
+def test_management_endpoints_with_no_pair_loaded(tmp_path):
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import BackgroundServer
+    from dflash_local.service.state import ServiceState
+
+    with BackgroundServer(create_app(ServiceState(hub_cache_dir=tmp_path))) as server:
+        pairs = httpx.get(server.url + "/dflash/catalog", timeout=60).json()["pairs"]
+        assert pairs[0]["id"] == "embedded" and len(pairs) == len(load_catalog().pairs)
+        assert pairs[1]["available"] == {"target": False, "drafter": False}
+        assert pairs[1]["target"]["revision_pinned"] is False
+        status = httpx.get(server.url + "/dflash/status", timeout=60).json()
+        assert status["loaded"] is None and status["memory"]["rss_bytes"] > 0
+        assert httpx.get(server.url + "/v1/models").json()["data"] == []
+        assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": None,
+                                                            "loading": None}
+
+
+def test_serve_command_end_to_end(tmp_path):
+    target, drafter = make_pair(tmp_path)
+    env = {**os.environ, "DFLASH_LOCAL_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "dflash_local.cli", "serve", "--port", "0", "--target",
+               str(target), "--drafter", str(drafter), "--api-key", "k3y"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+        assert url, (line, process.stderr.read() if process.poll() is not None else "")
+        url = url[1]
+        assert httpx.get(url + "/health", timeout=60).json()["model"] == "target"
+        reply = httpx.post(url + "/v1/chat/completions", timeout=60,
+                           headers={"Authorization": "Bearer k3y"},
+                           json={"model": "target", "max_tokens": 3,
+                                 "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+        assert httpx.get(url + "/v1/models", timeout=60).status_code == 401
+    finally:
+        process.terminate()
+        # uvicorn shuts down gracefully, then re-raises the signal it caught
+        assert process.wait(60) in (0, -signal.SIGTERM)
+
+
+def test_the_embedded_pair_serves_plainly_until_its_drafter_ships(catalog, monkeypatch, tmp_path):
+    from dflash_local.service.state import ServiceState
+
+    monkeypatch.setattr("dflash_local.paths.shipped_models_dir", lambda: tmp_path)
+    state = ServiceState(catalog=catalog, hub_cache_dir=tmp_path)
+    drafter, warning = state._locate_drafter(catalog.get("embedded"))
+    assert drafter is None and "decoding without speculation" in warning
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+        state._locate_drafter(catalog.get("qwen3-8b"))  # a hub drafter must be downloaded
