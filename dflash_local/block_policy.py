@@ -9,8 +9,9 @@ so far. With a_j = P(draft j accepted | drafts 1..j-1 accepted), a round of widt
 
 and the policy picks argmax_w E[committed | w] / cost(w). Width 1 is plain decoding. When no
 width beats it, the policy falls back to plain and probes the best speculative width once every
-`probe_every` plain rounds, doubling that interval after each probe that does not win it back
-(so a useless drafter costs well under 1% once it has lost).
+`probe_every` plain rounds, doubling that interval (up to `max_probe_every`) after each probe
+that keeps no draft, and never probing so often that the probes' extra cost exceeds
+`probe_budget` of plain decoding: a useless drafter costs about 1% once it has lost.
 """
 
 from __future__ import annotations
@@ -104,13 +105,14 @@ class BlockPolicy:
 
     def __init__(self, costs: RoundCosts, prior: Sequence[float] = (), *, max_width: int | None = None,
                  rate: float = 0.1, drift: float = 0.005, probe_every: int = 16,
-                 max_probe_every: int = 64):
+                 max_probe_every: int = 64, probe_budget: float = 0.01):
         self.costs = costs
         self.max_width = min(max_width or costs.max_width, costs.max_width)
         self.estimate = AcceptanceEstimate(_fit(prior, self.max_width - 1), rate, drift)
         self.mode = SPECULATIVE
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
+        self.probe_budget = probe_budget
         self._interval = probe_every
         self._plain_rounds = 0
         self._probing = False
@@ -138,10 +140,12 @@ class BlockPolicy:
             return Choice(best, SPECULATIVE)
         self.mode = FALLBACK
         self._plain_rounds += 1
-        if self._plain_rounds < self._interval:
+        probe_width = self.best_width(limit, min_width=2)
+        extra = self.costs.at(probe_width) / self.costs.at(1) - 1.0  # a probe's cost over plain
+        if self._plain_rounds < max(self._interval, extra / self.probe_budget):
             return Choice(1, FALLBACK)
         self._plain_rounds, self._probing = 0, True
-        return Choice(self.best_width(limit, min_width=2), PROBE)
+        return Choice(probe_width, PROBE)
 
     def observe(self, width: int, accepted: int) -> None:
         """The round of `width` kept `accepted` of its width-1 drafts (the bonus not counted)."""

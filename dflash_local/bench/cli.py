@@ -1,0 +1,93 @@
+"""`dflash-local bench`: arguments in, a JSON record + PNG plot + table out (suite.py measures)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
+from dflash_local.errors import DFlashError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark speculative vs plain decoding (and peers) on datasets",
+        description="Plain and speculative decoding through the same loop, interleaved per "
+                    "sample, on the same prompts; writes a JSON record and a PNG plot.",
+    )
+    parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
+    parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
+    parser.add_argument("--dataset", default="embedded", metavar="NAME[,NAME]",
+                        help=f"one or more of: {', '.join(DATASETS)} (default: embedded)")
+    parser.add_argument("--max-samples", type=int, default=10, metavar="N")
+    parser.add_argument("--block-size", type=block_sizes, default=("auto",), metavar="B|auto",
+                        help="block size, 'auto', or a comma-separated list measured side by "
+                             "side (e.g. auto,4,16); default auto")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    parser.add_argument("--thinking", choices=["on", "off"], help="chat template thinking switch")
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    parser.add_argument("--peers", action="store_true",
+                        help="also time Transformers generate / prompt lookup / assisted "
+                             "(transformers engine) or mlx-lm generate / draft model (mlx)")
+    parser.add_argument("--ar-draft", metavar="DIR|REPO",
+                        help="autoregressive draft model for the assisted / mlx-lm draft peers")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure the block-width costs again instead of using the cache")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
+    parser.set_defaults(handler=run)
+
+
+def block_sizes(text: str) -> tuple[int | str, ...]:
+    values: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part == "auto":
+            values.append("auto")
+        elif part.isdigit() and int(part) >= 1:
+            values.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"block size must be an integer >= 1 or 'auto', got {part!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_local.bench.report import format_table, write_outputs
+    from dflash_local.bench.suite import BenchSettings, run_suite
+    from dflash_local.cli import pair_names
+    from dflash_local.engines import load_engine
+
+    if args.max_samples < 1 or args.max_tokens < 1:
+        raise DFlashError(f"--max-samples and --max-tokens must be >= 1, got "
+                          f"{args.max_samples} and {args.max_tokens}")
+    names = [name.strip() for name in args.dataset.split(",") if name.strip()]
+    unknown = [name for name in names if name not in DATASETS]
+    if unknown or not names:
+        raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
+                                      f"(known: {', '.join(DATASETS)})")
+    prompts = {name: load_prompts(name, args.max_samples) for name in names}  # fail before loading
+    target, drafter = pair_names(args.target, args.drafter, speculative=True)
+    if drafter is None:
+        raise DFlashError("bench compares speculative with plain decoding: it needs a drafter "
+                          "(--drafter DIR|REPO)")
+    settings = BenchSettings(
+        block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
+        thinking=None if args.thinking is None else args.thinking == "on",
+        max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
+        recalibrate=args.recalibrate,
+    )
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
+    try:
+        record = run_suite(engine, prompts, settings)
+    finally:
+        engine.close()
+    json_path, png_path = write_outputs(record, args.out)
+    print(format_table(record))
+    print(f"record: {json_path}")
+    print(f"plot: {png_path}" if png_path else "plot: none (matplotlib is not installed)")
+    return 0

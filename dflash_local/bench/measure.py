@@ -1,0 +1,117 @@
+"""Timed runs and their summaries: ours (engine.stream, plain = speculative off) and the peers.
+
+One definition of speed for everyone: decode tokens/s = (completion tokens - 1) / time from the
+first generated token to the last (the first token belongs to the prefill); prefill tokens/s =
+prompt tokens / time to the first token. τ = tokens committed per round after the prefill.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dflash_local.events import GenerationParams, GenerationStats
+
+
+@dataclass
+class RunFigures:
+    """One timed generation of one method on one prompt."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_s: float
+    decode_s: float
+    committed_per_round: list[int] = field(default_factory=list)  # empty = not observable
+    widths: list[int] = field(default_factory=list)  # block width per round (ours)
+    modes: list[str] = field(default_factory=list)  # mode per round (ours)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        produced = self.completion_tokens - 1
+        return produced / self.decode_s if self.decode_s > 0 and produced > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def tau(self) -> float | None:
+        rounds = self.committed_per_round
+        return sum(rounds) / len(rounds) if rounds else None
+
+    def to_json(self) -> dict:
+        record = {
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "prefill_s": round(self.prefill_s, 5), "decode_s": round(self.decode_s, 5),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+        }
+        if self.committed_per_round:
+            record["tau"] = round(self.tau, 4)
+            record["committed_per_round"] = self.committed_per_round
+        if self.widths:
+            record["widths"] = self.widths
+            record["rounds_by_mode"] = dict(Counter(self.modes))
+        return record
+
+
+def run_ours(engine, prompt_ids: list[int], params: GenerationParams) -> RunFigures:
+    """One generation through engine.stream; plain when params.speculative is False."""
+    stats = GenerationStats()
+    token_ids: list[int] = []
+    pieces: list[str] = []
+    widths: list[int] = []
+    modes: list[str] = []
+    for event in engine.stream(prompt_ids, params):
+        stats.add(event)
+        token_ids.extend(event.token_ids)
+        pieces.append(event.text)
+        if event.round_index:
+            widths.append(event.block_size)
+            modes.append(event.mode)
+    return RunFigures(
+        prompt_tokens=len(prompt_ids), completion_tokens=stats.completion_tokens,
+        prefill_s=stats.prefill_s, decode_s=stats.decode_s,
+        committed_per_round=stats.accepted_per_round if params.speculative else [],
+        widths=widths if params.speculative else [], modes=modes if params.speculative else [],
+        token_ids=token_ids, text="".join(pieces),
+    )
+
+
+def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int = 0) -> dict:
+    """Totals over a dataset's samples for one method, against the plain runs of the same samples."""
+    produced = sum(max(run.completion_tokens - 1, 0) for run in runs)
+    decode_s = sum(run.decode_s for run in runs)
+    prefill_s = sum(run.prefill_s for run in runs)
+    speed = produced / decode_s if decode_s > 0 else 0.0
+    base_produced = sum(max(run.completion_tokens - 1, 0) for run in baseline)
+    base_s = sum(run.decode_s for run in baseline)
+    base_speed = base_produced / base_s if base_s > 0 else 0.0
+    ratios = [run.decode_tokens_per_s / base.decode_tokens_per_s
+              for run, base in zip(runs, baseline) if base.decode_tokens_per_s > 0]
+    summary = {
+        "samples": len(runs), "completion_tokens": sum(run.completion_tokens for run in runs),
+        "decode_tokens_per_s": round(speed, 3),
+        "prefill_tokens_per_s": round(sum(r.prompt_tokens for r in runs) / prefill_s, 2)
+        if prefill_s > 0 else 0.0,
+        "speedup": round(speed / base_speed, 4) if base_speed > 0 else None,
+        "median_sample_speedup": round(statistics.median(ratios), 4) if ratios else None,
+    }
+    rounds = [count for run in runs for count in run.committed_per_round]
+    if rounds:
+        summary["tau"] = round(sum(rounds) / len(rounds), 4)
+        summary["acceptance_histogram"] = histogram(rounds, max_width or max(rounds))
+    modes = Counter(mode for run in runs for mode in run.modes)
+    if modes:
+        summary["rounds_by_mode"] = dict(modes)
+        summary["mean_width"] = round(statistics.fmean(w for r in runs for w in r.widths), 3)
+    return summary
+
+
+def histogram(committed_per_round: list[int], max_width: int) -> list[int]:
+    """counts[k-1] = rounds that committed k tokens, k = 1..max_width."""
+    counts = Counter(committed_per_round)
+    return [counts.get(k, 0) for k in range(1, max(max_width, max(counts, default=1)) + 1)]

@@ -1,0 +1,118 @@
+"""What a benchmark leaves behind: the JSON record, a PNG plot, and the table on the terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core: timings are suspect
+
+
+def write_outputs(record: dict, out_dir: Path) -> tuple[Path, Path | None]:
+    """record -> out_dir/<stem>.json and <stem>.png; the PNG is None without matplotlib."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = re.sub(r"[^0-9T]", "", record["created"])[:15]
+    stem = f"bench-{record['engine']}-{'-'.join(record['datasets'])}-{stamp}"
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    png_path = out_dir / f"{stem}.png"
+    return json_path, png_path if plot(record, png_path) else None
+
+
+def format_table(record: dict) -> str:
+    header = f"{'dataset':<12} {'method':<34} {'tok/s':>8} {'speedup':>8} {'τ':>6} " \
+             f"{'prefill':>9}  note"
+    lines = [_title(record), header, "-" * len(header)]
+    for dataset, result in record["datasets"].items():
+        plain = result["methods"].get("plain", {})
+        for method, summary in result["methods"].items():
+            lines.append(_row(dataset, method, summary, _note(method, summary, result)))
+        for peer, reason in result.get("unavailable", {}).items():
+            lines.append(f"{dataset:<12} {peer:<34} {'-':>8} {'-':>8} {'-':>6} {'-':>9}  {reason}")
+        for method, summary in result["methods"].items():
+            if "acceptance_histogram" in summary and method.startswith("dflash"):
+                lines.append(f"{'':<12} {method} committed/round 1..B: "
+                             f"{summary['acceptance_histogram']}")
+        if not plain:
+            lines.append(f"{dataset:<12} (no plain runs)")
+    noisy = _noisy(record)
+    if noisy:
+        lines.append(noisy)
+    return "\n".join(lines)
+
+
+def _title(record: dict) -> str:
+    machine = record["machine"]
+    return (f"{record['engine']} · {record['target']} + {record['drafter']} · {record['dtype']} · "
+            f"{machine['cpu_model']} ({machine['cores']} cores) · max_tokens "
+            f"{record['settings']['max_tokens']} · T={record['settings']['temperature']}")
+
+
+def _row(dataset: str, method: str, summary: dict, note: str) -> str:
+    speedup = summary.get("speedup")
+    tau = summary.get("tau")
+    return (f"{dataset:<12} {method:<34} {summary['decode_tokens_per_s']:>8.1f} "
+            f"{(f'{speedup:.2f}x' if speedup else '-'):>8} {(f'{tau:.2f}' if tau else '-'):>6} "
+            f"{summary['prefill_tokens_per_s']:>9.0f}  {note}")
+
+
+def _note(method: str, summary: dict, result: dict) -> str:
+    notes = []
+    if method != "plain":
+        same = [s["identical_to_plain"].get(method) for s in result["samples"]]
+        notes.append(f"identical {sum(bool(x) for x in same)}/{len(same)}")
+    modes = summary.get("rounds_by_mode")
+    if modes:
+        rounds = sum(modes.values())
+        fallback = modes.get("plain-fallback", 0) + modes.get("probe", 0)
+        notes.append(f"mean width {summary['mean_width']:.1f}")
+        if fallback:
+            notes.append(f"fallback {100 * fallback / rounds:.0f}% of rounds")
+    return ", ".join(notes)
+
+
+def _noisy(record: dict) -> str | None:
+    cores = record["machine"].get("cores") or 1
+    loads = [load[0] for result in record["datasets"].values()
+             for load in result["load_average"].values() if load]
+    if loads and max(loads) > NOISY_LOAD_PER_CORE * cores:
+        return (f"warning: load average up to {max(loads):.1f} on {cores} cores during the run: "
+                "other processes shared the CPU, these timings are noisy")
+    return None
+
+
+def plot(record: dict, path: Path) -> bool:
+    """Decode tok/s of every method and τ of the speculative ones, per dataset."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    datasets = list(record["datasets"])
+    methods = list(dict.fromkeys(m for r in record["datasets"].values() for m in r["methods"]))
+    figure, (speed_axes, tau_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(methods), 1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for offset, method in enumerate(methods):
+        color = colors[offset % len(colors)]
+        xs = [i + offset * width for i in range(len(datasets))]
+        speeds = [record["datasets"][d]["methods"].get(method, {}).get("decode_tokens_per_s", 0)
+                  for d in datasets]
+        taus = [record["datasets"][d]["methods"].get(method, {}).get("tau") or 0 for d in datasets]
+        speed_axes.bar(xs, speeds, width, label=method, color=color)
+        if any(taus):
+            tau_axes.bar(xs, taus, width, label=method, color=color)
+    for axes, label in ((speed_axes, "decode tokens/s"), (tau_axes, "τ (tokens per round)")):
+        axes.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
+        axes.set_ylabel(label)
+        axes.grid(axis="y", alpha=0.3)
+    speed_axes.legend(fontsize="small")
+    figure.suptitle(f"{record['engine']} · {Path(str(record['target'])).name} · "
+                    f"{record['machine']['cpu_model']}", fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True

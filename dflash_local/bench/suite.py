@@ -1,0 +1,176 @@
+"""One benchmark session: every method on every prompt, interleaved, on one loaded engine.
+
+Per sample (and per turn of a multi-turn prompt) the order is plain, then each speculative
+configuration, then each peer, so slow drifts of a shared machine (load, heat, frequency) hit
+every method alike. One unrecorded warm-up of each method comes first. A later turn sees the
+earlier turns' answers as the speculative run wrote them (greedy: the plain answer too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from dflash_local import calibration
+from dflash_local.bench.datasets import BenchPrompt
+from dflash_local.bench.measure import RunFigures, run_ours, summarize
+from dflash_local.bench.peers import Peer, peers_for
+from dflash_local.events import GenerationParams
+
+PLAIN = "plain"
+WARMUP_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    block_sizes: tuple[int | str, ...] = ("auto",)  # each one is a measured speculative method
+    max_tokens: int = 256
+    temperature: float = 0.0
+    thinking: bool | None = None
+    max_samples: int = 10
+    peers: bool = False
+    ar_draft: str | None = None
+    seed: int = 0
+    recalibrate: bool = False
+
+
+def method_name(block_size: int | str) -> str:
+    return "dflash auto" if block_size == "auto" else f"dflash B={block_size}"
+
+
+def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSettings,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Measure everything; returns the JSON record (report.py writes and prints it)."""
+    log = log or _stderr
+    started = time.perf_counter()
+    calibrated = None
+    if "auto" in settings.block_sizes:
+        log("calibrating block widths (cached per machine and pair)...")
+        calibrated = calibration.load_or_measure(engine, force=settings.recalibrate)
+    peers = peers_for(engine, settings.ar_draft) if settings.peers else []
+    methods = _methods(engine, settings, peers)
+    first = next((p for ps in prompts.values() for p in ps), None)
+    if first is not None:
+        log("warm-up...")
+        prompt_ids = engine.encode_chat([_user(first.turns[0])], thinking=settings.thinking)
+        _measure_sample(methods, prompt_ids, _params(engine, settings, 0, WARMUP_TOKENS))
+    results = {name: _run_dataset(engine, name, items, methods, peers, settings, log)
+               for name, items in prompts.items()}
+    return {
+        "schema": "dflash-local-bench/1",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "engine": engine.name,
+        "versions": {"python": sys.version.split()[0], **calibration.framework_versions(),
+                     "dflash-local": _own_version()},
+        "machine": {**calibration.machine_info(), "load_average_end": _load()},
+        "dtype": engine.pair.dtype,
+        "target": engine.pair.target, "drafter": engine.pair.drafter,
+        "drafter_block_size": engine.pair.block_size,
+        "context_length": engine.capabilities.max_context,
+        "settings": {**settings.__dict__, "block_sizes": list(settings.block_sizes)},
+        "calibration": calibrated.to_json() if calibrated else None,
+        "datasets": results,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
+    """name -> callable(prompt_ids, params) -> RunFigures, in the interleaving order."""
+    methods = {PLAIN: lambda ids, params: run_ours(engine, ids, replace(params, speculative=False))}
+    for block_size in settings.block_sizes:
+        methods[method_name(block_size)] = (
+            lambda ids, params, b=block_size: run_ours(engine, ids, replace(params, block_size=b))
+        )
+    methods.update({peer.name: peer.run for peer in peers if peer.run is not None})
+    return methods
+
+
+def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, peers: list[Peer],
+                 settings: BenchSettings, log) -> dict:
+    load_start = _load()
+    runs: dict[str, list[RunFigures]] = {method: [] for method in methods}
+    samples, skipped = [], []
+    spec_method = next((m for m in methods if m.startswith("dflash")), PLAIN)
+    for index, item in enumerate(items):
+        messages: list[dict] = []
+        for turn, text in enumerate(item.turns):
+            messages.append(_user(text))
+            prompt_ids = engine.encode_chat(messages, thinking=settings.thinking)
+            if len(prompt_ids) + settings.max_tokens > engine.capabilities.max_context:
+                skipped.append({"id": item.prompt_id, "turn": turn, "prompt_tokens": len(prompt_ids)})
+                log(f"[{name} {index + 1}/{len(items)}] skipped: {len(prompt_ids)} prompt tokens "
+                    f"+ {settings.max_tokens} do not fit the context")
+                break
+            params = _params(engine, settings, settings.seed + index, settings.max_tokens)
+            figures = _measure_sample(methods, prompt_ids, params)
+            for method, run in figures.items():
+                runs[method].append(run)
+            samples.append(_sample_record(item, turn, prompt_ids, figures))
+            messages.append({"role": "assistant", "content": figures[spec_method].text})
+            log(_progress(name, index, len(items), turn, figures))
+    width = max((b for b in settings.block_sizes if isinstance(b, int)), default=0)
+    max_width = max(width, engine.pair.block_size)
+    summaries = {method: summarize(method_runs, runs[PLAIN], max_width)
+                 for method, method_runs in runs.items()}
+    return {
+        "methods": summaries,
+        "unavailable": {peer.name: peer.unavailable for peer in peers if peer.run is None},
+        "skipped_too_long": skipped,
+        "load_average": {"start": load_start, "end": _load()},
+        "samples": samples,
+    }
+
+
+def _measure_sample(methods: dict, prompt_ids: list[int], params: GenerationParams) -> dict:
+    return {name: method(prompt_ids, params) for name, method in methods.items()}
+
+
+def _sample_record(item: BenchPrompt, turn: int, prompt_ids: list[int], figures: dict) -> dict:
+    plain_ids = figures[PLAIN].token_ids
+    return {
+        "id": item.prompt_id, "turn": turn, "prompt_tokens": len(prompt_ids),
+        "methods": {name: run.to_json() for name, run in figures.items()},
+        "identical_to_plain": {name: run.token_ids == plain_ids
+                               for name, run in figures.items() if name != PLAIN},
+    }
+
+
+def _params(engine, settings: BenchSettings, seed: int, max_tokens: int) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=max_tokens, temperature=settings.temperature, seed=seed, speculative=True,
+        stop_token_ids=tuple(engine.eos_token_ids),
+    )
+
+
+def _progress(name: str, index: int, total: int, turn: int, figures: dict) -> str:
+    parts = [f"{method} {run.decode_tokens_per_s:.1f}" + (f" τ{run.tau:.2f}" if run.tau else "")
+             for method, run in figures.items()]
+    return f"[{name} {index + 1}/{total}{f' turn {turn + 1}' if turn else ''}] tok/s: " + ", ".join(parts)
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _own_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dflash-local")
+    except PackageNotFoundError:
+        return None
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

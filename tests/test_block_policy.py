@@ -1,0 +1,236 @@
+"""The auto block size: the policy's choice on synthetic acceptance/cost data, its fallback to
+plain decoding and its way back, the calibration cache, and losslessness with "auto" on tiny
+pairs (Transformers and MLX) with a scripted drafter that is right, then useless, then right."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from fixtures_tiny import collect, tiny_engine, tiny_pair
+from tiny_models import VOCAB
+
+from dflash_local import calibration
+from dflash_local.block_policy import (
+    FALLBACK,
+    PROBE,
+    SPECULATIVE,
+    BlockPolicy,
+    RoundCosts,
+    expected_committed,
+)
+from dflash_local.errors import InvalidRequestError
+from dflash_local.events import GenerationParams
+
+# a drafter pass that costs half a plain step: speculation must earn it back (MLX-like)
+COSTS = RoundCosts(tuple([1.0] + [1.5 + 0.05 * (w - 1) for w in range(2, 17)]))
+
+
+def brute_force_best(costs: RoundCosts, rates, limit: int) -> int:
+    speeds = []
+    for width in range(1, limit + 1):
+        committed = 1.0 + sum(np.prod(rates[:k]) for k in range(1, width))
+        speeds.append(committed / costs.at(width))
+    return 1 + int(np.argmax(speeds))
+
+
+def test_expected_committed_counts_the_bonus_token():
+    assert expected_committed([1.0, 1.0, 1.0], 4) == 4.0
+    assert expected_committed([0.5, 0.5], 3) == pytest.approx(1.75)
+    assert expected_committed([0.9] * 15, 1) == 1.0
+
+
+def test_policy_picks_the_argmax_of_expected_tokens_per_second():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        width = int(rng.integers(2, 17))
+        costs = RoundCosts(tuple(np.cumsum(rng.uniform(0.01, 0.5, width)) + 1.0))
+        rates = rng.uniform(0.0, 1.0, width - 1)
+        policy = BlockPolicy(costs, rates)
+        expected = brute_force_best(costs, policy.rates(), width)
+        assert policy.best_width() == expected
+        limit = int(rng.integers(1, width + 1))
+        assert policy.best_width(limit) == brute_force_best(costs, policy.rates(), limit)
+
+
+def test_cheap_wide_verify_and_good_drafter_mean_wide_blocks():
+    flat = RoundCosts((1.0,) + (1.05,) * 15)
+    assert BlockPolicy(flat, [0.95] * 15).best_width() == 16
+    steep = RoundCosts(tuple(1.0 + 0.5 * (w - 1) for w in range(1, 17)))
+    assert BlockPolicy(steep, [0.95] * 15).best_width() < 10
+    assert BlockPolicy(COSTS, [0.0] * 15).best_width() == 1
+
+
+def drive(policy: BlockPolicy, right_for, rounds: int, start: int = 0):
+    """Run the policy against a drafter whose first right_for(round) drafts are right."""
+    choices = []
+    for index in range(start, start + rounds):
+        choice = policy.choose(remaining=1000)
+        policy.observe(choice.width, min(right_for(index), choice.width - 1))
+        choices.append(choice)
+    return choices
+
+
+def test_falls_back_to_plain_when_acceptance_is_zero_and_probes_rarely():
+    policy = BlockPolicy(COSTS, [0.8] * 15, probe_budget=1.0)  # the doubling alone
+    choices = drive(policy, lambda _: 0, 400)
+    assert choices[0].mode == SPECULATIVE and choices[0].width > 1
+    first_fallback = next(i for i, c in enumerate(choices) if c.mode == FALLBACK)
+    assert first_fallback < 10
+    after = choices[first_fallback:]
+    assert all(c.width == 1 for c in after if c.mode == FALLBACK)
+    probes = [i for i, c in enumerate(after) if c.mode == PROBE]
+    assert probes and all(after[i].width > 1 for i in probes)
+    gaps = np.diff(probes)
+    assert list(gaps) == sorted(gaps) and gaps[-1] <= policy.max_probe_every + 1  # backing off
+    assert len(probes) / len(after) < 0.05
+
+
+def test_comes_back_when_acceptance_recovers():
+    policy = BlockPolicy(COSTS, [0.8] * 15, probe_budget=1.0)
+    drive(policy, lambda _: 15, 30)
+    assert policy.mode == SPECULATIVE
+    drive(policy, lambda _: 0, 300)
+    assert policy.mode == FALLBACK
+    recovered = drive(policy, lambda _: 15, 200)
+    back = next(i for i, c in enumerate(recovered) if c.mode == SPECULATIVE)
+    assert back <= policy.max_probe_every + 1
+    assert all(c.mode == SPECULATIVE for c in recovered[back:])
+    assert recovered[-1].width == 16
+
+
+def test_probes_of_a_dear_width_stay_within_the_budget():
+    policy = BlockPolicy(COSTS, [0.8] * 15, probe_budget=0.01)
+    choices = drive(policy, lambda _: 0, 2000)[50:]
+    extra = sum(COSTS.at(c.width) - COSTS.at(1) for c in choices if c.mode == PROBE)
+    assert 0 < extra <= 0.012 * len(choices)  # probes of width >= 2 cost 1.5x a plain step here
+
+
+def test_partial_acceptance_settles_on_the_width_it_earns():
+    policy = BlockPolicy(RoundCosts(tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))), [0.5] * 15)
+    widths = [choice.width for choice in drive(policy, lambda _: 3, 60)]
+    assert widths[-30:].count(4) >= 25  # 3 drafts always right, the 4th always wrong
+    assert min(policy.rates()[:3]) > 0.95 and policy.rates()[3] < 0.5  # 5 now and then: explore
+
+
+def test_never_wider_than_the_tokens_left():
+    policy = BlockPolicy(RoundCosts.uncalibrated(16), [1.0] * 15)
+    assert policy.choose(remaining=3).width == 3
+    assert policy.choose(remaining=1).width == 1
+
+
+def test_params_accept_auto_and_nothing_else():
+    assert GenerationParams(block_size="auto").block_size == "auto"
+    with pytest.raises(InvalidRequestError, match="integer or 'auto'"):
+        GenerationParams(block_size="wide")
+
+
+# --- the real loop: lossless with "auto", through fallback, probes and recovery ---
+
+MAX_TOKENS = 90
+RIGHT_PREFIX = 3  # in the good phases the first 3 drafts of a block are right
+
+
+def is_good(index: int) -> bool:
+    return index < 14 or index >= 50
+
+
+class PhasedDrafter:
+    """Wraps a real drafter (joined taps go through its cache) and proposes the plain output
+    for the first RIGHT_PREFIX drafts of a block in good phases, wrong tokens otherwise. It finds
+    its place by counting the tap rows it was handed, so a missing or extra row fails loudly."""
+
+    def __init__(self, inner, prompt_len: int, reference: list[int]):
+        self.inner, self.prompt_len, self.reference = inner, prompt_len, reference
+        self.block_size = inner.block_size
+        self.rows = 0
+
+    def propose(self, anchor_id, new_taps, width):
+        self.inner.propose(anchor_id, new_taps, width)
+        self.rows += new_taps.shape[1]
+        index = self.rows - self.prompt_len  # output index of the anchor
+        assert self.reference[index] == anchor_id, "the taps do not cover the committed rows"
+        drafts = []
+        for offset, position in enumerate(range(index + 1, index + width)):
+            truth = self.reference[position] if position < len(self.reference) else 0
+            right = is_good(index) and offset < RIGHT_PREFIX
+            drafts.append(truth if right else (truth + 1) % VOCAB)
+        return drafts
+
+
+def auto_run(engine, monkeypatch, prompt_ids, reference):
+    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
+        COSTS, [0.8] * 15, max_width=engine.pair.block_size, probe_every=3, max_probe_every=6,
+        probe_budget=1.0))
+    real = type(engine).make_drafter.__get__(engine)
+    monkeypatch.setattr(engine, "make_drafter",
+                        lambda: PhasedDrafter(real(), len(prompt_ids), reference))
+    params = GenerationParams(max_tokens=MAX_TOKENS, block_size="auto", stop_token_ids=(-1,))
+    return collect(engine.stream(prompt_ids, params))
+
+
+def check_phases(tokens, events, reference):
+    assert tokens == reference
+    modes = [event.mode for event in events[1:]]
+    assert FALLBACK in modes and PROBE in modes
+    first_fallback = modes.index(FALLBACK)
+    assert SPECULATIVE in modes[first_fallback:], "never came back after the drafter recovered"
+    assert all(e.block_size == 1 for e in events[1:] if e.mode == FALLBACK)
+    assert any(e.accepted == RIGHT_PREFIX for e in events[1:] if e.mode == SPECULATIVE)
+
+
+def test_auto_is_lossless_through_fallback_and_recovery_torch(tmp_path_factory, monkeypatch):
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "hello world"}])
+    reference, _ = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=MAX_TOKENS, speculative=False, stop_token_ids=(-1,))))
+    tokens, events = auto_run(engine, monkeypatch, prompt_ids, reference)
+    check_phases(tokens, events, reference)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_auto_is_lossless_through_fallback_and_recovery_mlx(tmp_path, monkeypatch, family):
+    pytest.importorskip("mlx.core")
+    from mlx_tiny import write_target
+    from tiny_models import make_drafter
+
+    from dflash_local.engines.mlx_engine import MLXEngine
+
+    target_dir = write_target(tmp_path / "target", family, seed=3)
+    raw = json.loads((target_dir / "config.json").read_text())
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "config.json").write_text(json.dumps(raw.get("text_config") or raw))
+    drafter_dir = make_drafter(tmp_path / "drafter", flat, layers=2, taps=[1, 3, 4])
+    engine = MLXEngine(target_dir, drafter_dir)
+    prompt_ids = [1, 40, 71, 88, 101, 33, 72, 99, 12, 250, 5, 64]
+    reference, _ = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=MAX_TOKENS, speculative=False, stop_token_ids=(-1,))))
+    tokens, events = auto_run(engine, monkeypatch, prompt_ids, reference)
+    check_phases(tokens, events, reference)
+
+
+def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path_factory.mktemp("calibration_home")))
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
+    calibration._MEMORY.pop(engine, None)
+    measured = calibration.load_or_measure(engine)
+    block = engine.pair.block_size
+    seconds = measured.costs.seconds
+    assert len(seconds) == block and len(measured.prior) == block - 1
+    assert all(b >= a for a, b in itertools.pairwise(seconds)) and seconds[1] > seconds[0]
+    assert all(0.0 <= rate <= 1.0 for rate in measured.prior)
+    cached = calibration.cache_path(calibration.calibration_key(engine))
+    assert json.loads(cached.read_text())["round_seconds"] == list(seconds)
+    calibration._MEMORY.pop(engine)
+    assert calibration.load_or_measure(engine).costs == measured.costs  # read back, not re-measured
+    assert calibration.policy_for(engine, GenerationParams(block_size=4)) is None
+
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
+    plain, _ = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, speculative=False)))
+    tokens, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30,
+                                                                        block_size="auto")))
+    assert tokens == plain
+    assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE}
