@@ -1,0 +1,176 @@
+"""dflash-chat's plain parts: storage, settings, stats, the action table, and its boundaries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from dflash_chat.actions import ACTIONS, check_keymap
+from dflash_chat.protocol import StreamChunk
+from dflash_chat.settings import Settings, dumps, load_settings, save_settings
+from dflash_chat.stats import LiveStats, race_verdict
+from dflash_chat.storage import ChatStore, export_markdown
+
+
+def chunk(ids, accepted=0, round_index=1, at=0.0, text="x") -> StreamChunk:
+    return StreamChunk(text, tuple(ids), drafted=7 if round_index else 0, accepted=accepted,
+                       round=round_index, block_size=8, received_at=at)
+
+
+# --- storage ---
+
+def test_messages_round_trip_and_regenerate_drops_the_tail(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    chat = store.create_chat("First", "Be brief.")
+    user = store.add_message(chat.id, "user", "hi")
+    reply = store.add_message(chat.id, "assistant", "", "streaming", {"speculative": True})
+    store.update_message(reply.id, "hello", "done", {"speculative": True, "stats": {"tau": 2.5}})
+    assert [(m.role, m.content, m.status) for m in store.messages(chat.id)] == [
+        ("user", "hi", "done"), ("assistant", "hello", "done")]
+    assert store.message(reply.id).meta["stats"]["tau"] == 2.5
+    store.delete_messages_from(chat.id, reply.id)
+    assert [m.id for m in store.messages(chat.id)] == [user.id]
+    markdown = export_markdown(store.chat(chat.id), store.messages(chat.id))
+    assert markdown.startswith("# First") and "> System: Be brief." in markdown and "hi" in markdown
+    store.delete_chat(chat.id)
+    assert store.chats() == [] and store.messages(chat.id) == []
+
+
+def test_prompt_history_is_oldest_first_without_repeats(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    chat = store.create_chat("c")
+    for prompt in ("a", "b", "b", "c"):
+        store.add_message(chat.id, "user", prompt)
+    assert store.prompt_history() == ["a", "b", "c"]
+
+
+KILLED_WRITER = """
+import os, sys
+from dflash_chat.storage import ChatStore
+store = ChatStore(sys.argv[1])
+chat = store.create_chat("killed")
+reply = store.add_message(chat.id, "assistant", "", "streaming")
+store.update_message(reply.id, "partial text already shown", "streaming")
+os._exit(9)  # no close, no commit beyond what each write did
+"""
+
+
+def test_a_killed_writer_loses_nothing_already_written(tmp_path):
+    path = tmp_path / "chats.db"
+    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], check=False)
+    store = ChatStore(path)  # opening marks the reply the crash left streaming
+    (chat,) = store.chats()
+    (message,) = store.messages(chat.id)
+    assert (message.content, message.status) == ("partial text already shown", "interrupted")
+
+
+# --- settings ---
+
+def test_settings_round_trip_through_toml(tmp_path):
+    tricky = 'say "hi"\\ then\nnew line\ttab \x01 \x7f é 🦊'
+    settings = Settings(theme="textual-light", speculative=False, temperature=0.7, seed=3,
+                        system_prompt=tricky, keymap={"race": "f12", "help": "ctrl+h,f1"})
+    path = tmp_path / "settings.toml"
+    save_settings(settings, path)
+    assert tomllib.loads(path.read_text())["system_prompt"] == tricky
+    assert load_settings(path) == (settings, [])
+
+
+def test_bad_settings_fall_back_and_say_why(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text('temperature = "hot"\nmax_tokens = 64\n')
+    settings, problems = load_settings(path)
+    assert settings.max_tokens == 64 and settings.temperature == 0.0
+    assert "temperature = 'hot'" in problems[0]
+    path.write_text("top_p = 5.0\n")
+    settings, problems = load_settings(path)
+    assert settings == Settings() and "top_p 5.0" in problems[0]
+    path.write_text("this is not toml")
+    assert load_settings(path)[0] == Settings()
+
+
+def test_keymap_conflicts_are_reported():
+    assert check_keymap({}) == []
+    assert check_keymap({"race": "f2"}) == [
+        "key 'f2' is bound to both 'toggle_speculative' and 'race'"]
+    assert "unknown action 'fly'" in check_keymap({"fly": "f12"})[0]
+    assert len({spec.id for spec in ACTIONS}) == len(ACTIONS)
+
+
+def test_sampling_options_follow_the_settings():
+    assert Settings().sampling() == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 512}
+    options = Settings(seed=7, block_size=4, thinking="off").sampling()
+    assert (options["seed"], options["block_size"], options["thinking"]) == (7, 4, False)
+    assert "[keymap]" in dumps(Settings())
+
+
+# --- stats ---
+
+def test_live_stats_count_rounds_like_the_service():
+    stats = LiveStats(speculative=True)
+    stats.add(chunk([1], round_index=0, at=0.5))  # the prefill's token
+    stats.add(chunk([2, 3, 4], accepted=2, at=0.6))
+    stats.add(chunk([5], accepted=0, at=0.7))
+    snap = stats.snapshot()
+    assert (snap.tokens, snap.rounds, snap.tau) == (5, 2, 2.0)
+    assert (snap.drafted, snap.accepted) == (14, 2)
+    assert snap.per_round == ((1, 1), (3, 1)) and snap.prefill_s is None  # the service's, at the end
+    assert snap.tokens_per_s_now == pytest.approx(20.0)  # 4 tokens after the first in 0.2 s
+    for step in range(1, 9):  # then 2 tokens every 0.25 s: 8 tokens in the last second
+        stats.add(chunk([6, 7], accepted=1, at=0.7 + 0.25 * step))
+    assert stats.snapshot().tokens_per_s_now == pytest.approx(8.0)
+    stats.finish({"tau": 2.0, "decode_tokens_per_s": 40.0, "accepted_per_round": [0, 1, 0, 1],
+                  "speculative": True, "drafted": 14, "accepted": 2, "rounds": 2})
+    final = stats.snapshot()
+    assert final.final and final.tokens_per_s == 40.0 and final.per_round == ((1, 1), (3, 1))
+    assert final.tokens_per_s_now == 0.0  # the stream is over
+
+
+def test_race_verdict_compares_token_for_token():
+    same = race_verdict([1, 2, 3], [1, 2, 3], {"decode_tokens_per_s": 10.0},
+                        {"decode_tokens_per_s": 25.0, "tau": 3.0})
+    assert same.identical and same.speedup == 2.5 and "identical" in same.summary()
+    differ = race_verdict([1, 2, 3], [1, 9, 3], {}, {})
+    assert not differ.identical and differ.first_difference == 1
+    shorter = race_verdict([1, 2, 3], [1, 2], {}, {})
+    assert not shorter.identical and shorter.first_difference == 2
+
+
+def test_accepted_tokens_are_coloured_per_round():
+    from dflash_chat.widgets.message import accepted_text
+
+    text = accepted_text("abcdXY", [[4, 3, 4], [2, 0, 1]])
+    assert text.plain == "abcdXY"
+    green = [text.plain[s.start:s.end] for s in text.spans if "green" in str(s.style)]
+    assert green == ["abc"]
+
+
+# --- boundaries ---
+
+PLAIN_MODULES = ["storage", "settings", "client", "service", "stats", "actions"]
+
+
+@pytest.mark.parametrize("module", PLAIN_MODULES)
+def test_plain_modules_do_not_import_textual(module):
+    code = (f"import sys, dflash_chat.{module}; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'textual'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+def test_the_app_imports_no_model_code():
+    heavy = {"torch", "mlx", "mlx_lm", "transformers", "fastapi", "uvicorn", "huggingface_hub",
+             "httpx"}  # httpx: loaded by the connect worker, after the first paint
+    code = ("import sys, dflash_chat.app, dflash_chat.screens.race, dflash_chat.screens.picker, "
+            "dflash_chat.screens.settings, dflash_chat.screens.help; "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.replace("'", '"')) == []
+    only_app = ("import sys, dflash_chat.app; "
+                "print(sorted(m for m in sys.modules if m.startswith('dflash_local')))")
+    imported = subprocess.run([sys.executable, "-c", only_app], capture_output=True, text=True,
+                              check=True).stdout
+    assert json.loads(imported.replace("'", '"')) == []  # paths is imported when the app starts

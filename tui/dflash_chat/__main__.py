@@ -1,0 +1,5 @@
+import sys
+
+from dflash_chat.app import main
+
+sys.exit(main())

@@ -1,0 +1,76 @@
+"""Every user action, defined once: its id (binding id, keymap key, action method), default
+keys, title and where it runs. The bindings, the command palette, the help screen and the
+settings' keymap are all built from this table, so they cannot disagree.
+
+Plain data: no Textual import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+APP = "app"  # runs on the App, from any screen
+CHAT = "chat"  # runs on the chat screen (the palette brings it to the front first)
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    id: str  # action method name (action_<id>), binding id and keymap key
+    keys: str  # default keys, comma separated, in Textual's key names
+    title: str  # palette title and help text
+    footer: str = ""  # short footer label; empty = not shown in the footer
+    scope: str = CHAT
+
+
+ACTIONS: tuple[ActionSpec, ...] = (
+    ActionSpec("help", "f1", "Help: list the keys", "Help", APP),
+    ActionSpec("toggle_speculative", "f2,ctrl+s", "Toggle speculative decoding (next message)",
+               "Spec"),
+    ActionSpec("toggle_accepted", "f3", "Colour the tokens the drafter got right", "Colour"),
+    ActionSpec("race", "f4", "Race: plain vs speculative on one prompt", "Race", APP),
+    ActionSpec("models", "f5", "Models: catalog, download, load", "Models", APP),
+    ActionSpec("settings", "f6", "Settings: sampling, theme, keys", "Settings", APP),
+    ActionSpec("rename_chat", "f7", "Rename this chat"),
+    ActionSpec("system_prompt", "f8", "Set this chat's system prompt"),
+    ActionSpec("export_chat", "f9", "Export this chat to Markdown"),
+    ActionSpec("toggle_dark", "f10", "Switch light / dark theme", "", APP),
+    ActionSpec("stop", "escape", "Stop the reply (keeps the partial text)", "Stop"),
+    ActionSpec("new_chat", "ctrl+n", "New chat", "New"),
+    ActionSpec("regenerate", "ctrl+r", "Regenerate the last reply"),
+    ActionSpec("edit_last", "ctrl+o", "Edit and resend the last prompt"),
+    ActionSpec("copy_message", "ctrl+y", "Copy the selected (or last) reply"),
+    ActionSpec("copy_code", "ctrl+b", "Copy the last code block of the selected (or last) reply"),
+    ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
+    ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
+)
+
+# Keys the widgets handle themselves: listed in help, not remappable.
+FIXED_KEYS: tuple[tuple[str, str], ...] = (
+    ("enter", "Send the prompt"),
+    ("up / down", "Prompt history (in the prompt)"),
+    ("tab / shift+tab", "Move focus (chats, messages, prompt)"),
+    ("ctrl+p", "Command palette: every action"),
+    ("ctrl+q", "Quit"),
+)
+
+BY_ID = {spec.id: spec for spec in ACTIONS}
+
+
+def effective_keys(spec: ActionSpec, keymap: dict[str, str]) -> str:
+    """The keys an action answers to once the user's keymap is applied."""
+    return keymap.get(spec.id, spec.keys)
+
+
+def check_keymap(keymap: dict[str, str]) -> list[str]:
+    """Problems with a user keymap: unknown action ids, empty keys, one key for two actions."""
+    problems = [f"unknown action {action!r} in the keymap" for action in keymap if action not in BY_ID]
+    owners: dict[str, str] = {}
+    for spec in ACTIONS:
+        keys = effective_keys(spec, keymap)
+        if not keys.strip():
+            problems.append(f"action {spec.id!r} has no key")
+        for key in (k.strip() for k in keys.split(",") if k.strip()):
+            if key in owners:
+                problems.append(f"key {key!r} is bound to both {owners[key]!r} and {spec.id!r}")
+            owners[key] = spec.id
+    return problems

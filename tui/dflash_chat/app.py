@@ -1,0 +1,305 @@
+"""dflash-chat: the App, its command line, and the connection to the service.
+
+The chat screen is usable at once; the service (a child process, or `--server URL`) starts in a
+worker, and its state shows in the status bar until it answers. Prompts sent before then wait
+for it (`service_ready`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.message import Message
+from textual.reactive import var
+
+from dflash_chat.actions import APP, BY_ID
+from dflash_chat.bindings import bindings_for
+from dflash_chat.commands import DFlashCommands
+from dflash_chat.protocol import ServiceError
+from dflash_chat.screens.chat import ChatScreen
+from dflash_chat.service import ServiceProcess, ServiceStartError, wait_healthy
+from dflash_chat.settings import (
+    THEMES_DARK_LIGHT,
+    Settings,
+    load_settings,
+    save_settings,
+    settings_path,
+)
+from dflash_chat.storage import DB_NAME, ChatStore
+
+
+@dataclass(frozen=True)
+class Options:
+    server: str | None = None  # connect to this service instead of starting one
+    api_key: str | None = None  # for --server
+    serve_args: tuple[str, ...] = ()  # passed to `serve` (--target, --drafter, --pair...)
+    connect: bool = True  # False: no service at all (snapshot tests)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
+
+
+class DFlashChatApp(App):
+    TITLE = "dflash-chat"
+    CSS_PATH = "app.tcss"
+    BINDINGS = bindings_for(APP)
+    COMMANDS = App.COMMANDS | {DFlashCommands}
+
+    settings: var[Settings] = var(Settings, init=False)
+    service_state: var[str] = var("starting")  # starting | loading ... | ready | error: ...
+    model_label: var[str] = var("")
+
+    def __init__(self, options: Options | None = None, *, data_dir: Path | None = None,
+                 settings_file: Path | None = None, settings: Settings | None = None):
+        super().__init__()
+        from dflash_local import paths  # platformdirs only: no model code
+
+        self.options = options or Options()
+        self.data_dir = data_dir or paths.data_dir()
+        self.settings_file = settings_file or settings_path()
+        loaded, self.settings_problems = load_settings(self.settings_file)
+        self.set_reactive(DFlashChatApp.settings, settings or loaded)
+        self.store = ChatStore(self.data_dir / DB_NAME)
+        self.client = None  # a DFlashClient once connected
+        self.process: ServiceProcess | None = None
+        self.service_ready = asyncio.Event()
+        self.status: dict = {}  # the last GET /dflash/status
+        self.catalog: list[dict] = []
+        self.chat_screen: ChatScreen | None = None
+
+    def on_mount(self) -> None:
+        self.chat_screen = ChatScreen()
+        self.theme = self.settings.theme
+        self.set_keymap(self.settings.keymap)
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        self.push_screen(self.chat_screen)
+        for problem in self.settings_problems:
+            self.notify(problem, severity="warning", timeout=10)
+        if self.options.connect:
+            self._start_service()
+        else:
+            self.service_state = "offline"
+
+    async def on_unmount(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+        if self.process is not None:  # also when it is still starting: no orphan child
+            await self.process.stop()
+        self.store.close()
+
+    # --- the service: workers fetch and post; the handlers below own the state ---
+
+    class ServiceUp(Message):
+        def __init__(self, client, status: dict):
+            super().__init__()
+            self.client = client
+            self.status = status
+
+    class ServiceDown(Message):
+        def __init__(self, reason: str):
+            super().__init__()
+            self.reason = reason
+
+    class StatusFetched(Message):
+        def __init__(self, status: dict | None, error: str | None = None):
+            super().__init__()
+            self.status = status
+            self.error = error
+
+    class CatalogFetched(Message):
+        def __init__(self, pairs: list[dict], error: str | None = None):
+            super().__init__()
+            self.pairs = pairs
+            self.error = error
+
+    def _start_service(self) -> None:
+        if self.options.server is None:
+            self.process = ServiceProcess(list(self.options.serve_args),
+                                          self.data_dir / "logs" / "service.log",
+                                          env=self.options.env)
+            self.service_state = "loading model"
+        self._connect(self.process)
+
+    @work(exclusive=True, group="service")
+    async def _connect(self, process: ServiceProcess | None) -> None:
+        from dflash_chat.client import DFlashClient  # httpx loads after the first paint
+
+        client = None
+        try:
+            if process is None:
+                client = DFlashClient(self.options.server, self.options.api_key)
+                await wait_healthy(client)
+            else:
+                client = DFlashClient(await process.start(), process.api_key)
+                await process.wait_healthy(client)
+            self.post_message(self.ServiceUp(client, await client.status()))
+        except (ServiceError, ServiceStartError, OSError) as exc:
+            if client is not None:
+                await client.aclose()
+            self.post_message(self.ServiceDown(str(exc)))
+
+    def on_dflash_chat_app_service_up(self, message: ServiceUp) -> None:
+        self.client = message.client
+        self.on_dflash_chat_app_status_fetched(self.StatusFetched(message.status))
+        self.service_ready.set()
+        self.fetch_catalog()
+        if not message.status.get("loaded"):
+            reason = message.status.get("load_error") or (
+                self.process.last_warning() if self.process else None)
+            self.notify((f"{reason}\n" if reason else "") + "F5 opens the model picker.",
+                        title="No model is loaded", severity="warning", timeout=30)
+
+    def on_dflash_chat_app_service_down(self, message: ServiceDown) -> None:
+        self.service_state = "service failed"
+        self.notify(message.reason, title="The service did not start", severity="error",
+                    timeout=30)
+
+    @work(group="status")
+    async def refresh_status(self) -> None:
+        """GET /dflash/status; the handler updates `status`, `service_state`, `model_label`."""
+        if self.client is None:
+            return
+        try:
+            self.post_message(self.StatusFetched(await self.client.status()))
+        except ServiceError as exc:
+            self.post_message(self.StatusFetched(None, exc.message))
+
+    def on_dflash_chat_app_status_fetched(self, message: StatusFetched) -> None:
+        if message.status is None:
+            self.service_state = f"error: {message.error}"
+            return
+        self.status = message.status
+        loaded = self.status.get("loaded")
+        if self.status.get("loading"):
+            self.service_state = f"loading {self.status['loading']}"
+        else:
+            self.service_state = "ready" if loaded else "no model loaded"
+        self.model_label = describe_loaded(loaded)
+
+    @work(group="catalog")
+    async def fetch_catalog(self) -> None:
+        try:
+            self.post_message(self.CatalogFetched(await self.client.catalog()))
+        except ServiceError as exc:
+            self.post_message(self.CatalogFetched([], exc.message))
+
+    def on_dflash_chat_app_catalog_fetched(self, message: CatalogFetched) -> None:
+        if message.error:
+            self.notify(f"The catalog could not be read: {message.error}", severity="warning")
+        self.catalog = message.pairs
+        self.mutate_reactive(DFlashChatApp.settings)  # re-check the thinking warning
+
+    def catalog_pair(self, pair_id: str | None) -> dict | None:
+        return next((pair for pair in self.catalog if pair["id"] == pair_id), None)
+
+    def thinking_warning(self) -> str:
+        """A warning when the thinking mode differs from the one the drafter was trained for."""
+        loaded = self.status.get("loaded") or {}
+        pair = self.catalog_pair(loaded.get("pair"))
+        trained = pair["thinking"] if pair else "none"
+        wanted = self.settings.thinking
+        if trained in ("on", "off") and wanted != "auto" and wanted != trained:
+            return f"the drafter was trained with thinking {trained}: expect a lower tau"
+        return ""
+
+    # --- settings ---
+
+    def update_settings(self, **changes) -> None:
+        self.apply_settings(replace(self.settings, **changes))
+
+    def apply_settings(self, settings: Settings) -> None:
+        self.settings = settings
+        self.set_keymap(settings.keymap)
+        if self.theme != settings.theme:
+            self.theme = settings.theme
+        try:
+            save_settings(settings, self.settings_file)
+        except OSError as exc:
+            self.notify(f"settings not saved: {exc}", severity="error")
+
+    def _remember_theme(self, theme) -> None:
+        if theme.name != self.settings.theme:
+            self.update_settings(theme=theme.name)
+
+    # --- actions (ids in actions.py) ---
+
+    def action_help(self) -> None:
+        from dflash_chat.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.settings.keymap))
+
+    def action_race(self) -> None:
+        from dflash_chat.screens.race import RaceScreen
+
+        self._open(RaceScreen)
+
+    def action_models(self) -> None:
+        from dflash_chat.screens.picker import PickerScreen
+
+        self._open(PickerScreen)
+
+    def action_settings(self) -> None:
+        from dflash_chat.screens.settings import SettingsScreen
+
+        self._open(SettingsScreen)
+
+    def _open(self, screen_class) -> None:
+        """Open a screen over the chat (not a second copy of it)."""
+        if isinstance(self.screen, screen_class):
+            return
+        while self.screen is not self.chat_screen and len(self.screen_stack) > 2:
+            self.pop_screen()
+        self.push_screen(screen_class())
+
+    def action_toggle_dark(self) -> None:
+        dark, light = THEMES_DARK_LIGHT
+        self.update_settings(theme=light if self.current_theme.dark else dark)
+
+    async def run_named_action(self, action_id: str) -> None:
+        """Run an action from the palette: chat actions run on the chat screen, brought up."""
+        spec = BY_ID[action_id]
+        if spec.scope == APP:
+            await self.run_action(action_id)
+            return
+        while self.screen is not self.chat_screen and len(self.screen_stack) > 2:
+            self.pop_screen()
+        await self.chat_screen.run_action(action_id)
+
+
+def describe_loaded(loaded: dict | None) -> str:
+    if not loaded:
+        return ""
+    drafter = Path(loaded["drafter"]).name if loaded.get("drafter") else "no drafter"
+    return f"{loaded.get('pair') or loaded['served_name']} ({loaded['engine']}, {drafter})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-chat", description="Chat with a local model, sped up by DFlash.")
+    parser.add_argument("--server", metavar="URL", help="use this running service, start none")
+    parser.add_argument("--api-key", metavar="KEY", help="the --server's API key")
+    parser.add_argument("--pair", metavar="ID", help="catalog pair to serve (default: embedded)")
+    parser.add_argument("--target", metavar="DIR|REPO", help="serve this target instead")
+    parser.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
+    parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    serve_args = ["--engine", args.engine]
+    for flag in ("pair", "target", "drafter"):
+        if getattr(args, flag):
+            serve_args += [f"--{flag}", getattr(args, flag)]
+    return Options(server=args.server, api_key=args.api_key, serve_args=tuple(serve_args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.server and (args.pair or args.target or args.drafter):
+        build_parser().error("--server uses the pair that server has loaded: drop --pair/--target")
+    DFlashChatApp(options_from_args(args)).run()
+    return 0

@@ -1,0 +1,41 @@
+"""What the service sends, as the app uses it: stream chunks, the final usage, and errors.
+
+Kept apart from client.py so the screens can import these without importing httpx: the app
+paints its first screen before any HTTP code is loaded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+class ServiceError(Exception):
+    """The service refused or failed a request; `message` is its explanation."""
+
+    def __init__(self, message: str, status: int = 0, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status  # 0 = no HTTP answer (connection refused, reset)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One streamed step: its text delta and what the round committed."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    drafted: int = 0
+    accepted: int = 0  # the first `accepted` of token_ids were the drafter's
+    round: int = 0  # 0 = the prefill's token
+    block_size: int = 1
+    finish_reason: str | None = None
+    received_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class StreamUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    dflash: dict  # tau, decode/prefill tokens/s, drafted, accepted, accepted_per_round, engine...

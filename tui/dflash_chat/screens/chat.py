@@ -1,0 +1,248 @@
+"""The chat screen: chats on the left, the conversation and the prompt in the middle, the live
+speed panel on the right, the modes of the next message in the status bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from dflash_chat.actions import CHAT
+from dflash_chat.bindings import bindings_for
+from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
+from dflash_chat.settings import THINKING_MODES, Settings
+from dflash_chat.storage import export_markdown
+from dflash_chat.widgets.chat_list import ChatList
+from dflash_chat.widgets.conversation import Conversation
+from dflash_chat.widgets.message import MessageView, code_blocks
+from dflash_chat.widgets.prompt_input import PromptInput
+from dflash_chat.widgets.speed_panel import SpeedPanel
+from dflash_chat.widgets.status_bar import StatusBar
+
+TITLE_CHARS = 40
+
+
+class ChatScreen(Screen):
+    CSS_PATH = "chat.tcss"
+    BINDINGS = bindings_for(CHAT)
+    AUTO_FOCUS = "#prompt"
+
+    _editing: int | None = None  # the prompt being edited: it and what follows are replaced
+
+    def compose(self) -> ComposeResult:
+        store = self.app.store
+        with Horizontal(id="body"):
+            yield ChatList(id="chats")
+            with Vertical(id="main"):
+                yield Conversation(store, id="conversation")
+                yield PromptInput(store.prompt_history(), id="prompt")
+            yield SpeedPanel(id="speed")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.query_one(Conversation)
+
+    async def on_mount(self) -> None:
+        self.watch(self.app, "settings", self._show_settings)
+        self.watch(self.app, "service_state", self._show_service)
+        self.watch(self.app, "model_label", self._show_service)
+        chats = self.app.store.chats()
+        await self.open_chat(chats[0].id if chats else None)
+
+    def _show_settings(self, settings: Settings) -> None:
+        bar = self.query_one(StatusBar)
+        bar.speculative, bar.thinking = settings.speculative, settings.thinking
+        bar.show_accepted = settings.show_accepted
+        bar.warning = self.app.thinking_warning()
+        self.conversation.set_show_accepted(settings.show_accepted)
+
+    def _show_service(self) -> None:
+        bar = self.query_one(StatusBar)
+        bar.service, bar.model = self.app.service_state, self.app.model_label
+        bar.warning = self.app.thinking_warning()
+        self.query_one(SpeedPanel).pair = self.app.model_label
+
+    # --- chats ---
+
+    async def open_chat(self, chat_id: int | None) -> None:
+        if self.conversation.generating:
+            self.notify("A reply is streaming: Esc stops it first", severity="warning")
+            return
+        self._editing = None
+        await self.conversation.show_chat(chat_id)
+        self.refresh_chat_list()
+
+    def refresh_chat_list(self) -> None:
+        self.query_one(ChatList).show(self.app.store.chats(), self.conversation.chat_id)
+
+    def current_chat_id(self) -> int:
+        if self.conversation.chat_id is None:
+            raise LookupError("no chat is open")
+        return self.conversation.chat_id
+
+    async def on_chat_list_chat_selected(self, message: ChatList.ChatSelected) -> None:
+        if type(message) is ChatList.ChatSelected:
+            await self.open_chat(message.chat_id)
+
+    def on_chat_list_delete_requested(self, message: ChatList.DeleteRequested) -> None:
+        self._delete_chat(message.chat_id)
+
+    def on_chat_list_rename_requested(self, message: ChatList.RenameRequested) -> None:
+        self._rename_chat(message.chat_id)
+
+    # --- sending ---
+
+    async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
+        conversation = self.conversation
+        if conversation.generating:
+            self.notify("A reply is streaming: Esc stops it", severity="warning")
+            return
+        if conversation.chat_id is None:
+            chat = self.app.store.create_chat(message.text[:TITLE_CHARS],
+                                              self.app.settings.system_prompt)
+            await self.open_chat(chat.id)
+        if self._editing is not None:
+            await conversation.drop_from(self._editing)
+            self._editing = None
+        settings = self.app.settings
+        await conversation.send(message.text, settings.sampling(), settings.speculative)
+        self.refresh_chat_list()
+
+    def on_conversation_speed(self, message: Conversation.Speed) -> None:
+        self.query_one(SpeedPanel).snapshot = message.snapshot
+
+    # --- actions (ids in actions.py) ---
+
+    def action_stop(self) -> None:
+        if self.conversation.stop():
+            self.notify("Stopped: the partial reply is kept")
+
+    def action_toggle_speculative(self) -> None:
+        speculative = not self.app.settings.speculative
+        self.app.update_settings(speculative=speculative)
+        self.notify(f"Speculative decoding {'on' if speculative else 'off'} for the next message")
+
+    def action_toggle_accepted(self) -> None:
+        self.app.update_settings(show_accepted=not self.app.settings.show_accepted)
+
+    def action_toggle_thinking(self) -> None:
+        modes = THINKING_MODES
+        mode = modes[(modes.index(self.app.settings.thinking) + 1) % len(modes)]
+        self.app.update_settings(thinking=mode)
+        warning = self.app.thinking_warning()
+        self.notify(f"Thinking {mode}" + (f": {warning}" if warning else ""),
+                    severity="warning" if warning else "information")
+
+    async def action_new_chat(self) -> None:
+        await self.open_chat(None)
+        self.query_one(PromptInput).focus()
+
+    async def action_regenerate(self) -> None:
+        conversation = self.conversation
+        last = conversation.last_view("assistant")
+        if conversation.generating or last is None:
+            return
+        await conversation.drop_from(last.message_id)
+        settings = self.app.settings
+        await conversation.start_reply(settings.sampling(), settings.speculative)
+
+    def action_edit_last(self) -> None:
+        last = self.conversation.last_view("user")
+        if self.conversation.generating or last is None:
+            return
+        self._editing = last.message_id
+        prompt = self.query_one(PromptInput)
+        prompt.value = last.text
+        prompt.cursor_position = len(last.text)
+        prompt.focus()
+        self.notify("Editing the last prompt: Enter resends it (the old turn is replaced)")
+
+    def _selected_view(self) -> MessageView | None:
+        focused = self.focused
+        if isinstance(focused, MessageView):
+            return focused
+        return self.conversation.last_view("assistant")
+
+    def action_copy_message(self) -> None:
+        view = self._selected_view()
+        if view is not None:
+            self.app.copy_to_clipboard(view.text)
+            self.notify(f"Copied {len(view.text)} characters")
+
+    def action_copy_code(self) -> None:
+        view = self._selected_view()
+        blocks = code_blocks(view.text) if view is not None else []
+        if not blocks:
+            self.notify("No code block in that message", severity="warning")
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.notify(f"Copied a code block ({len(blocks[-1])} characters)")
+
+    def action_rename_chat(self) -> None:
+        if self.conversation.chat_id is not None:
+            self._rename_chat(self.conversation.chat_id)
+
+    def _rename_chat(self, chat_id: int) -> None:
+        store = self.app.store
+
+        def rename(title: str | None) -> None:
+            if title and title.strip():
+                store.rename_chat(chat_id, title.strip())
+                self.refresh_chat_list()
+
+        self.app.push_screen(TextDialog("Rename chat", store.chat(chat_id).title), rename)
+
+    async def action_system_prompt(self) -> None:
+        store = self.app.store
+        if self.conversation.chat_id is None:
+            await self.open_chat(store.create_chat("New chat", self.app.settings.system_prompt).id)
+        chat = store.chat(self.current_chat_id())
+
+        def save(prompt: str | None) -> None:
+            if prompt is not None:
+                store.set_system_prompt(chat.id, prompt)
+                self.notify("System prompt saved (it applies from the next message)")
+
+        self.app.push_screen(TextDialog("System prompt for this chat", chat.system_prompt,
+                                        "You are a helpful assistant."), save)
+
+    def action_export_chat(self) -> None:
+        if self.conversation.chat_id is None:
+            return
+        store = self.app.store
+        chat = store.chat(self.current_chat_id())
+        path = export_path(self.app.data_dir, chat.id)
+        path.write_text(export_markdown(chat, store.messages(chat.id)), encoding="utf-8")
+        self.notify(f"Exported to {path}")
+
+    def action_delete_chat(self) -> None:
+        if self.conversation.chat_id is not None:
+            self._delete_chat(self.conversation.chat_id)
+
+    def _delete_chat(self, chat_id: int) -> None:
+        store = self.app.store
+        if chat_id == self.conversation.chat_id and self.conversation.generating:
+            self.notify("A reply is streaming in this chat: Esc stops it first", severity="warning")
+            return
+
+        async def delete(confirmed: bool | None) -> None:
+            if not confirmed:
+                return
+            if chat_id == self.conversation.chat_id:
+                await self.conversation.show_chat(None)
+            store.delete_chat(chat_id)
+            self.refresh_chat_list()
+
+        self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
+                             delete)
+
+
+def export_path(data_dir: Path, chat_id: int) -> Path:
+    folder = data_dir / "exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"chat-{chat_id}.md"

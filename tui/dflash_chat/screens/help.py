@@ -1,0 +1,41 @@
+"""F1: every key, as the user's keymap has them, grouped by where they work."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Label, Static
+
+from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys
+
+
+def help_rows(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(keys, what it does, action id) for every action, then the fixed keys."""
+    rows = [(effective_keys(spec, keymap), spec.title, spec.id) for spec in ACTIONS]
+    return rows + [(keys, title, "") for keys, title in FIXED_KEYS]
+
+
+class HelpScreen(ModalScreen[None]):
+    CSS_PATH = "help.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def __init__(self, keymap: dict[str, str]):
+        super().__init__()
+        self.keymap = keymap
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Label("dflash-chat keys (change them in Settings, F6)", id="help-title")
+            table = DataTable(cursor_type="row", zebra_stripes=True)
+            table.add_columns("Keys", "Action", "Id (settings.toml \\[keymap])")
+            table.add_rows(help_rows(self.keymap))
+            yield table
+            yield Static("Green text in a reply (F3): tokens the drafter proposed and the target "
+                         "accepted. tau: tokens committed per verify round.", id="help-note")
+
+    async def action_dismiss(self, result=None) -> None:
+        self.dismiss(result)

@@ -1,0 +1,112 @@
+"""Settings: sampling, thinking, theme, the system prompt for new chats, and the keymap.
+Saved to settings.toml only when every field is valid; the problems are listed otherwise."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
+
+from dflash_chat.actions import ACTIONS
+from dflash_chat.settings import THINKING_MODES, Settings
+
+NUMBERS = (  # field, label, type
+    ("temperature", "Temperature (0 = greedy)", float),
+    ("top_p", "Top-p", float),
+    ("max_tokens", "Max tokens per reply", int),
+    ("seed", "Seed (-1 = none)", int),
+    ("block_size", "Block size (0 = the pair's default)", int),
+)
+SWITCHES = (
+    ("speculative", "Speculative decoding (F2 flips it per message)"),
+    ("show_accepted", "Colour the drafter's accepted tokens (F3)"),
+)
+
+
+def settings_from_form(base: Settings, numbers: dict[str, str], switches: dict[str, bool],
+                       choices: dict[str, str], keys: dict[str, str],
+                       system_prompt: str) -> tuple[Settings | None, list[str]]:
+    """New settings from the form's raw values, or None and the problems."""
+    problems, values = [], {}
+    for name, label, kind in NUMBERS:
+        try:
+            values[name] = kind(numbers[name].strip())
+        except ValueError:
+            problems.append(f"{label}: {numbers[name]!r} is not a {kind.__name__}")
+    keymap = {spec.id: keys[spec.id].strip() for spec in ACTIONS
+              if keys.get(spec.id, spec.keys).strip() != spec.keys}
+    if problems:
+        return None, problems
+    settings = replace(base, **values, **switches, **choices, keymap=keymap,
+                       system_prompt=system_prompt)
+    problems = settings.problems()
+    return (None, problems) if problems else (settings, [])
+
+
+class SettingsScreen(Screen):
+    CSS_PATH = "settings.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def compose(self) -> ComposeResult:
+        settings: Settings = self.app.settings
+        with VerticalScroll(id="form"):
+            yield Label("Sampling", classes="section")
+            for name, label, _ in NUMBERS:
+                with Horizontal(classes="row"):
+                    yield Label(label)
+                    yield Input(str(getattr(settings, name)), id=f"num-{name}")
+            yield Label("Modes", classes="section")
+            for name, label in SWITCHES:
+                with Horizontal(classes="row"):
+                    yield Label(label)
+                    yield Switch(getattr(settings, name), id=f"sw-{name}")
+            with Horizontal(classes="row"):
+                yield Label("Thinking")
+                yield Select([(m, m) for m in THINKING_MODES], value=settings.thinking,
+                             allow_blank=False, id="sel-thinking")
+            with Horizontal(classes="row"):
+                yield Label("Theme")
+                themes = sorted(self.app.available_themes)
+                yield Select([(t, t) for t in themes], value=settings.theme, allow_blank=False,
+                             id="sel-theme")
+            with Horizontal(classes="row"):
+                yield Label("System prompt for new chats")
+                yield Input(settings.system_prompt, id="system-prompt")
+            yield Label("Keys (comma separated, Textual key names)", classes="section")
+            for spec in ACTIONS:
+                with Horizontal(classes="row"):
+                    yield Label(spec.title)
+                    yield Input(settings.keymap.get(spec.id, spec.keys), placeholder=spec.keys,
+                                id=f"key-{spec.id}")
+            yield Static(id="problems", markup=False)
+            with Horizontal(id="buttons"):
+                yield Button("Save (Ctrl+S)", variant="primary", id="save")
+                yield Button("Cancel (Esc)", id="cancel")
+        yield Footer()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.app.pop_screen()
+
+    def action_save(self) -> None:
+        settings, problems = settings_from_form(
+            self.app.settings,
+            numbers={name: self.query_one(f"#num-{name}", Input).value for name, _, _ in NUMBERS},
+            switches={name: self.query_one(f"#sw-{name}", Switch).value for name, _ in SWITCHES},
+            choices={"thinking": self.query_one("#sel-thinking", Select).value,
+                     "theme": self.query_one("#sel-theme", Select).value},
+            keys={spec.id: self.query_one(f"#key-{spec.id}", Input).value for spec in ACTIONS},
+            system_prompt=self.query_one("#system-prompt", Input).value)
+        if settings is None:
+            self.query_one("#problems", Static).update("Not saved:\n" + "\n".join(problems))
+            return
+        self.app.apply_settings(settings)
+        self.notify("Settings saved")
+        self.app.pop_screen()

@@ -1,0 +1,133 @@
+"""The dflash-local service as the app's child process: start, wait until it answers, stop.
+
+Boundary: no Textual, no model code: it runs `python -m dflash_local.cli serve` on a free
+loopback port (port 0, read back from the line serve prints) with a random API key passed
+through the environment (not argv, which other users can read in `ps`). The child's stderr
+goes to a log file whose tail explains a failed start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_chat.protocol import ServiceError
+
+if TYPE_CHECKING:
+    from dflash_chat.client import DFlashClient
+
+SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli", "serve")
+API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
+SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
+STOP_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 12
+
+
+class ServiceStartError(Exception):
+    pass
+
+
+class ServiceProcess:
+    """One child service. `serve_args` are passed through (--target, --drafter, --pair...)."""
+
+    def __init__(self, serve_args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 command: tuple[str, ...] | None = None):
+        self.serve_args = list(serve_args)
+        self.log_path = log_path
+        self.api_key = secrets.token_urlsafe(24)
+        self.url: str | None = None
+        self.command = command or SERVE_COMMAND
+        self._env = {**os.environ, **(env or {}), API_KEY_ENV: self.api_key,
+                     "PYTHONUNBUFFERED": "1"}
+        self._process: asyncio.subprocess.Process | None = None
+        self._stdout_task: asyncio.Task | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self) -> str:
+        """Start the child and return its URL once it prints it (after the pair has loaded)."""
+        with self._open_log() as log:  # the child keeps its own descriptor
+            self._process = await asyncio.create_subprocess_exec(
+                *self.command, "--host", "127.0.0.1", "--port", "0", *self.serve_args,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
+                env=self._env)  # same session: closing the terminal ends the child too
+        self.url = await self._read_url()
+        self._stdout_task = asyncio.create_task(self._drain_stdout())
+        return self.url
+
+    def _open_log(self):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        return open(self.log_path, "wb")
+
+    async def _read_url(self) -> str:
+        assert self._process is not None and self._process.stdout is not None
+        while line := await self._process.stdout.readline():
+            match = SERVING_LINE.search(line.decode(errors="replace"))
+            if match:
+                return match.group(1)
+        await self._process.wait()
+        raise ServiceStartError(f"the service exited with status {self._process.returncode} "
+                                f"before serving:\n{self.log_tail()}")
+
+    async def wait_healthy(self, client: DFlashClient, timeout: float = HEALTH_TIMEOUT_S) -> dict:
+        """Poll /health until it answers (uvicorn starts just after serve prints its URL)."""
+        try:
+            return await wait_healthy(client, timeout, alive=lambda: self.running)
+        except ServiceStartError as exc:
+            raise ServiceStartError(f"{exc}:\n{self.log_tail()}") from None
+
+    async def _drain_stdout(self) -> None:
+        """Keep reading the child's stdout so a full pipe never blocks it."""
+        assert self._process is not None and self._process.stdout is not None
+        while await self._process.stdout.readline():
+            pass
+
+    async def stop(self) -> None:
+        """SIGTERM (uvicorn shuts down gracefully and unloads), then SIGKILL if it lingers."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if self._stdout_task is not None:
+            self._stdout_task.cancel()
+
+    def last_warning(self) -> str | None:
+        """The last `warning: ...` line serve wrote (e.g. why it loaded no pair)."""
+        warnings = [line for line in self.log_tail().splitlines() if line.startswith("warning:")]
+        return warnings[-1].removeprefix("warning:").strip() if warnings else None
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no service log)"
+        return "\n".join(lines[-LOG_TAIL_LINES:]) or "(the service log is empty)"
+
+
+async def wait_healthy(client: DFlashClient, timeout: float = HEALTH_TIMEOUT_S,
+                       alive=lambda: True) -> dict:
+    """GET /health until it answers; a service still starting refuses connections a while."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await client.health()
+        except ServiceError as exc:
+            if not alive():
+                raise ServiceStartError("the service exited") from None
+            if loop.time() > deadline:
+                raise ServiceStartError(f"no answer within {timeout:.0f} s: {exc.message}") from None
+            await asyncio.sleep(0.05)

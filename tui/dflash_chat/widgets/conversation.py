@@ -1,0 +1,224 @@
+"""The open chat's messages, and the reply being generated.
+
+A worker streams the reply from the service and posts batches of chunks; the handlers here own
+the state: they grow the MessageView, the live stats, and write the reply to storage as it
+grows (at most every SAVE_EVERY_S) and when it ends. Cancelling the worker (Esc) closes the
+HTTP stream, which stops the generation in the service; the partial reply is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from textual import work
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.reactive import var
+from textual.worker import Worker
+
+from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
+from dflash_chat.stats import LiveStats, SpeedSnapshot
+from dflash_chat.storage import ChatStore
+from dflash_chat.storage import Message as StoredMessage
+from dflash_chat.widgets import widget_css
+from dflash_chat.widgets.message import MessageView, describe
+
+log = logging.getLogger("dflash_chat")
+POST_EVERY_S = 1 / 30  # the worker batches chunks: at most ~30 UI updates a second
+SAVE_EVERY_S = 0.25  # a streaming reply is written at least this often
+
+
+@dataclass
+class Reply:
+    message_id: int
+    view: MessageView
+    stats: LiveStats
+    meta: dict
+    saved_at: float = 0.0
+
+
+class Conversation(VerticalScroll):
+    DEFAULT_CSS = widget_css(__file__)
+
+    generating: var[bool] = var(False)
+
+    class Speed(Message):
+        """New figures for the speed panel."""
+
+        def __init__(self, snapshot: SpeedSnapshot):
+            super().__init__()
+            self.snapshot = snapshot
+
+    class ReplyFinished(Message):
+        def __init__(self, message_id: int, status: str):
+            super().__init__()
+            self.message_id = message_id
+            self.status = status  # done | stopped | error
+
+    class ChunksArrived(Message):
+        def __init__(self, message_id: int, chunks: list[StreamChunk]):
+            super().__init__()
+            self.message_id = message_id
+            self.chunks = chunks
+
+    class StreamEnded(Message):
+        def __init__(self, message_id: int, status: str, usage: StreamUsage | None,
+                     error: str | None):
+            super().__init__()
+            self.message_id = message_id
+            self.status = status
+            self.usage = usage
+            self.error = error
+
+    def __init__(self, store: ChatStore, **kwargs):
+        super().__init__(**kwargs)
+        self.store = store
+        self.chat_id: int | None = None
+        self.show_accepted = False
+        self._reply: Reply | None = None
+        self._worker: Worker | None = None
+
+    # --- what is shown ---
+
+    async def show_chat(self, chat_id: int | None) -> None:
+        self.chat_id = chat_id
+        await self.remove_children()
+        if chat_id is not None:
+            views = [MessageView(m, self.show_accepted) for m in self.store.messages(chat_id)]
+            await self.mount_all(views)
+        self.call_after_refresh(self.scroll_end, animate=False)
+
+    def views(self) -> list[MessageView]:
+        return list(self.query(MessageView))
+
+    def last_view(self, role: str) -> MessageView | None:
+        return next((v for v in reversed(self.views()) if v.role == role), None)
+
+    def set_show_accepted(self, show: bool) -> None:
+        self.show_accepted = show
+        for view in self.views():
+            view.show_accepted = show and view.role == "assistant"
+
+    async def drop_from(self, message_id: int) -> None:
+        """Delete a message and everything after it, in storage and on screen."""
+        assert self.chat_id is not None
+        self.store.delete_messages_from(self.chat_id, message_id)
+        await self.remove_children([v for v in self.views() if v.message_id >= message_id])
+
+    # --- generating ---
+
+    async def send(self, prompt: str, options: dict, speculative: bool) -> None:
+        assert self.chat_id is not None and not self.generating
+        user = self.store.add_message(self.chat_id, "user", prompt)
+        await self.mount(MessageView(user))
+        self.call_after_refresh(self.scroll_end, animate=False)
+        await self.start_reply(options, speculative)
+
+    async def start_reply(self, options: dict, speculative: bool) -> None:
+        assert self.chat_id is not None and not self.generating
+        request = self.request_messages()
+        meta = {"speculative": speculative, "rounds": []}
+        stored = self.store.add_message(self.chat_id, "assistant", "", "streaming", meta)
+        view = MessageView(stored, self.show_accepted)
+        waiting = "" if self.app.service_ready.is_set() else " | waiting for the service"
+        view.header = f"Assistant | {'speculative' if speculative else 'plain'} | ...{waiting}"
+        await self.mount(view)
+        view.start_stream()
+        self.call_after_refresh(self.scroll_end, animate=False)
+        self._reply = Reply(stored.id, view, LiveStats(speculative), meta)
+        self.generating = True
+        self.post_message(self.Speed(self._reply.stats.snapshot()))
+        self._worker = self._stream_reply(stored.id, request, {**options,
+                                                                "speculative": speculative})
+
+    def request_messages(self) -> list[dict]:
+        assert self.chat_id is not None
+        chat = self.store.chat(self.chat_id)
+        system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+        return system + [{"role": m.role, "content": m.content}
+                         for m in self.store.messages(self.chat_id)
+                         if m.content and m.status != "error"]
+
+    def stop(self) -> bool:
+        if self._worker is None or not self.generating:
+            return False
+        self._worker.cancel()
+        return True
+
+    @work(exclusive=True, group="reply")
+    async def _stream_reply(self, message_id: int, messages: list[dict], options: dict) -> None:
+        app = self.app
+        status, usage, error = "stopped", None, None
+        pending: list[StreamChunk] = []
+        posted_at = 0.0
+        try:
+            await app.service_ready.wait()
+            async for item in app.client.stream_chat(messages, **options):
+                if isinstance(item, StreamUsage):
+                    usage = item
+                    continue
+                pending.append(item)
+                if item.received_at - posted_at >= POST_EVERY_S:
+                    self.post_message(self.ChunksArrived(message_id, pending))
+                    pending, posted_at = [], item.received_at
+            status = "done"
+        except ServiceError as exc:
+            status, error = "error", exc.message
+        except Exception as exc:  # the worker's edge: the reply shows the bug
+            log.exception("reply %s failed", message_id)
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        finally:  # also on cancel (Esc): what arrived is shown and kept
+            if pending:
+                self.post_message(self.ChunksArrived(message_id, pending))
+            self.post_message(self.StreamEnded(message_id, status, usage, error))
+
+    async def on_conversation_chunks_arrived(self, message: ChunksArrived) -> None:
+        reply = self._reply
+        if reply is None or reply.message_id != message.message_id:
+            return
+        if reply.stats.tokens == 0:
+            mode = "speculative" if reply.stats.speculative else "plain"
+            reply.view.header = f"Assistant | {mode} | streaming (Esc stops)"
+        for chunk in message.chunks:
+            reply.stats.add(chunk)
+        rounds = [[len(c.text), c.accepted, len(c.token_ids)] for c in message.chunks]
+        reply.meta["rounds"].extend(rounds)
+        following = self.scroll_y >= self.max_scroll_y - 1  # unless the user scrolled up
+        await reply.view.append("".join(c.text for c in message.chunks), rounds)
+        if following:
+            self.call_after_refresh(self.scroll_end, animate=False)
+        self.post_message(self.Speed(reply.stats.snapshot()))
+        if time.monotonic() - reply.saved_at >= SAVE_EVERY_S:
+            self._save(reply, "streaming")
+
+    async def on_conversation_stream_ended(self, message: StreamEnded) -> None:
+        reply = self._reply
+        if reply is None or reply.message_id != message.message_id:
+            return
+        if message.usage is not None:
+            reply.stats.finish(message.usage.dflash)
+            reply.meta["stats"] = message.usage.dflash
+        if message.error:
+            reply.meta["error"] = message.error
+        await reply.view.finish_stream()
+        self._save(reply, message.status)
+        reply.view.header = describe(self.store.message(reply.message_id))
+        self._reply, self._worker = None, None
+        self.generating = False
+        self.post_message(self.Speed(reply.stats.snapshot()))
+        self.post_message(self.ReplyFinished(reply.message_id, message.status))
+
+    def _save(self, reply: Reply, status: str) -> None:
+        self.store.update_message(reply.message_id, reply.view.text, status, reply.meta)
+        reply.saved_at = time.monotonic()
+
+    def on_unmount(self) -> None:
+        """The app is closing mid-reply: keep what was shown."""
+        if self._reply is not None:
+            self._save(self._reply, "stopped")
+
+
+def last_message(messages: list[StoredMessage], role: str) -> StoredMessage | None:
+    return next((m for m in reversed(messages) if m.role == role), None)

@@ -1,0 +1,94 @@
+"""The live speed panel: tokens/s now and as a sparkline, τ, the tokens-per-round histogram,
+drafted vs accepted, prefill time, engine and pair. It shows one SpeedSnapshot at a time."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Sparkline, Static
+
+from dflash_chat.stats import SpeedSnapshot
+from dflash_chat.widgets import widget_css
+
+BAR_WIDTH = 14
+
+
+def histogram_text(per_round: tuple[tuple[int, int], ...], width: int = BAR_WIDTH) -> Text:
+    """One bar per "k tokens committed in a round"."""
+    text = Text()
+    most = max((rounds for _, rounds in per_round), default=0)
+    for committed, rounds in per_round:
+        bar = "█" * max(1, round(width * rounds / most)) if most else ""
+        text.append(f"{committed:>3} ")
+        text.append(bar, style="green" if committed > 1 else "red")
+        text.append(f" {rounds}\n")
+    return text
+
+
+def figures_text(snap: SpeedSnapshot) -> Text:
+    text = Text()
+    now = "       -" if snap.final else f"{snap.tokens_per_s_now:8.1f}"
+    text.append(now, style="bold")
+    text.append(" tok/s now\n")
+    label = "decode" if snap.final else "average"
+    text.append(f"{snap.tokens_per_s:8.1f} tok/s {label}\n")
+    text.append(f"{snap.tokens:8d} tokens\n")
+    if snap.prefill_s is not None:
+        text.append(f"{snap.prefill_s * 1000:8.0f} ms prefill\n")
+    return text
+
+
+def speculation_text(snap: SpeedSnapshot) -> Text:
+    text = Text()
+    if not snap.speculative:
+        text.append("plain decoding", style="bold red")
+        text.append(f"\n{snap.rounds} rounds, 1 token each\n")
+        return text
+    text.append("speculative", style="bold green")
+    text.append(f"  B={snap.block_size}\n")
+    text.append("tau ")
+    text.append(f"{snap.tau:.2f}", style="bold")
+    text.append(f" per round ({snap.rounds} rounds)\n")
+    text.append(f"accepted {snap.accepted}/{snap.drafted} drafted ({snap.acceptance:.0%})\n")
+    return text
+
+
+class SpeedPanel(Vertical):
+    DEFAULT_CSS = widget_css(__file__)
+
+    snapshot: reactive[SpeedSnapshot] = reactive(SpeedSnapshot, always_update=True)
+    pair: reactive[str] = reactive("")
+
+    def compose(self) -> ComposeResult:
+        yield Static("Speed", classes="title")
+        yield Static(id="figures")
+        yield Sparkline([], id="sparkline")
+        yield Static("Speculation", classes="title")
+        yield Static(id="speculation")
+        yield Static("Tokens per round", classes="title")
+        yield Static(id="histogram")
+        yield Static("Engine", classes="title")
+        yield Static(id="engine", markup=False)
+
+    def on_mount(self) -> None:
+        self.watch_snapshot(self.snapshot)
+
+    def watch_snapshot(self, snap: SpeedSnapshot) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#figures", Static).update(figures_text(snap))
+        self.query_one("#sparkline", Sparkline).data = list(snap.samples)
+        self.query_one("#speculation", Static).update(speculation_text(snap))
+        self.query_one("#histogram", Static).update(histogram_text(snap.per_round) or "-")
+        self._show_engine()
+
+    def watch_pair(self) -> None:
+        if self.is_mounted:
+            self._show_engine()
+
+    def _show_engine(self) -> None:
+        engine = self.snapshot.engine
+        self.query_one("#engine", Static).update("\n".join(x for x in (engine, self.pair) if x)
+                                                 or "-")

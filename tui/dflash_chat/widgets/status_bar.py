@@ -1,0 +1,54 @@
+"""One line above the footer: the service, the loaded pair, and the modes the next message uses."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from dflash_chat.widgets import widget_css
+
+
+class StatusBar(Widget):
+    DEFAULT_CSS = widget_css(__file__)
+
+    service: reactive[str] = reactive("starting")
+    model: reactive[str] = reactive("")
+    speculative: reactive[bool] = reactive(True)
+    thinking: reactive[str] = reactive("auto")
+    show_accepted: reactive[bool] = reactive(True)
+    warning: reactive[str] = reactive("")
+    busy_since: reactive[float | None] = reactive(None)  # set while the service is not ready
+
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self._tick)
+
+    def _tick(self) -> None:
+        if self.busy_since is not None:
+            self.refresh()
+
+    def watch_service(self, service: str) -> None:
+        busy = service.startswith(("starting", "loading"))
+        if not busy:
+            self.busy_since = None
+        elif self.busy_since is None:
+            self.busy_since = time.monotonic()
+
+    def render(self) -> Text:
+        text = Text()
+        ready = self.service == "ready"
+        state = self.service
+        if self.busy_since is not None:
+            state += f" {time.monotonic() - self.busy_since:.0f} s"
+        text.append(f" {state} ", style="reverse green" if ready else "reverse yellow")
+        if self.model:
+            text.append(f" {self.model} ")
+        text.append(" | ")
+        text.append("SPEC ON" if self.speculative else "SPEC OFF",
+                    style="bold green" if self.speculative else "bold red")
+        text.append(f" | thinking {self.thinking} | colour {'on' if self.show_accepted else 'off'}")
+        if self.warning:
+            text.append(f" | {self.warning}", style="bold yellow")
+        return text
