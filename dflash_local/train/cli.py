@@ -30,6 +30,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prompts-limit", type=int, default=20000)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=run)
 
 
 def choose_mask_token(tokenizer, requested: str | None) -> int:
