@@ -43,10 +43,10 @@ class PairSpec:
     drafter: ModelSpec
     thinking: str  # the thinking mode the drafter was trained for
     hybrid: bool
-    block_sizes: tuple[tuple[str, int], ...]  # (engine, recommended block size)
+    block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
 
-    def block_size_for(self, engine: str) -> int | None:
+    def block_size_for(self, engine: str) -> int | str | None:
         return dict(self.block_sizes).get(engine)
 
     def to_json(self) -> dict[str, Any]:
@@ -111,10 +111,10 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
         raise CheckpointError(f"{where}: thinking {thinking!r} is not one of {THINKING_MODES}")
     block_sizes = _field(entry, "block_size", dict, where)
     bad = {engine: size for engine, size in block_sizes.items()
-           if engine not in engines or not isinstance(size, int) or size < 1}
+           if engine not in engines or not (size == "auto" or isinstance(size, int) and size >= 1)}
     if bad:
         raise CheckpointError(f"{where}: block_size entries {bad} name an engine the pair lacks "
-                              f"or are not integers >= 1")
+                              f"or are not integers >= 1 or \"auto\"")
     return PairSpec(
         id=pair_id, engines=engines, thinking=thinking,
         hybrid=bool(entry.get("hybrid", False)),

@@ -16,7 +16,7 @@ from pathlib import Path
 from dflash_local import paths
 from dflash_local.bench import cli as bench_cli
 from dflash_local.errors import DFlashError, ModelNotFoundError
-from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.events import GenerationParams, GenerationStats, block_size_arg
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
 
@@ -56,8 +56,9 @@ def _add_generate(commands) -> None:
     gen.add_argument("--target", metavar="DIR|REPO",
                      help="target model (default: the embedded pair)")
     gen.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
-    gen.add_argument("--block-size", type=_block_size_arg, metavar="N|auto",
-                     help="default: the drafter's own; auto: adapt per round")
+    gen.add_argument("--block-size", type=block_size_arg, metavar="N|auto", default="auto",
+                     help="auto (default): the calibrated policy picks each round's width, plain "
+                          "decoding when speculation would lose; N: always draft N-1 tokens")
     gen.add_argument("--max-tokens", type=int, default=256, metavar="N")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
@@ -206,15 +207,6 @@ def _quiet_frameworks() -> None:
     """Progress bars and advice from transformers/huggingface_hub would drown the output."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
-def _block_size_arg(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
 
 
 def _warn(message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
 from dflash_local.errors import InvalidRequestError
@@ -107,3 +108,16 @@ class EngineCapabilities:
     max_context: int
     hybrid_targets: bool = False
     block_size_per_request: bool = True
+
+
+def block_size_arg(value: str) -> int | str:
+    """The command-line form of GenerationParams.block_size: an integer >= 1 or "auto"."""
+    if value == "auto":
+        return value
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {value!r}")
+    return size

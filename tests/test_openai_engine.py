@@ -345,3 +345,33 @@ def test_own_service_errors_arrive_as_ours(remote):
         list(remote.stream_chat(MESSAGES, GenerationParams(max_tokens=100_000)))
     with pytest.raises(InvalidRequestError, match="temperature"):
         list(remote.stream_chat(MESSAGES, GenerationParams(temperature=3.0)))
+
+
+def test_a_service_relaying_our_service_streams_the_same_reply(service):
+    """`dflash-local serve --engine openai --base-url ...`: the relay's worker takes messages
+    (the remote server templates and tokenizes), and its answers equal the origin's."""
+    import httpx
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.state import ServiceState
+
+    relay = ServiceState()
+    relay.load("openai", service[1].url + "/v1", None, served_name="relay")
+    server = BackgroundServer(create_app(relay)).start()
+    try:
+        body = {"messages": MESSAGES, "max_tokens": 16}
+        origin = httpx.post(service[1].url + "/v1/chat/completions", timeout=60,
+                            json={**body, "model": "tiny"}).json()
+        relayed = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                             json={**body, "model": "relay"}).json()
+        assert relayed["choices"][0]["message"]["content"] == origin["choices"][0]["message"]["content"]
+        assert relayed["usage"]["completion_tokens"] == 16
+        assert relayed["usage"]["prompt_tokens"] == origin["usage"]["prompt_tokens"] > 0
+        assert relayed["usage"]["dflash"]["accepted"] == origin["usage"]["dflash"]["accepted"]
+        plain = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                           json={**body, "model": "relay", "speculative": False}).json()
+        assert plain["usage"]["dflash"]["drafted"] == 0
+        assert plain["choices"][0]["message"]["content"] == origin["choices"][0]["message"]["content"]
+    finally:
+        server.stop()
+        relay.shutdown()

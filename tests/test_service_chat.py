@@ -147,7 +147,24 @@ def test_accepted_options(service, extra):
     reply = httpx.post(service[1].url + "/v1/chat/completions", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     if "block_size" in extra:
-        assert reply.json()["usage"]["dflash"]["block_size"] == 4
+        dflash = reply.json()["usage"]["dflash"]
+        assert (dflash["block_size"], dflash["block_policy"]) == (4, "fixed")
+
+
+def test_auto_block_size_is_lossless_and_says_so(service):
+    """block_size "auto": the calibrated policy picks each round's width (plain rounds included);
+    the reply equals plain decoding's, and every round stays within the drafter's B."""
+    def reply(**extra):
+        body = {"model": "tiny", "messages": messages(PROMPTS[0]), "max_tokens": 24, **extra}
+        response = httpx.post(service[1].url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    auto, plain = reply(block_size="auto"), reply(speculative=False)
+    assert auto["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    dflash = auto["usage"]["dflash"]
+    assert (dflash["block_policy"], dflash["block_size"]) == ("auto", 8)
+    assert dflash["accepted"] <= dflash["drafted"] <= 7 * dflash["rounds"]
 
 
 def test_disconnect_stops_generation_within_one_round(service):

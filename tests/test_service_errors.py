@@ -81,6 +81,8 @@ BAD_REQUESTS = {
                            400, "invalid_request"),
     "block_size 0": (chat(block_size=0), 400, "invalid_request"),
     "block_size huge": (chat(block_size=100_000), 400, "invalid_request"),
+    "block_size word": (chat(block_size="fast"), 400, "invalid_request"),
+    "block_size numeric string": (chat(block_size="4"), 400, "invalid_request"),
     "string speculative": (chat(speculative="yes"), 400, "invalid_request"),
     # model names
     "unknown model": (chat(model="gpt-4o"), 404, "model_not_found"),

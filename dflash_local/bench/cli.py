@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.errors import DFlashError
+from dflash_local.events import block_size_arg
 
 
 def add_parser(subparsers) -> None:
@@ -42,16 +43,7 @@ def add_parser(subparsers) -> None:
 
 
 def block_sizes(text: str) -> tuple[int | str, ...]:
-    values: list[int | str] = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if part == "auto":
-            values.append("auto")
-        elif part.isdigit() and int(part) >= 1:
-            values.append(int(part))
-        else:
-            raise argparse.ArgumentTypeError(f"block size must be an integer >= 1 or 'auto', got {part!r}")
-    return tuple(dict.fromkeys(values))
+    return tuple(dict.fromkeys(block_size_arg(part.strip().lower()) for part in text.split(",")))
 
 
 def run(args: argparse.Namespace) -> int:

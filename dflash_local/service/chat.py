@@ -59,10 +59,13 @@ def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabili
 
 
 def effective_block_size(loaded: LoadedPair, params: GenerationParams) -> int:
+    """The widest block a round may draft (with "auto", rounds choose up to the drafter's B)."""
     drafter_block = loaded.engine.pair.block_size
     if not params.speculative or loaded.engine.pair.drafter is None:
         return 1
-    return min(params.block_size or drafter_block, drafter_block)
+    if params.block_size in (None, "auto"):
+        return drafter_block
+    return min(params.block_size, drafter_block)
 
 
 async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):
@@ -141,7 +144,8 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
 def _usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
     params = job.request.params
     return responses.usage(finished.stats, loaded.engine.pair.engine,
-                           effective_block_size(loaded, params), params.speculative)
+                           effective_block_size(loaded, params), params.speculative,
+                           auto=params.block_size == "auto" and params.speculative)
 
 
 async def _next(job: Job, watcher: asyncio.Task):

@@ -6,11 +6,14 @@ Imports nothing heavy at module scope, so `dflash-local --help` stays fast.
 from __future__ import annotations
 
 import argparse
+
+from dflash_local.events import block_size_arg
 import ipaddress
 import os
 import sys
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
+SERVED = ("openai", "vllm", "sglang")  # engines whose server tokenizes and decodes
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -18,10 +21,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve a pair over an OpenAI-compatible HTTP API (plus DFlash extensions)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
-    serve.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    serve.add_argument("--engine", choices=["auto", "transformers", "mlx", *SERVED], default="auto",
+                       help="openai: relay a running server (--base-url); vllm/sglang: start one")
+    serve.add_argument("--base-url", metavar="URL", help="--engine openai: the server's /v1 URL")
+    serve.add_argument("--plain-base-url", metavar="URL",
+                       help="--engine openai: a plain server of the same target (speculation off, races)")
+    serve.add_argument("--plain-twin", action="store_true",
+                       help="--engine vllm/sglang: also start a plain server (speculation off, races)")
+    serve.add_argument("--remote-api-key", metavar="KEY", help="the remote server's API key")
     serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
     serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
     serve.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
+    serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
+                       help="default block size for requests (default: the catalog's for the pair)")
     serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
@@ -42,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pair and args.target:
         raise InvalidRequestError("give --pair or --target, not both")
+    if (args.engine == "openai") != bool(args.base_url):
+        raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not args.api_key and not _is_loopback(args.host):
@@ -52,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
-                         load_options={"dtype": args.dtype})
+                         load_options=_load_options(args))
     if not args.no_load:
         _initial_load(state, args)
     sock = bind(args.host, args.port)
@@ -67,19 +81,31 @@ def _initial_load(state, args: argparse.Namespace) -> None:
     from dflash_local.hub import resolve_model
     from dflash_local.service.state import pick_engine
 
+    if args.engine == "openai":
+        state.load("openai", args.base_url, None, served_name=args.base_url,
+                   block_size=args.block_size)
+        return
     if args.target:  # the local user's own names: paths and repo ids (downloaded if needed)
         target = resolve_model(args.target)
         drafter = resolve_model(args.drafter) if args.drafter else None
-        state.load(pick_engine(args.engine), target, drafter,
+        state.load(pick_engine(args.engine), target, drafter, block_size=args.block_size,
                    served_name=os.path.basename(args.target.rstrip("/")) or args.target)
         return
     try:
-        state.load_pair(args.pair or "embedded", args.engine)
+        state.load_pair(args.pair or "embedded", args.engine, args.block_size)
     except Exception as exc:
         if args.pair:
             raise
         print(f"warning: the embedded pair could not be loaded ({exc}); serving with no pair "
               f"loaded: POST /dflash/load", file=sys.stderr)
+
+
+def _load_options(args: argparse.Namespace) -> dict:
+    if args.engine == "openai":
+        return {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
+    if args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
+        return {"dtype": args.dtype, "plain_twin": args.plain_twin}
+    return {"dtype": args.dtype}
 
 
 def _is_loopback(host: str) -> bool:

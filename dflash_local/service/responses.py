@@ -32,7 +32,8 @@ def accepted_histogram(stats: GenerationStats) -> list[int]:
     return histogram
 
 
-def usage(stats: GenerationStats, engine: str, block_size: int, speculative: bool) -> dict:
+def usage(stats: GenerationStats, engine: str, block_size: int, speculative: bool,
+          auto: bool = False) -> dict:
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
@@ -50,6 +51,7 @@ def usage(stats: GenerationStats, engine: str, block_size: int, speculative: boo
             "engine": engine,
             "block_size": block_size,
             "speculative": speculative,
+            "block_policy": "auto" if auto else "fixed",  # auto: block_size is the widest allowed
         },
     }
 

@@ -7,12 +7,14 @@ built in responses.py: they are ours to shape, and dicts stream fastest.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
+# a fixed width, or "auto": the calibrated policy picks each round's width (1 = plain fallback)
+BlockSize = Annotated[int, Field(ge=1, le=256)] | Literal["auto"]
 
 
 class StrictModel(BaseModel):
@@ -55,7 +57,7 @@ class ChatCompletionRequest(StrictModel):
     thinking: bool | None = None
     # DFlash extensions
     speculative: bool | None = None
-    block_size: int | None = Field(None, ge=1, le=256)
+    block_size: BlockSize | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
@@ -95,7 +97,7 @@ class LoadRequest(StrictModel):
     engine: str | None = Field(None, min_length=1, max_length=40)
     target: str | None = Field(None, min_length=1, max_length=200)
     drafter: str | None = Field(None, min_length=1, max_length=200)
-    block_size: int | None = Field(None, ge=1, le=256)  # default block size for requests
+    block_size: BlockSize | None = None  # default block size for requests
 
     @model_validator(mode="after")
     def _one_form(self) -> LoadRequest:

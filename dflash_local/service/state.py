@@ -57,7 +57,7 @@ class LoadedPair:
     engine: Engine
     worker: GenerationWorker
     pair_id: str | None = None
-    default_block_size: int | None = None
+    default_block_size: int | str | None = None  # "auto": calibrated per round
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -124,7 +124,7 @@ class ServiceState:
     # --- blocking: the app calls these in a thread ---
 
     def load_pair(self, pair_id: str, engine: str | None = None,
-                  block_size: int | None = None) -> LoadedPair:
+                  block_size: int | str | None = None) -> LoadedPair:
         pair = self.catalog.get(pair_id)
         self._ensure_idle()  # before any slow preparation (the embedded import)
         engine = pick_engine(engine, pair.engines)
@@ -151,7 +151,7 @@ class ServiceState:
             return None, f"{exc}: decoding without speculation"
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
-                   block_size: int | None = None) -> LoadedPair:
+                   block_size: int | str | None = None) -> LoadedPair:
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -168,7 +168,7 @@ class ServiceState:
         return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size)
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
-             served_name: str, pair_id: str | None = None, block_size: int | None = None,
+             served_name: str, pair_id: str | None = None, block_size: int | str | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None) -> LoadedPair:
         """Unload the current pair and load this one (local paths are trusted: CLI and internal)."""
         if not self._load_lock.acquire(blocking=False):

@@ -208,15 +208,13 @@ class GenerationWorker:
             job.put(Failed(GenerationCancelled("the generation was cancelled")))
         else:
             job.outcome = "finished"
-            job.put(Finished(stats))
+            job.put(Finished(self._with_server_totals(stats)))
 
     def _generate(self, job: Job) -> GenerationStats | None:
         request = job.request
-        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
-        params = self._fit_max_tokens(request, len(prompt_ids))
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
-        stream = self.engine.stream(prompt_ids, params)
+        stream = self._open_stream(request)
         try:
             for event in stream:
                 stats.add(event)
@@ -236,6 +234,19 @@ class GenerationWorker:
         finally:
             stream.close()  # stops the engine's loop; its per-generation state is dropped
         return stats
+
+    def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
+        """A served engine learns the prompt's length only from the server's final usage."""
+        served = getattr(self.engine, "last_stats", None)
+        if not self.engine.tokenizes and served is not None and not stats.prompt_tokens:
+            stats.prompt_tokens = served.prompt_tokens
+        return stats
+
+    def _open_stream(self, request: JobRequest):
+        if not self.engine.tokenizes:  # a served engine: its server templates and caps max_tokens
+            return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
+        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
+        return self.engine.stream(prompt_ids, self._fit_max_tokens(request, len(prompt_ids)))
 
     def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
         room = self.engine.capabilities.max_context - prompt_len

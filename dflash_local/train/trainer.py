@@ -36,6 +36,7 @@ class TrainSettings:
     train_minutes: float = 40.0
     checkpoint_every: int = 100
     seed: int = 0
+    bf16: bool = False  # autocast the drafter's matmuls (and the shared head) to bfloat16
 
 
 def load_sequences(data_dir: Path) -> list[dict]:
@@ -116,7 +117,8 @@ def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings
             bar.total = state["total"]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(state["step"], state["total"] or 1000, settings)
-        loss, metrics = batch_loss(drafter, batch)
+        with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16, enabled=settings.bf16):
+            loss, metrics = batch_loss(drafter, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
