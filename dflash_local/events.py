@@ -54,6 +54,7 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     block_size: int = 1  # width used this round (1 = plain step)
+    accepted_chars: int = 0  # how much of `text` (from its start) the drafter's accepted tokens made
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" (block_policy.py)
     finish_reason: str | None = None  # "stop" | "length" on the last event
 

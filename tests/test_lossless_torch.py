@@ -165,3 +165,17 @@ def test_taps_are_hidden_states_shifted_by_one(engine):
             handle.remove()
     expected = torch.cat([out.hidden_states[i + 1] for i in (0, 2, layers - 1)], dim=-1)
     torch.testing.assert_close(taps, expected, rtol=0, atol=0)
+
+
+def test_accepted_characters_are_the_text_of_the_accepted_drafts(engine, monkeypatch):
+    """Each event says how much of its text the accepted drafts made (for exact colouring):
+    the text of every round's accepted tokens, decoded in stream order."""
+    k = 2
+    _, events, _ = scripted_stats(engine, monkeypatch, right=k, block_size=8, max_tokens=25)
+    assert "".join(e.text for e in events) == engine.decode([t for e in events for t in e.token_ids])
+    for event in events[1:]:
+        assert 0 <= event.accepted_chars <= len(event.text)
+        bonus, drafts = engine.decode(event.token_ids[k:]), engine.decode(event.token_ids[:k])
+        if "\ufffd" not in bonus + drafts:  # a split UTF-8 character waits for its next token
+            assert event.text[event.accepted_chars:] == bonus  # what follows is the bonus token's
+    assert sum(event.accepted_chars > 0 for event in events[1:]) >= 4

@@ -174,3 +174,26 @@ def test_the_app_imports_no_model_code():
     imported = subprocess.run([sys.executable, "-c", only_app], capture_output=True, text=True,
                               check=True).stdout
     assert json.loads(imported.replace("'", '"')) == []  # paths is imported when the app starts
+
+
+def test_exact_accepted_characters_win_over_the_estimate():
+    from dflash_chat.widgets.message import accepted_text
+
+    # a round of 3 committed tokens, 2 of them drafted, whose drafts made 5 of its 6 characters
+    text = accepted_text("HelloX", [[6, 2, 3, 5]])
+    green = [text.plain[s.start:s.end] for s in text.spans if "green" in str(s.style)]
+    assert green == ["Hello"]
+
+
+def test_plain_fallback_rounds_are_counted_and_shown():
+    from dflash_chat.protocol import StreamChunk
+    from dflash_chat.stats import LiveStats
+    from dflash_chat.widgets.speed_panel import speculation_text
+
+    stats = LiveStats(speculative=True)
+    stats.add(StreamChunk("a", token_ids=(1,), round=0))
+    stats.add(StreamChunk("bc", token_ids=(2, 3), drafted=3, accepted=1, round=1, block_size=4))
+    stats.add(StreamChunk("d", token_ids=(4,), round=2, block_size=1, mode="plain-fallback"))
+    snap = stats.snapshot()
+    assert (snap.plain_rounds, snap.rounds, snap.mode) == (1, 2, "plain-fallback")
+    assert "plain fallback 1/2 rounds" in speculation_text(snap).plain

@@ -95,7 +95,10 @@ class LocalEngine(Engine):
         runner = self.make_runner(collect_taps=drafter is not None)
         detokenizer = StreamDetokenizer(self.tokenizer)
         for event in speculative.generate(runner, drafter, prompt_ids, params, policy):
-            yield replace(event, text=detokenizer.add(event.token_ids))
+            # the accepted drafts first, apart, so a client can colour exactly what they wrote
+            drafted_text = detokenizer.add(event.token_ids[: event.accepted]) if event.accepted else ""
+            rest = detokenizer.add(event.token_ids[event.accepted :])
+            yield replace(event, text=drafted_text + rest, accepted_chars=len(drafted_text))
 
 
 def _eos_ids(tokenizer) -> list[int]:

@@ -383,6 +383,7 @@ class EventBuilder:
             elapsed_s=now - self.first_at, prefill_s=self.first_at - self.started,
             prompt_tokens=int(usage.get("prompt_tokens") or (step or {}).get("prompt_tokens") or 0),
             block_size=step["block_size"] if step else self.block_size, finish_reason=finish,
+            accepted_chars=int((step or {}).get("accepted_chars") or 0),
             mode=(step or {}).get("mode") or ("speculative" if self.speculative else "plain"))
 
     def _usage_tokens(self, usage: dict) -> int:

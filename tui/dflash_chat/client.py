@@ -115,7 +115,8 @@ def _chunk(choice: dict, dflash: dict) -> StreamChunk:
         text=(choice.get("delta") or {}).get("content") or "",
         token_ids=tuple(dflash.get("token_ids", ())), drafted=dflash.get("drafted", 0),
         accepted=dflash.get("accepted", 0), round=dflash.get("round", 0),
-        block_size=dflash.get("block_size", 1), finish_reason=choice.get("finish_reason"))
+        block_size=dflash.get("block_size", 1), finish_reason=choice.get("finish_reason"),
+        accepted_chars=dflash.get("accepted_chars"), mode=dflash.get("mode", "speculative"))
 
 
 def _http_error(status: int, body: str) -> ServiceError:

@@ -31,6 +31,8 @@ class StreamChunk:
     round: int = 0  # 0 = the prefill's token
     block_size: int = 1
     finish_reason: str | None = None
+    accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
+    mode: str = "speculative"  # "plain-fallback" when the block policy chose plain decoding
     received_at: float = field(default_factory=time.monotonic)
 
 

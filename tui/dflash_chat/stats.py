@@ -33,6 +33,8 @@ class SpeedSnapshot:
     block_size: int = 1
     engine: str = ""
     final: bool = False
+    plain_rounds: int = 0  # rounds the auto block policy ran plainly (speculation was losing)
+    mode: str = "speculative"  # the latest round's
 
     @property
     def acceptance(self) -> float:
@@ -48,6 +50,8 @@ class LiveStats:
     accepted: int = 0
     committed_in_rounds: int = 0
     block_size: int = 1
+    mode: str = "speculative"
+    plain_rounds: int = 0
     first_token_at: float | None = None
     last_at: float | None = None
     per_round: Counter = field(default_factory=Counter)
@@ -64,6 +68,8 @@ class LiveStats:
         self.token_ids.extend(chunk.token_ids)
         self.block_size = chunk.block_size
         if chunk.round > 0:
+            self.mode = chunk.mode
+            self.plain_rounds += self.speculative and chunk.block_size == 1
             self.rounds += 1
             self.drafted += chunk.drafted
             self.accepted += chunk.accepted
@@ -101,12 +107,14 @@ class LiveStats:
                 rounds=final.get("rounds", self.rounds), drafted=final.get("drafted", 0),
                 accepted=final.get("accepted", 0), per_round=per_round,
                 prefill_s=final.get("prefill_s"), block_size=final.get("block_size", 1),
-                engine=final.get("engine", ""), final=True)
+                engine=final.get("engine", ""), final=True, plain_rounds=self.plain_rounds,
+                mode=self.mode)
         return SpeedSnapshot(
             speculative=self.speculative, tokens=self.tokens, tokens_per_s_now=self._rate_now(),
             tokens_per_s=self._rate_overall(), samples=tuple(self._samples), tau=self.tau,
             rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
-            per_round=tuple(sorted(self.per_round.items())), block_size=self.block_size)
+            per_round=tuple(sorted(self.per_round.items())), block_size=self.block_size,
+            plain_rounds=self.plain_rounds, mode=self.mode)
 
     @property
     def tau(self) -> float:

@@ -27,13 +27,17 @@ CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
 
 def accepted_text(text: str, rounds: list[list[int]]) -> Text:
-    """`text` with the drafter's tokens styled; rounds are [chars, accepted, committed]."""
+    """`text` with the drafter's tokens styled; rounds are [chars, accepted, committed] plus,
+    from services that say it, the exact count of characters the accepted drafts made."""
     styled = Text()
     position = 0
-    for chars, accepted, committed in rounds:
+    for chars, accepted, committed, *exact in rounds:
         piece = text[position:position + chars]
         position += chars
-        split = round(len(piece) * accepted / committed) if committed else 0
+        if exact and exact[0] is not None:
+            split = min(exact[0], len(piece))
+        else:  # an older record or another server: share the round's characters by tokens
+            split = round(len(piece) * accepted / committed) if committed else 0
         styled.append(piece[:split], style=DRAFT_STYLE)
         styled.append(piece[split:])
     styled.append(text[position:])

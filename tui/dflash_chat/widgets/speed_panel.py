@@ -48,6 +48,9 @@ def speculation_text(snap: SpeedSnapshot) -> Text:
         return text
     text.append("speculative", style="bold green")
     text.append(f"  B={snap.block_size}\n")
+    if snap.plain_rounds:  # the auto block policy fell back to plain decoding for these
+        style = "bold yellow" if snap.mode != "speculative" else ""
+        text.append(f"plain fallback {snap.plain_rounds}/{snap.rounds} rounds\n", style=style)
     text.append("tau ")
     text.append(f"{snap.tau:.2f}", style="bold")
     text.append(f" per round ({snap.rounds} rounds)\n")
