@@ -179,3 +179,17 @@ def test_accepted_characters_are_the_text_of_the_accepted_drafts(engine, monkeyp
         if "\ufffd" not in bonus + drafts:  # a split UTF-8 character waits for its next token
             assert event.text[event.accepted_chars:] == bonus  # what follows is the bonus token's
     assert sum(event.accepted_chars > 0 for event in events[1:]) >= 4
+
+
+def test_the_cpu_float32_head_is_weight_first_and_computes_the_same_logits(engine):
+    import torch
+    import torch.nn.functional as F
+
+    from dflash_local.engines.torch_engine import WeightFirstHead
+
+    head = engine.model.get_output_embeddings()
+    assert isinstance(head, WeightFirstHead)
+    assert head.weight is engine.model.get_input_embeddings().weight or not engine.model.config.tie_word_embeddings
+    rows = torch.randn(1, 5, head.weight.shape[1])
+    torch.testing.assert_close(head(rows), F.linear(rows, head.weight), rtol=1e-5, atol=1e-5)
+    assert engine.drafter._borrowed[1] is head  # the drafter's logits go through it too

@@ -69,6 +69,38 @@ class TapCollector:
         return taps
 
 
+class WeightFirstHead(torch.nn.Module):
+    """The target's LM head computed as weight @ rows.T on CPU float32.
+
+    With a few rows (a verify block, a draft block) MKL's fp32 GEMM repacks the whole
+    vocab x hidden weight on every call; weight-first streams it once, as a 1-row GEMV does.
+    Measured on the embedded target (2 cores): verify(2) 1.8-2.0x -> 1.3x a 1-token step,
+    verify(8) 2.0-2.2x -> 1.6x. The weight stays the original (tied) tensor.
+    """
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.inner = head
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        logits = torch.matmul(self.inner.weight, rows.T).T
+        if self.inner.bias is not None:
+            logits = logits + self.inner.bias
+        return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
+
+
+def use_weight_first_head(model) -> None:
+    head = model.get_output_embeddings()
+    if (isinstance(head, torch.nn.Linear) and head.weight.device.type == "cpu"
+            and head.weight.dtype == torch.float32):
+        model.set_output_embeddings(WeightFirstHead(head))
+
+
 class TorchTargetRunner:
     """The `speculative.TargetRunner` interface for one generation."""
 
@@ -120,7 +152,9 @@ def _load_target(target_path: Path, dtype: torch.dtype, device: str):
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot load target from {target_path}: {first_line}") from None
-    return tokenizer, model.to(device).eval()
+    model = model.to(device).eval()
+    use_weight_first_head(model)
+    return tokenizer, model
 
 
 class TorchEngine(LocalEngine):
