@@ -21,6 +21,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--regen-minutes", type=float, default=35.0)
     parser.add_argument("--train-minutes", type=float, default=40.0)
     parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes)")
+    parser.add_argument("--kind", choices=["dflash", "ar"], default="dflash",
+                        help="ar: an autoregressive draft model from the same data (the bench peer)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--taps", help="comma-separated target layer ids (default: z-lab's rule)")
@@ -85,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
     regen_minutes = (time.perf_counter() - started) / 60
     sequences = load_sequences(data_dir)
+    if args.kind == "ar":
+        return _train_ar(args, target, tokenizer, sequences, started)
     config = drafter_config_for(target.config, args.layers, args.block_size, taps, mask_id)
     drafter = DFlashDrafter(config).to(args.device)
     drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
@@ -103,6 +107,22 @@ def run(args: argparse.Namespace) -> int:
         "regen_minutes": round(regen_minutes, 1),
         "total_minutes": round((time.perf_counter() - started) / 60, 1),
     })
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["held_out"]))
+    return 0
+
+
+def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: float) -> int:
+    from dflash_local.train.ar_draft import ar_draft_from_target, train_ar_draft
+    from dflash_local.train.trainer import TrainSettings
+
+    draft = ar_draft_from_target(target, args.layers).to(args.device)
+    settings = TrainSettings(steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
+                             lr=args.lr or TrainSettings.lr, bf16=args.bf16)
+    report = train_ar_draft(draft, sequences, args.out, settings)
+    tokenizer.save_pretrained(args.out)
+    report.update({"kind": "ar", "target": str(args.target), "sequences": len(sequences),
+                   "total_minutes": round((time.perf_counter() - started) / 60, 1)})
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["held_out"]))
     return 0

@@ -124,8 +124,9 @@ def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         state["step"] += 1
-        state["history"].append({"step": state["step"], "loss": float(loss), **metrics})
-        bar.set_postfix(loss=f"{float(loss):.3f}", tau=f"{metrics['tau']:.2f}")
+        loss_value = float(loss.detach())
+        state["history"].append({"step": state["step"], "loss": loss_value, **metrics})
+        bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{metrics['tau']:.2f}")
         bar.update(1)
         if state["step"] % settings.checkpoint_every == 0:
             _checkpoint(drafter, optimizer, state, rng, checkpoint_path, out_dir)

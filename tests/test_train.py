@@ -1,0 +1,169 @@
+"""The training recipe, on tiny random-weight targets: one command end to end (regenerate, train,
+a z-lab-format directory the engines load), resume after a kill, the block-sparse batches, the
+clear refusals (no corpus, no MASK row), and the autoregressive draft peer."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_tiny import collect
+from tiny_models import make_target
+
+from dflash_local.cli import main
+from dflash_local.errors import DFlashError
+from dflash_local.events import GenerationParams
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return make_target(tmp_path_factory.mktemp("train") / "target", layers=4, hidden=64)
+
+
+def test_one_command_makes_a_drafter_the_engine_loads_and_runs_losslessly(target, tmp_path):
+    from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    out = tmp_path / "drafter"
+    code = main(["train", "--target", str(target), "--out", str(out), "--data", str(tmp_path / "data"),
+                 "--prompts-limit", "20", "--max-new-tokens", "12", "--batch-size", "16",
+                 "--regen-minutes", "2", "--steps", "6", "--layers", "1", "--block-size", "4"])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"]["mask_token_id"] == 3  # <|mask|>, found among the specials
+    assert check_compatible(load_drafter_config(out), load_target_info(target)) == []
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps"] == 6 and report["regenerated_tokens"] > 0
+    assert set(report["held_out"]) == {"loss", "acc1", "tau"} and report["held_out"]["tau"] >= 1.0
+
+    engine = TorchEngine(target, out)
+    prompt = engine.encode_chat([{"role": "user", "content": "Hello there"}])
+    spec, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, block_size=4)))
+    plain, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, speculative=False)))
+    assert spec == plain
+
+
+def synthetic_sequences(count: int, hidden_in: int, seed: int = 0) -> list[dict]:
+    rng = torch.Generator().manual_seed(seed)
+    sequences = []
+    for _ in range(count):
+        length = int(torch.randint(20, 40, (1,), generator=rng))
+        tokens = torch.randint(10, 200, (length,), generator=rng, dtype=torch.int32)
+        sequences.append({"tokens": tokens, "prompt_len": 8,
+                          "taps": torch.randn(length - 1, hidden_in, generator=rng)})
+    return sequences
+
+
+def tiny_drafter(target: Path):
+    from transformers import AutoModelForCausalLM
+
+    from dflash_local.drafter.model_torch import DFlashDrafter
+    from dflash_local.train.trainer import drafter_config_for
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_config_for(model.config, 1, 4, (1, 2), mask_token_id=3))
+    drafter.bind(model.get_input_embeddings(), model.get_output_embeddings())
+    return drafter, model
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(target, tmp_path, monkeypatch):
+    from dflash_local.train.trainer import TrainSettings, train
+
+    settings = TrainSettings(block_size=4, gamma=2.0, anchors_per_seq=2, seqs_per_step=2,
+                             steps=6, checkpoint_every=2)
+    sequences = synthetic_sequences(20, 2 * 64)
+    out = tmp_path / "drafter"
+
+    uninterrupted, _ = tiny_drafter(target)
+    full = train(uninterrupted, sequences, tmp_path / "reference", settings)
+
+    killed, _ = tiny_drafter(target)
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def dies_at_the_fifth_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dies_at_the_fifth_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(killed, sequences, out, settings)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    saved = torch.load(out.parent / "drafter.checkpoint.pt", weights_only=False)
+    assert saved["state"]["step"] == 4  # the last checkpoint before the kill
+
+    resumed, _ = tiny_drafter(target)  # a fresh process: fresh weights, then the checkpoint
+    report = train(resumed, sequences, out, settings)
+    assert report["steps"] == 6
+    losses = [round(h["loss"], 4) for h in report["history_tail"]]
+    assert losses == [round(h["loss"], 4) for h in full["history_tail"]]  # as if never killed
+
+
+def test_blocks_see_only_context_before_their_anchor_and_their_own_block():
+    from dflash_local.train.batches import make_batch, position_weights
+
+    sequence = {"tokens": torch.arange(100, 130, dtype=torch.int32), "prompt_len": 5,
+                "taps": torch.randn(29, 8)}
+    batch = make_batch([sequence], anchors_per_seq=3, block_size=4, mask_token_id=7, gamma=2.0,
+                       rng=random.Random(0))
+    context = batch.taps.shape[1]
+    for block in range(3):
+        rows = slice(4 * block, 4 * block + 4)
+        anchor = int(batch.block_pos[0, rows.start])
+        assert int(batch.block_ids[0, rows.start]) == 100 + anchor
+        assert batch.block_ids[0, rows.start + 1 : rows.stop].eq(7).all()  # MASKs after the anchor
+        seen = batch.mask[0, 0, rows]
+        assert seen[:, :anchor].all() and not seen[:, anchor:context].any()  # strictly before
+        own = torch.zeros(12, dtype=torch.bool)
+        own[rows] = True
+        assert (seen[:, context:] == own).all()  # its own block (both ways), no other block
+        # labels are the next tokens; past the sequence's end there is nothing to learn
+        assert batch.labels[0, rows].tolist() == [100 + anchor + k if anchor + k < 30 else -100
+                                                  for k in range(4)]
+    assert torch.allclose(batch.weights[0, :4], position_weights(4, 2.0))
+    assert batch.weights[0, 0] == 0  # the anchor itself is given, not learned
+
+
+def test_no_corpus_and_no_mask_row_are_clear_errors(tmp_path, embedded_target_dir):
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from dflash_local.train.cli import choose_mask_token
+    from dflash_local.train.trainer import load_sequences
+
+    with pytest.raises(DFlashError, match="no regenerated data"):
+        load_sequences(tmp_path)
+    plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, "a")))
+    with pytest.raises(DFlashError, match="no usable MASK row.*--mask-token"):
+        choose_mask_token(plain, None)
+    with pytest.raises(DFlashError, match="not a token"):
+        choose_mask_token(plain, "<mask>")
+    # SmolLM2 has no MASK token: the recipe takes <empty_output>, a special token its
+    # instruct data never emits, so its row is free to learn "unknown yet"
+    smollm2 = AutoTokenizer.from_pretrained(embedded_target_dir)
+    assert choose_mask_token(smollm2, None) == smollm2.convert_tokens_to_ids("<empty_output>")
+
+
+def test_the_ar_draft_peer_shares_the_targets_tables_and_loads_as_a_causal_lm(target, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dflash_local.train.ar_draft import ar_draft_from_target, train_ar_draft
+    from dflash_local.train.trainer import TrainSettings
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    draft = ar_draft_from_target(model, layers=2)
+    embeddings = draft.model.embed_tokens.weight.clone()
+    report = train_ar_draft(draft, synthetic_sequences(20, 8), tmp_path / "ar",
+                            TrainSettings(steps=3, lr=1e-3), batch_seqs=4)
+    assert report["steps"] == 3
+    assert torch.equal(draft.model.embed_tokens.weight, embeddings)  # frozen
+    assert torch.equal(embeddings, model.model.embed_tokens.weight)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ar")
+    assert loaded.config.num_hidden_layers == 2 and loaded.config.vocab_size == model.config.vocab_size
