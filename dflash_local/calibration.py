@@ -30,7 +30,7 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.events import GenerationParams
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: the weight-first LM head changed torch verify costs
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "

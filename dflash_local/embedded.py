@@ -333,8 +333,9 @@ def _chat_stop_ids(tokenizer: Any) -> list[int]:
     return stop_ids
 
 
-def _patch_saved_configs(out_dir: Path) -> None:
-    config_path = out_dir / "config.json"
+def make_config_portable(model_dir: Path) -> dict:
+    """Rewrite a transformers-5-saved config.json so mlx_lm reads it the same way."""
+    config_path = model_dir / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("_model_name_or_path", None)
     # transformers 5 writes only `rope_parameters`; mlx_lm's llama reads `rope_theta` and would
@@ -343,6 +344,11 @@ def _patch_saved_configs(out_dir: Path) -> None:
     if "rope_theta" in rope and rope.get("rope_type", "default") == "default":
         config["rope_theta"] = rope["rope_theta"]
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
+def _patch_saved_configs(out_dir: Path) -> None:
+    config = make_config_portable(out_dir)
 
     tokenizer_path = out_dir / "tokenizer_config.json"
     tokenizer_config = json.loads(tokenizer_path.read_text())

@@ -167,3 +167,19 @@ def test_the_ar_draft_peer_shares_the_targets_tables_and_loads_as_a_causal_lm(ta
     assert torch.equal(embeddings, model.model.embed_tokens.weight)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ar")
     assert loaded.config.num_hidden_layers == 2 and loaded.config.vocab_size == model.config.vocab_size
+
+
+def test_the_ar_draft_command_writes_a_directory_mlx_lm_reads(target, tmp_path):
+    pytest.importorskip("mlx_lm")  # mlx[cpu] is a dependency on Linux: present in CI
+    from mlx_lm import load
+
+    data = tmp_path / "data"
+    data.mkdir()
+    torch.save(synthetic_sequences(24, 8), data / "regen-00000.pt")
+    out = tmp_path / "ar"
+    assert main(["train", "--kind", "ar", "--target", str(target), "--out", str(out), "--data",
+                 str(data), "--regen-minutes", "0", "--steps", "2", "--layers", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and "rope_theta" in config
+    model, tokenizer = load(str(out))
+    assert tokenizer.vocab_size == config["vocab_size"] and len(model.layers) == 1

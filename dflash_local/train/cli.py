@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: float) -> int:
+    from dflash_local.embedded import make_config_portable
     from dflash_local.train.ar_draft import ar_draft_from_target, train_ar_draft
     from dflash_local.train.trainer import TrainSettings
 
@@ -121,6 +122,7 @@ def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: f
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
     report = train_ar_draft(draft, sequences, args.out, settings)
     tokenizer.save_pretrained(args.out)
+    make_config_portable(args.out)  # mlx-lm's draft-model peer loads it too
     report.update({"kind": "ar", "target": str(args.target), "sequences": len(sequences),
                    "total_minutes": round((time.perf_counter() - started) / 60, 1)})
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
