@@ -17,6 +17,7 @@ from dflash_local import paths
 from dflash_local.bench import cli as bench_cli
 from dflash_local.errors import DFlashError, ModelNotFoundError
 from dflash_local.events import GenerationParams, GenerationStats, block_size_arg
+from dflash_local.precision import DTYPE_CHOICES
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
 
@@ -64,7 +65,8 @@ def _add_generate(commands) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
     gen.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = no cut")
     gen.add_argument("--seed", type=int, metavar="S")
-    gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                     help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     gen.add_argument("--no-speculative", action="store_true", help="plain decoding (block size 1)")
     gen.add_argument("--no-thinking", action="store_true", help="chat template with thinking off")
     gen.add_argument("--raw", action="store_true", help="tokenize PROMPT as is, no chat template")

@@ -9,6 +9,7 @@ from pathlib import Path
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.errors import DFlashError
 from dflash_local.events import block_size_arg
+from dflash_local.precision import DTYPE_CHOICES
 
 
 def add_parser(subparsers) -> None:
@@ -34,7 +35,8 @@ def add_parser(subparsers) -> None:
                              "(transformers engine) or mlx-lm generate / draft model (mlx)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                        help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure the block-width costs again instead of using the cache")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_local import blas
+from dflash_local.precision import resolve_dtype
 
 blas.preload_fast_blas()  # must precede the first `import mlx.core` in the process
 
@@ -166,8 +167,9 @@ class MLXEngine(LocalEngine):
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32",
                  draft_window: int | None = None):
+        dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, model_dir=target_path)
         if dtype not in DTYPES:
-            raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+            raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
         raw_config = _read_config(target_path)

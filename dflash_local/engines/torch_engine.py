@@ -21,6 +21,7 @@ from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import EngineCapabilities
+from dflash_local.precision import resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -163,6 +164,9 @@ class TorchEngine(LocalEngine):
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
                  draft_window: int | None = None):
+        dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
+        if dtype not in DTYPES:
+            raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
         torch_dtype = DTYPES[dtype]
         drafter_config = load_drafter_config(drafter_path) if drafter_path else None
         if drafter_config is not None:

@@ -6,11 +6,12 @@ Imports nothing heavy at module scope, so `dflash-local --help` stays fast.
 from __future__ import annotations
 
 import argparse
-
-from dflash_local.events import block_size_arg
 import ipaddress
 import os
 import sys
+
+from dflash_local.events import block_size_arg
+from dflash_local.precision import DTYPE_CHOICES
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
 SERVED = ("openai", "vllm", "sglang")  # engines whose server tokenizes and decodes
@@ -34,7 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
     serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
                        help="default block size for requests (default: the catalog's for the pair)")
-    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                       help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     serve.add_argument("--max-queue", type=int, default=8, metavar="N",

@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.train.prompts import all_prompts, split_prompts
     from dflash_local.train.regenerate import regenerate
     from dflash_local.train.trainer import (
-        TrainSettings, drafter_config_for, init_from_target, load_sequences, train,
+        TrainSettings,
+        drafter_config_for,
+        init_from_target,
+        load_sequences,
+        train,
     )
 
     torch.manual_seed(args.seed)
