@@ -59,6 +59,12 @@ class StepEvent:
     finish_reason: str | None = None  # "stop" | "length" on the last event
 
 
+def decode_rate(completion_tokens: int, decode_s: float) -> float:
+    """Decode tokens/s: the tokens after the prefill's own token, over the decode time."""
+    produced = completion_tokens - 1
+    return produced / decode_s if decode_s > 0 and produced > 0 else 0.0
+
+
 @dataclass
 class GenerationStats:
     """Running totals over a generation's events; τ counts rounds after prefill."""
@@ -93,9 +99,7 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        # tokens after the prefill's own token, over decode time
-        produced = self.completion_tokens - 1
-        return produced / self.decode_s if self.decode_s > 0 and produced > 0 else 0.0
+        return decode_rate(self.completion_tokens, self.decode_s)
 
     @property
     def prefill_tokens_per_s(self) -> float:

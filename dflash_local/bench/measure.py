@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.events import GenerationParams, GenerationStats, decode_rate
 
 
 @dataclass
@@ -30,8 +30,7 @@ class RunFigures:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        produced = self.completion_tokens - 1
-        return produced / self.decode_s if self.decode_s > 0 and produced > 0 else 0.0
+        return decode_rate(self.completion_tokens, self.decode_s)
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -188,12 +188,8 @@ class MLXEngine(LocalEngine):
         self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
         self.draft_window = draft_window
         max_context = load_target_info(target_path).max_position_embeddings or 32768
-        pair = PairInfo(
-            engine=self.name, target=target_name or str(target_path),
-            drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
-            target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
-            dtype=dtype, block_size=drafter_config.block_size if drafter_config else 1,
-        )
+        pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
+                              dtype, drafter_config.block_size if drafter_config else 1)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
             hybrid_targets=True,

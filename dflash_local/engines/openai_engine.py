@@ -36,7 +36,7 @@ from dflash_local.errors import (
     ModelNotFoundError,
     PromptTooLongError,
 )
-from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent
+from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent, decode_rate
 
 SERVER_SIDE_DRAFTER = "(server-side DFlash)"  # pair.drafter when the server speculates unnamed
 OWNERS = {"dflash-local": "dflash-local", "vllm": "vllm", "sglang": "sglang"}  # /v1/models owned_by
@@ -67,8 +67,7 @@ class RemoteStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        produced = self.completion_tokens - 1
-        return produced / self.decode_s if self.decode_s > 0 and produced > 0 else 0.0
+        return decode_rate(self.completion_tokens, self.decode_s)
 
 
 # --- errors ---

@@ -182,12 +182,8 @@ class TorchEngine(LocalEngine):
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
         max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
-        pair = PairInfo(
-            engine=self.name, target=target_name or str(target_path),
-            drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
-            target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
-            dtype=dtype, block_size=drafter_config.block_size if drafter_config else 1,
-        )
+        pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
+                              dtype, drafter_config.block_size if drafter_config else 1)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
         )
