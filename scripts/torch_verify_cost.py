@@ -1,0 +1,92 @@
+"""What a verify pass of width k costs over a 1-token step on the Transformers engine, and
+whether bfloat16 keeps speculative == plain (the figures behind WeightFirstHead and dtype auto).
+
+    .venv/bin/python scripts/torch_verify_cost.py [--dtype float32 bfloat16] [--check-bf16 N]
+
+Target: the imported embedded SmolLM2-135M. For float32 it alternates the engine's weight-first
+head with the plain nn.Linear head (same run), median of 4 repetitions of 6 verify+commit pairs.
+--check-bf16 N: N held-out prompts, 96 tokens, plain vs B = 4 and 16 in bfloat16: identical count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from dflash_local import paths
+from dflash_local.bench.datasets import load_prompts
+from dflash_local.embedded import embedded_target_dir
+from dflash_local.engines.torch_engine import TorchEngine, WeightFirstHead
+from dflash_local.events import GenerationParams
+
+WIDTHS = (1, 2, 4, 8, 16)
+PROMPT = "Explain how a hash table works in detail, with an example in Python."
+
+
+def verify_costs(engine: TorchEngine) -> dict[int, float]:
+    prompt = engine.encode_chat([{"role": "user", "content": PROMPT}])
+    costs = {}
+    for width in WIDTHS:
+        runs = []
+        for _ in range(4):
+            runner = engine.make_runner(False)
+            runner.prefill(prompt)
+            start = time.perf_counter()
+            for _ in range(6):
+                runner.verify([100 + j for j in range(width)])
+                runner.commit(1)
+            runs.append((time.perf_counter() - start) / 6)
+        costs[width] = statistics.median(runs)
+    return costs
+
+
+def report(label: str, costs: dict[int, float]) -> None:
+    print(label, " ".join(f"w{w}={c * 1000:.1f}ms({c / costs[1]:.2f}x)" for w, c in costs.items()),
+          flush=True)
+
+
+def _tokens(engine: TorchEngine, ids: list[int], **params) -> list[int]:
+    events = engine.stream(ids, GenerationParams(max_tokens=96, **params))
+    return [t for e in events for t in e.token_ids]
+
+
+def bf16_identity(count: int) -> None:
+    engine = TorchEngine(embedded_target_dir(), paths.shipped_models_dir() / "smollm2-135m-dflash",
+                         dtype="bfloat16")
+    same = total = 0
+    for prompt in load_prompts("embedded", count):
+        ids = engine.encode_chat([{"role": "user", "content": prompt.turns[0]}])
+
+        plain = _tokens(engine, ids, speculative=False)
+        for block_size in (4, 16):
+            total += 1
+            same += _tokens(engine, ids, block_size=block_size) == plain
+    print(f"bfloat16: speculative identical to plain in {same}/{total} generations")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--check-bf16", type=int, default=0, metavar="N")
+    args = parser.parse_args()
+    for dtype in args.dtype:
+        engine = TorchEngine(embedded_target_dir(), None, dtype=dtype)
+        head = engine.model.get_output_embeddings()
+        if isinstance(head, WeightFirstHead):
+            for _ in range(2):  # alternate: this machine may be shared
+                engine.model.set_output_embeddings(head.inner)
+                report(f"{dtype} nn.Linear head   ", verify_costs(engine))
+                engine.model.set_output_embeddings(head)
+                report(f"{dtype} weight-first head", verify_costs(engine))
+        else:
+            report(dtype, verify_costs(engine))
+    if args.check_bf16:
+        bf16_identity(args.check_bf16)
+
+
+if __name__ == "__main__":
+    main()
