@@ -183,3 +183,53 @@ def test_the_ar_draft_command_writes_a_directory_mlx_lm_reads(target, tmp_path):
     assert config["num_hidden_layers"] == 1 and "rope_theta" in config
     model, tokenizer = load(str(out))
     assert tokenizer.vocab_size == config["vocab_size"] and len(model.layers) == 1
+
+
+def test_regeneration_resumes_by_prompt_and_a_longer_list_only_adds(target, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_local.train.regenerate import regenerate
+    from dflash_local.train.trainer import load_sequences
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = [f"Tell me about the number {n}." for n in range(6)]
+    data = tmp_path / "data"
+    regenerate(model, tokenizer, prompts[:4], (1, 2), data, batch_size=2, max_new_tokens=5, shard_batches=1)
+    first = {p.name: p.stat().st_mtime_ns for p in data.glob("regen-*.pt")}
+    assert len(first) == 2 and len(load_sequences(data)) == 4
+
+    (data / "regen-00001.prompts.json").unlink()  # a shard from before the index: re-indexed
+    regenerate(model, tokenizer, prompts, (1, 2), data, batch_size=2, max_new_tokens=5, shard_batches=1)
+    shards = {p.name: p.stat().st_mtime_ns for p in data.glob("regen-*.pt")}
+    assert {name: shards[name] for name in first} == first  # nothing regenerated twice
+    assert sorted(shards) == ["regen-00000.pt", "regen-00001.pt", "regen-00002.pt"]
+    sequences = load_sequences(data)
+    prompt_ids = [tuple(s["tokens"][: s["prompt_len"]].tolist()) for s in sequences]
+    assert len(sequences) == 6 and len(set(prompt_ids)) == 6
+
+
+def test_prompt_variants_never_carry_a_held_out_docstring_into_training():
+    from dflash_local.train.prompts import (
+        all_prompts,
+        docstring_prompts,
+        is_held_out,
+        split_prompts,
+        training_prompts,
+        variant_prompts,
+    )
+
+    base = training_prompts(limit=400)
+    more = training_prompts(limit=400, variants=2)
+    held_out = split_prompts(all_prompts(limit=400))[1]
+    assert more[: len(base)] == base and len(more) > 2 * len(base) - 200  # adds, keeps the old order
+    assert not set(more) & set(held_out)
+    assert len(more) == len(set(more))
+    # no other framing of a held-out docstring trains
+    from dflash_local.train.prompts import _docstring_groups
+
+    held_groups = [g for g in _docstring_groups(None, 400, 0) if is_held_out(g[0])]
+    assert held_groups  # the split is not empty at this size
+    leaked = {p for g in held_groups for p in g[1:]} & set(variant_prompts(2, limit=400))
+    assert not leaked
+    assert docstring_prompts(limit=400) == [g[0] for g in _docstring_groups(None, 400, 0)]

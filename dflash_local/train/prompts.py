@@ -108,29 +108,42 @@ def stdlib_root() -> Path:
 
 
 def docstring_prompts(root: Path | None = None, limit: int = 20000, seed: int = 0) -> list[str]:
-    """Prompts framed around stdlib docstrings and short function sources."""
+    """Prompts framed around stdlib docstrings and short function sources: one per docstring."""
+    return [group[0] for group in _docstring_groups(root, limit, seed)]
+
+
+def variant_prompts(variants: int, root: Path | None = None, limit: int = 20000, seed: int = 0) -> list[str]:
+    """Up to `variants` more framings of each docstring whose first prompt is a training prompt
+    (a held-out docstring never reaches training in another framing). More data from the same
+    corpus without changing the first prompts, their split, or the benchmark's held-out set."""
+    return [prompt for group in _docstring_groups(root, limit, seed) if not is_held_out(group[0])
+            for prompt in group[1 : 1 + variants]]
+
+
+def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str]]:
+    """Per docstring: its first prompt (a seeded random framing), then the other framings."""
     root = root or stdlib_root()
     files = sorted(p for p in root.glob("*.py")) + sorted(root.glob("*/*.py"))
     if not files:
         raise DFlashError(f"no Python sources under {root}: cannot build the docstring corpus")
     rng = random.Random(seed)
-    prompts = []
+    groups = []
     for path in files:
         if "test" in path.parts[-2:][0] or path.name.startswith("test"):
             continue
-        prompts.extend(_prompts_from_file(path, rng))
-        if len(prompts) >= limit:
+        groups.extend(_groups_from_file(path, rng))
+        if len(groups) >= limit:
             break
-    return prompts[:limit]
+    return groups[:limit]
 
 
-def _prompts_from_file(path: Path, rng: random.Random) -> list[str]:
+def _groups_from_file(path: Path, rng: random.Random) -> list[list[str]]:
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
-    prompts = []
+    groups = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.ClassDef):
             continue
@@ -139,11 +152,16 @@ def _prompts_from_file(path: Path, rng: random.Random) -> list[str]:
             continue
         summary = doc.strip().split("\n")[0].strip()
         code = ast.get_source_segment(source, node) or ""
-        framing = rng.choice(FRAMINGS)
-        if "{code}" in framing and (len(code) > 1200 or not code):
-            framing = FRAMINGS[1]
-        prompts.append(framing.format(code=code, doc=doc[:800], summary=summary))
-    return prompts
+        first = FRAMINGS.index(rng.choice(FRAMINGS))
+        group = []
+        for framing in FRAMINGS[first:] + FRAMINGS[:first]:
+            if "{code}" in framing and (len(code) > 1200 or not code):
+                framing = FRAMINGS[1]
+            prompt = framing.format(code=code, doc=doc[:800], summary=summary)
+            if prompt not in group:
+                group.append(prompt)
+        groups.append(group)
+    return groups
 
 
 def is_held_out(prompt: str, fraction: float = 0.05) -> bool:
@@ -160,3 +178,15 @@ def split_prompts(prompts: list[str]) -> tuple[list[str], list[str]]:
 def all_prompts(limit: int = 20000) -> list[str]:
     """Chat prompts first (each several times would overfit; once is enough), then docstrings."""
     return CHAT_PROMPTS + docstring_prompts(limit=limit)
+
+
+def training_prompts(limit: int = 20000, variants: int = 0) -> list[str]:
+    """The training split, plus `variants` more framings per training docstring, without
+    duplicates and without any prompt that is also a held-out one."""
+    train, held_out = split_prompts(all_prompts(limit=limit))
+    excluded = set(held_out)
+    prompts = dict.fromkeys(train)
+    for prompt in variant_prompts(variants, limit=limit) if variants else []:
+        if prompt not in excluded:
+            prompts.setdefault(prompt)
+    return list(prompts)

@@ -7,12 +7,13 @@ killed run resumes where it stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
+from transformers import StaticCache
 
 from dflash_local.engines.torch_engine import TapCollector
 
@@ -38,15 +39,16 @@ def generate_batch(model, taps: TapCollector, prompts: list[list[int]], eos_ids:
     pads = [width - len(p) for p in prompts]
     input_ids = torch.tensor([[pad_id] * pad + p for pad, p in zip(pads, prompts)])
     mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts)])
-    cache = DynamicCache(config=model.config)
+    # preallocated: a growing cache spent more time concatenating than the model computing
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     taps.enabled = True
     logits = model(input_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                   use_cache=True, logits_to_keep=1).logits
+                   cache_position=torch.arange(width), use_cache=True, logits_to_keep=1).logits
     tap_steps = [taps.take()]
     generated = []
     done = torch.zeros(batch, dtype=torch.bool)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         next_ids = logits[:, -1].argmax(-1)
         next_ids = torch.where(done, torch.full_like(next_ids, pad_id), next_ids)
         generated.append(next_ids)
@@ -57,7 +59,7 @@ def generate_batch(model, taps: TapCollector, prompts: list[list[int]], eos_ids:
         positions = positions[:, -1:] + 1
         taps.enabled = True
         logits = model(next_ids[:, None], attention_mask=mask, position_ids=positions, cache=cache,
-                       use_cache=True).logits
+                       cache_position=torch.tensor([width + step]), use_cache=True).logits
         tap_steps.append(taps.take())
     all_taps = torch.cat(tap_steps, dim=1).to(torch.bfloat16)  # [B, width + steps, taps*H]
     responses = torch.stack(generated, dim=1).tolist()
@@ -77,9 +79,11 @@ def _sequence(prompt: list[int], response: list[int], taps: torch.Tensor, eos_id
 def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], out_dir: Path,
                batch_size: int = 32, max_new_tokens: int = 128, max_prompt_tokens: int = 192,
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
-    """Write shards `regen-XXXXX.pt` under out_dir; skips shards that already exist (resume)."""
+    """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
+    so a killed run resumes, and a longer prompt list adds to the same directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    encoded = sorted(encode_prompts(tokenizer, prompts, max_prompt_tokens), key=len)
+    done, next_index = _done_prompts(out_dir)
+    encoded = sorted((p for p in encode_prompts(tokenizer, prompts, max_prompt_tokens) if tuple(p) not in done), key=len)
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     # interleave short and long batches so an early stop still covers every length
     order = [i for pair in zip(range(len(batches)), reversed(range(len(batches)))) for i in pair]
@@ -92,11 +96,7 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
     start = time.perf_counter()
     produced = 0
     with tqdm(total=len(shards), desc="regenerate", unit="shard") as bar:
-        for shard_index, shard in enumerate(shards):
-            path = out_dir / f"regen-{shard_index:05d}.pt"
-            if path.exists():
-                bar.update(1)
-                continue
+        for shard_number, shard in enumerate(shards):
             if max_minutes is not None and time.perf_counter() - start > max_minutes * 60:
                 break
             sequences = []
@@ -104,10 +104,45 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
                 sequences += generate_batch(model, taps, batches[batch_index], eos_ids,
                                             max_new_tokens, pad_id)
             produced += sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
-            tmp = path.with_suffix(".tmp")
-            torch.save(sequences, tmp)
-            tmp.rename(path)  # a killed run never leaves a shard that looks complete
+            _write_shard(out_dir / f"regen-{next_index + shard_number:05d}.pt", sequences)
             elapsed = time.perf_counter() - start
             bar.set_postfix(tok_s=f"{produced / elapsed:.0f}")
             bar.update(1)
     return out_dir
+
+
+def _write_shard(path: Path, sequences: list[dict]) -> None:
+    # the prompt index first: a shard without one is indexed on the next start, never lost
+    _atomic_write(_index_path(path), json.dumps(_prompt_ids(sequences)).encode())
+    tmp = path.with_suffix(".tmp")
+    torch.save(sequences, tmp)
+    tmp.rename(path)  # a killed run never leaves a shard that looks complete
+
+
+def _done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
+    """The prompts (token ids) the shards in out_dir hold, and the next free shard number."""
+    done, next_index = set(), 0
+    for shard in sorted(out_dir.glob("regen-*.pt")):
+        index = _index_path(shard)
+        if index.exists():
+            prompts = json.loads(index.read_text())
+        else:  # shards from before the index existed: read once, index for next time
+            prompts = _prompt_ids(torch.load(shard, weights_only=True))
+            _atomic_write(index, json.dumps(prompts).encode())
+        done.update(tuple(p) for p in prompts)
+        next_index = max(next_index, int(shard.stem.split("-")[1]) + 1)
+    return done, next_index
+
+
+def _prompt_ids(sequences: list[dict]) -> list[list[int]]:
+    return [s["tokens"][: s["prompt_len"]].tolist() for s in sequences]
+
+
+def _index_path(shard: Path) -> Path:
+    return shard.with_name(shard.stem + ".prompts.json")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.rename(path)
