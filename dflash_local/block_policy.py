@@ -24,6 +24,9 @@ import numpy as np
 SPECULATIVE = "speculative"
 FALLBACK = "plain-fallback"
 PROBE = "probe"  # one speculative round tried while falling back
+LOOKUP = "lookup"  # a round that verifies a prompt-lookup draft (lookup.py) instead
+
+DEFAULT_LOOKUP_PRIOR = 0.5  # per-position acceptance a lookup draft starts from, per n-gram length
 
 DEFAULT_PRIOR = 0.5  # per-position acceptance assumed without a calibration run
 DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain step (CPU, small B)
@@ -31,13 +34,19 @@ DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain st
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """seconds[w - 1] = one round of width w: verify + commit, plus the drafter pass when w > 1."""
+    """seconds[w - 1] = one round of width w: verify + commit, plus the drafter pass when w > 1.
+    verify_seconds[w - 1] = the same without the drafter pass (a prompt-lookup round); unknown
+    (None), a lookup round is priced like a drafter round, which only makes lookup rarer."""
 
     seconds: tuple[float, ...]
+    verify_seconds: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if not self.seconds or any(not s > 0 for s in self.seconds):
             raise ValueError(f"round costs must be positive seconds per width, got {self.seconds!r}")
+        verify = self.verify_seconds
+        if verify is not None and (len(verify) != len(self.seconds) or any(not s > 0 for s in verify)):
+            raise ValueError(f"verify costs must be positive seconds for each width, got {verify!r}")
 
     @property
     def max_width(self) -> int:
@@ -45,6 +54,9 @@ class RoundCosts:
 
     def at(self, width: int) -> float:
         return self.seconds[width - 1]
+
+    def verify_at(self, width: int) -> float:
+        return (self.verify_seconds or self.seconds)[width - 1]
 
     @classmethod
     def uncalibrated(cls, max_width: int, slope: float = DEFAULT_COST_SLOPE) -> RoundCosts:
@@ -120,6 +132,10 @@ class BlockPolicy:
     def expected_tokens_per_s(self, width: int) -> float:
         return expected_committed(self.estimate.rates(), width) / self.costs.at(width)
 
+    def best_tokens_per_s(self, limit: int | None = None) -> float:
+        """What the best round this policy can choose now is expected to make per second."""
+        return self.expected_tokens_per_s(self.best_width(limit))
+
     def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
         """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
         limit = min(limit or self.max_width, self.max_width)
@@ -158,6 +174,30 @@ class BlockPolicy:
 
     def rates(self) -> list[float]:
         return [float(r) for r in self.estimate.rates()]
+
+
+class LookupPolicy:
+    """Whether a round should verify a prompt-lookup draft, and how many of its tokens.
+
+    Acceptance is tracked apart for each length of the matched suffix (a 3-token match predicts
+    better than a 1-token one); a lookup round costs a verify without the drafter pass. The loop
+    takes a lookup round when its expected tokens/s beats the block policy's best choice."""
+
+    def __init__(self, costs: RoundCosts, max_ngram: int, prior: float = DEFAULT_LOOKUP_PRIOR):
+        self.costs = costs
+        self.estimates = {n: AcceptanceEstimate([prior] * (costs.max_width - 1))
+                          for n in range(1, max_ngram + 1)}
+
+    def plan(self, ngram: int, draft_len: int, limit: int) -> tuple[int, float]:
+        """(width, expected tokens/s) of the best lookup round: width - 1 <= draft_len drafts."""
+        widest = max(1, min(limit, draft_len + 1, self.costs.max_width))
+        rates = self.estimates[ngram].rates()
+        speeds = [expected_committed(rates, w) / self.costs.verify_at(w) for w in range(1, widest + 1)]
+        best = 1 + int(np.argmax(speeds))
+        return best, speeds[best - 1]
+
+    def observe(self, ngram: int, width: int, accepted: int) -> None:
+        self.estimates[ngram].observe(width - 1, accepted)
 
 
 def _fit(prior: Sequence[float], length: int) -> list[float]:

@@ -3,7 +3,8 @@
 Boundary: measures through the engine's own TargetRunner and Drafter (no framework import here)
 and caches the result as JSON under data_dir()/calibration/, one file per machine + engine +
 pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts:
-- costs: runner.verify + commit (+ drafter.propose when w > 1) for widths 1..B on a short
+- costs: runner.verify + commit (+ drafter.propose when w > 1; both kept, a prompt-lookup
+  round pays only the first) for widths 1..B on a short
   context, the widths shuffled within each repetition, the median per width, then made
   non-decreasing in w (a wider verify never costs less; what says otherwise is noise);
 - prior: per-position acceptance of a short full-width generation on two fixed prompts, the
@@ -30,7 +31,7 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.events import GenerationParams
 
-CALIBRATION_VERSION = 2  # 2: the weight-first LM head changed torch verify costs
+CALIBRATION_VERSION = 3  # 2: the weight-first LM head changed torch verify costs; 3: verify alone kept
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -62,13 +63,15 @@ class Calibration:
         return {
             "version": CALIBRATION_VERSION, "key": self.key, "measured_at": self.measured_at,
             "measure_s": round(self.measure_s, 2), "round_seconds": list(self.costs.seconds),
+            "verify_seconds": list(self.costs.verify_seconds or self.costs.seconds),
             "relative_cost": [round(s / self.costs.seconds[0], 4) for s in self.costs.seconds],
             "acceptance_prior": [round(a, 4) for a in self.prior],
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> Calibration:
-        return cls(RoundCosts(tuple(raw["round_seconds"])), tuple(raw["acceptance_prior"]),
+        costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]))
+        return cls(costs, tuple(raw["acceptance_prior"]),
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0))
 
 
@@ -136,7 +139,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
                     draft_s[width].append(time.perf_counter() - verified)
     verify = non_decreasing([statistics.median(verify_s[w]) for w in sorted(verify_s)])
     draft = non_decreasing([statistics.median(draft_s[w]) for w in sorted(draft_s)])
-    return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])))
+    return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])), tuple(verify))
 
 
 def measure_prior(engine, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:

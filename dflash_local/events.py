@@ -18,6 +18,7 @@ class GenerationParams:
     speculative: bool = True
     block_size: int | str | None = None  # None = the drafter's own; "auto" = block_policy.py
     stop_token_ids: tuple[int, ...] = ()
+    prompt_lookup: bool = True  # with block_size "auto": rounds may verify lookup.py drafts
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -55,7 +56,7 @@ class StepEvent:
     prompt_tokens: int = 0
     block_size: int = 1  # width used this round (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the drafter's accepted tokens made
-    mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" (block_policy.py)
+    mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (block_policy.py)
     finish_reason: str | None = None  # "stop" | "length" on the last event
 
 

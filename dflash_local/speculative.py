@@ -15,9 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from dflash_local.acceptance import greedy_accept, sample_from, sampled_accept, target_probs
-from dflash_local.block_policy import SPECULATIVE, BlockPolicy, RoundCosts
+from dflash_local.block_policy import LOOKUP, SPECULATIVE, BlockPolicy, LookupPolicy, RoundCosts
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent
+from dflash_local.lookup import DEFAULT_MAX_NGRAM, NgramIndex
 
 
 class TargetRunner(Protocol):
@@ -65,8 +66,10 @@ def generate(
     """Yield one StepEvent per round until a stop token or max_tokens. Lossless by construction.
 
     With params.block_size "auto", `policy` (a fresh one per generation; uncalibrated if None)
-    picks each round's width, 1 included (plain fallback): the taps of plain rounds wait in
-    `pending_taps` and reach the drafter, joined, with its next block.
+    picks each round's width, 1 included (plain fallback), and with params.prompt_lookup a round
+    may verify a prompt-lookup draft instead (lookup.py) when that is expected to be faster: the
+    taps of rounds without a drafter pass wait in `pending_taps` and reach the drafter, joined,
+    with its next block.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else.
     """
@@ -83,6 +86,7 @@ def generate(
     elif policy is None:
         policy = BlockPolicy(RoundCosts.uncalibrated(block_size))
     mode = SPECULATIVE if block_size > 1 else "plain"
+    lookup = _lookup_for(policy, params, prompt_ids)
     rng = np.random.default_rng(params.seed)
     stop_ids = set(params.stop_token_ids)
 
@@ -101,20 +105,31 @@ def generate(
     pending_taps: list[Any] = []
     while finish is None:
         round_index += 1
-        width, mode = _next_width(policy, block_size, params.max_tokens - produced, mode)
+        remaining = params.max_tokens - produced
+        lookup_draft = lookup.choose(policy, remaining) if lookup else None
+        if lookup_draft is not None:
+            width, mode = len(lookup_draft.token_ids) + 1, LOOKUP
+        else:
+            width, mode = _next_width(policy, block_size, remaining, mode)
         draft_ids: list[int] = []
         if block_size > 1:
             pending_taps.append(new_taps)
-            if width > 1:
+            if lookup_draft is not None:
+                draft_ids = list(lookup_draft.token_ids)
+            elif width > 1:
                 draft_ids = drafter.propose(anchor_id, _joined(runner, pending_taps), width)
                 pending_taps = []
         logits = runner.verify([anchor_id, *draft_ids])
         accepted_len, next_id = _accept(draft_ids, logits, params, rng)
-        if policy is not None:
+        if lookup_draft is not None:
+            lookup.policy.observe(lookup_draft.ngram, width, accepted_len)
+        elif policy is not None:
             policy.observe(width, accepted_len)
         new_taps = runner.commit(accepted_len + 1)
         committed = [*draft_ids[:accepted_len], next_id]
         committed, finish = _apply_stops(committed, stop_ids)
+        if lookup:
+            lookup.index.extend(committed)
         produced += len(committed)
         if finish is None and produced >= params.max_tokens:
             finish = "length"
@@ -125,6 +140,33 @@ def generate(
             elapsed_s=time.perf_counter() - decode_start, block_size=width,
             finish_reason=finish, mode=mode,
         )
+
+
+class _Lookup:
+    """The prompt-lookup side of one generation: the n-gram index of its text and the policy
+    that prices lookup rounds against the block policy's best choice."""
+
+    def __init__(self, prompt_ids: list[int], policy: LookupPolicy, max_ngram: int):
+        self.index = NgramIndex(prompt_ids, max_ngram)
+        self.policy = policy
+
+    def choose(self, block_policy: BlockPolicy, remaining: int):
+        """A lookup draft cut to its best width, or None when the block policy's choice wins."""
+        limit = max(1, min(block_policy.max_width, remaining))
+        draft = self.index.propose(limit - 1)
+        if draft is None:
+            return None
+        width, speed = self.policy.plan(draft.ngram, len(draft.token_ids), limit)
+        if width < 2 or speed <= block_policy.best_tokens_per_s(limit):
+            return None
+        return type(draft)(draft.token_ids[: width - 1], draft.ngram)
+
+
+def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids: list[int]):
+    """Lookup rounds need the auto policy (it prices them); fixed widths stay pure DFlash."""
+    if policy is None or not params.prompt_lookup:
+        return None
+    return _Lookup(prompt_ids, LookupPolicy(policy.costs, DEFAULT_MAX_NGRAM), DEFAULT_MAX_NGRAM)
 
 
 def _effective_block_size(drafter: Drafter | None, params: GenerationParams) -> int:

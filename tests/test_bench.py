@@ -63,10 +63,10 @@ def test_bench_peers_and_several_block_sizes(tmp_path_factory, home, capsys):
     pair = tiny_pair(tmp_path_factory, "qwen3")
     out = home / "results"
     assert bench(pair, out, "--dataset", "adversarial", "--max-samples", "1", "--max-tokens", "8",
-                 "--peers", "--block-size", "auto,4") == 0
+                 "--peers", "--block-size", "auto,4", "--lookup", "both") == 0
     record, _ = only_record(out)
     result = record["datasets"]["adversarial"]
-    assert list(result["methods"]) == ["plain", "dflash auto", "dflash B=4",
+    assert list(result["methods"]) == ["plain", "dflash auto", "dflash auto, no lookup", "dflash B=4",
                                        "transformers generate", "prompt lookup (n=10)"]
     assert all(m["decode_tokens_per_s"] > 0 for m in result["methods"].values())
     assert result["samples"][0]["identical_to_plain"]["transformers generate"]

@@ -15,6 +15,7 @@ from tiny_models import VOCAB
 from dflash_local import calibration
 from dflash_local.block_policy import (
     FALLBACK,
+    LOOKUP,
     PROBE,
     SPECULATIVE,
     BlockPolicy,
@@ -167,7 +168,9 @@ def auto_run(engine, monkeypatch, prompt_ids, reference):
     real = type(engine).make_drafter.__get__(engine)
     monkeypatch.setattr(engine, "make_drafter",
                         lambda: PhasedDrafter(real(), len(prompt_ids), reference))
-    params = GenerationParams(max_tokens=MAX_TOKENS, block_size="auto", stop_token_ids=(-1,))
+    # lookup rounds off: this checks the block policy alone (test_lookup.py checks them)
+    params = GenerationParams(max_tokens=MAX_TOKENS, block_size="auto", stop_token_ids=(-1,),
+                              prompt_lookup=False)
     return collect(engine.stream(prompt_ids, params))
 
 
@@ -233,4 +236,4 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     tokens, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30,
                                                                         block_size="auto")))
     assert tokens == plain
-    assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE}
+    assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE, LOOKUP}

@@ -251,3 +251,17 @@ def test_disconnect_without_streaming_cancels_too(service):
 
     last = wait_until(our_job_done, timeout=60)
     assert last["outcome"] == "cancelled" and last["rounds"] - last["rounds_at_cancel"] <= 1
+
+
+def test_prompt_lookup_can_be_switched_off_per_request(service, client):
+    """With block_size "auto" a round may verify a prompt-lookup draft (mode "lookup" on its
+    chunk); prompt_lookup false keeps every round the drafter's or plain. Same text both ways."""
+    def modes_and_text(**extra):
+        chunks = stream_chunks(client, PROMPTS[0], max_tokens=80, extra_body={"block_size": "auto", **extra})
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return {c.model_extra["dflash"]["mode"] for c in chunks if c.choices}, text
+
+    with_lookup, text = modes_and_text()
+    without, text_without = modes_and_text(prompt_lookup=False)
+    assert "lookup" in with_lookup  # the tiny pair's story repeats itself: copying pays
+    assert "lookup" not in without and text_without == text

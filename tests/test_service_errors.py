@@ -83,6 +83,7 @@ BAD_REQUESTS = {
     "block_size huge": (chat(block_size=100_000), 400, "invalid_request"),
     "block_size word": (chat(block_size="fast"), 400, "invalid_request"),
     "block_size numeric string": (chat(block_size="4"), 400, "invalid_request"),
+    "prompt_lookup word": (chat(prompt_lookup="yes"), 400, "invalid_request"),
     "string speculative": (chat(speculative="yes"), 400, "invalid_request"),
     # model names
     "unknown model": (chat(model="gpt-4o"), 404, "model_not_found"),
@@ -198,7 +199,8 @@ def test_health_needs_no_key_and_the_key_works(locked_server):
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("fields", [{"speculative": False}, {"block_size": 4}, {"temperature": 0.7}])
+@pytest.mark.parametrize("fields", [{"speculative": False}, {"block_size": 4}, {"temperature": 0.7},
+                                    {"prompt_lookup": False}])
 def test_what_an_engine_cannot_do_is_refused(fields):
     from dflash_local.errors import InvalidRequestError
     from dflash_local.events import EngineCapabilities

@@ -197,3 +197,21 @@ def test_plain_fallback_rounds_are_counted_and_shown():
     snap = stats.snapshot()
     assert (snap.plain_rounds, snap.rounds, snap.mode) == (1, 2, "plain-fallback")
     assert "plain fallback 1/2 rounds" in speculation_text(snap).plain
+
+
+def test_prompt_lookup_rounds_are_counted_and_shown_apart_from_fallback():
+    from dflash_chat.protocol import StreamChunk
+    from dflash_chat.stats import LiveStats
+    from dflash_chat.widgets.speed_panel import speculation_text
+
+    stats = LiveStats(speculative=True)
+    stats.add(StreamChunk("a", token_ids=(1,), round=0))
+    stats.add(StreamChunk("bcd", token_ids=(2, 3, 4), drafted=5, accepted=2, round=1, block_size=6,
+                          mode="lookup"))
+    stats.add(StreamChunk("e", token_ids=(5,), round=2, block_size=1, mode="plain-fallback"))
+    stats.add(StreamChunk("fg", token_ids=(6, 7), drafted=1, accepted=1, round=3, block_size=2,
+                          mode="lookup"))
+    snap = stats.snapshot()
+    assert (snap.lookup_rounds, snap.plain_rounds, snap.rounds) == (2, 1, 3)
+    shown = speculation_text(snap).plain
+    assert "prompt lookup 2/3 rounds" in shown and "plain fallback 1/3 rounds" in shown

@@ -69,6 +69,8 @@ def _note(method: str, summary: dict, result: dict) -> str:
         notes.append(f"mean width {summary['mean_width']:.1f}")
         if fallback:
             notes.append(f"fallback {100 * fallback / rounds:.0f}% of rounds")
+        if modes.get("lookup"):
+            notes.append(f"lookup {100 * modes['lookup'] / rounds:.0f}% of rounds")
     return ", ".join(notes)
 
 

@@ -28,6 +28,7 @@ WARMUP_TOKENS = 24
 @dataclass(frozen=True)
 class BenchSettings:
     block_sizes: tuple[int | str, ...] = ("auto",)  # each one is a measured speculative method
+    lookup: str = "on"  # auto's prompt-lookup rounds: "on", "off", or "both" (two methods)
     max_tokens: int = 256
     temperature: float = 0.0
     thinking: bool | None = None
@@ -38,8 +39,10 @@ class BenchSettings:
     recalibrate: bool = False
 
 
-def method_name(block_size: int | str) -> str:
-    return "dflash auto" if block_size == "auto" else f"dflash B={block_size}"
+def method_name(block_size: int | str, lookup: bool = True) -> str:
+    if block_size != "auto":
+        return f"dflash B={block_size}"
+    return "dflash auto" if lookup else "dflash auto, no lookup"
 
 
 def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSettings,
@@ -81,10 +84,12 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
 def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
     """name -> callable(prompt_ids, params) -> RunFigures, in the interleaving order."""
     methods = {PLAIN: lambda ids, params: run_ours(engine, ids, replace(params, speculative=False))}
+    lookups = {"on": (True,), "off": (False,), "both": (True, False)}[settings.lookup]
     for block_size in settings.block_sizes:
-        methods[method_name(block_size)] = (
-            lambda ids, params, b=block_size: run_ours(engine, ids, replace(params, block_size=b))
-        )
+        for lookup in lookups if block_size == "auto" else (False,):
+            methods[method_name(block_size, lookup)] = (
+                lambda ids, params, b=block_size, look=lookup: run_ours(
+                    engine, ids, replace(params, block_size=b, prompt_lookup=look)))
     methods.update({peer.name: peer.run for peer in peers if peer.run is not None})
     return methods
 

@@ -42,6 +42,7 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
         top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, speculative=speculative,
         block_size=body.block_size or loaded.default_block_size,
+        prompt_lookup=body.prompt_lookup is not False,
     )
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
@@ -54,6 +55,8 @@ def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabili
         raise InvalidRequestError("this engine cannot switch speculation per request")
     if body.block_size is not None and not capabilities.block_size_per_request:
         raise InvalidRequestError("this engine cannot change the block size per request")
+    if body.prompt_lookup is not None and not capabilities.block_size_per_request:
+        raise InvalidRequestError("this engine runs its own speculation: prompt_lookup cannot be set per request")
     if body.temperature and not capabilities.sampling:
         raise InvalidRequestError("this engine decodes greedily only: temperature must be 0")
 

@@ -58,6 +58,7 @@ class ChatCompletionRequest(StrictModel):
     # DFlash extensions
     speculative: bool | None = None
     block_size: BlockSize | None = None
+    prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:

@@ -32,7 +32,7 @@ class StreamChunk:
     block_size: int = 1
     finish_reason: str | None = None
     accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
-    mode: str = "speculative"  # "plain-fallback" when the block policy chose plain decoding
+    mode: str = "speculative"  # "plain-fallback": the block policy chose plain; "lookup": a prompt-lookup draft
     received_at: float = field(default_factory=time.monotonic)
 
 

@@ -34,6 +34,7 @@ class SpeedSnapshot:
     engine: str = ""
     final: bool = False
     plain_rounds: int = 0  # rounds the auto block policy ran plainly (speculation was losing)
+    lookup_rounds: int = 0  # rounds that verified a prompt-lookup draft instead of the drafter's
     mode: str = "speculative"  # the latest round's
 
     @property
@@ -52,6 +53,7 @@ class LiveStats:
     block_size: int = 1
     mode: str = "speculative"
     plain_rounds: int = 0
+    lookup_rounds: int = 0
     first_token_at: float | None = None
     last_at: float | None = None
     per_round: Counter = field(default_factory=Counter)
@@ -70,6 +72,7 @@ class LiveStats:
         if chunk.round > 0:
             self.mode = chunk.mode
             self.plain_rounds += self.speculative and chunk.block_size == 1
+            self.lookup_rounds += chunk.mode == "lookup"
             self.rounds += 1
             self.drafted += chunk.drafted
             self.accepted += chunk.accepted
@@ -108,13 +111,13 @@ class LiveStats:
                 accepted=final.get("accepted", 0), per_round=per_round,
                 prefill_s=final.get("prefill_s"), block_size=final.get("block_size", 1),
                 engine=final.get("engine", ""), final=True, plain_rounds=self.plain_rounds,
-                mode=self.mode)
+                lookup_rounds=self.lookup_rounds, mode=self.mode)
         return SpeedSnapshot(
             speculative=self.speculative, tokens=self.tokens, tokens_per_s_now=self._rate_now(),
             tokens_per_s=self._rate_overall(), samples=tuple(self._samples), tau=self.tau,
             rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
             per_round=tuple(sorted(self.per_round.items())), block_size=self.block_size,
-            plain_rounds=self.plain_rounds, mode=self.mode)
+            plain_rounds=self.plain_rounds, lookup_rounds=self.lookup_rounds, mode=self.mode)
 
     @property
     def tau(self) -> float:

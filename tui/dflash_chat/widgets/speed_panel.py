@@ -49,8 +49,11 @@ def speculation_text(snap: SpeedSnapshot) -> Text:
     text.append("speculative", style="bold green")
     text.append(f"  B={snap.block_size}\n")
     if snap.plain_rounds:  # the auto block policy fell back to plain decoding for these
-        style = "bold yellow" if snap.mode != "speculative" else ""
+        style = "bold yellow" if snap.mode in ("plain-fallback", "probe") else ""
         text.append(f"plain fallback {snap.plain_rounds}/{snap.rounds} rounds\n", style=style)
+    if snap.lookup_rounds:  # rounds that copied from the context (lookup.py) instead of drafting
+        style = "bold cyan" if snap.mode == "lookup" else ""
+        text.append(f"prompt lookup {snap.lookup_rounds}/{snap.rounds} rounds\n", style=style)
     text.append("tau ")
     text.append(f"{snap.tau:.2f}", style="bold")
     text.append(f" per round ({snap.rounds} rounds)\n")

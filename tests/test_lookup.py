@@ -1,0 +1,130 @@
+"""Prompt lookup as a second proposal source: the n-gram index, the policy that prices lookup
+rounds, and the real loop on tiny pairs (Transformers and MLX): token for token the plain
+output, with lookup rounds taken when copying pays and not taken when it does not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fixtures_tiny import collect, tiny_engine, tiny_pair
+from tiny_models import VOCAB
+
+from dflash_local import calibration
+from dflash_local.block_policy import LOOKUP, BlockPolicy, LookupPolicy, RoundCosts
+from dflash_local.events import GenerationParams
+from dflash_local.lookup import NgramIndex
+
+# a drafter pass costs as much as a plain step; verifying more rows is cheap (a CPU-like shape)
+VERIFY = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
+COSTS = RoundCosts(tuple([VERIFY[0]] + [v + 1.0 for v in VERIFY[1:]]), VERIFY)
+
+
+def test_index_proposes_what_followed_the_latest_longest_match():
+    index = NgramIndex([5, 6, 7, 8, 1, 6, 7, 9, 2, 6, 7], max_ngram=3)
+    draft = index.propose(4)
+    assert draft.token_ids == (9, 2, 6, 7) and draft.ngram == 2  # latest "6 7" -> 9, not 8
+    index.extend([9])
+    assert index.propose(3).token_ids == (2, 6, 7) and index.propose(3).ngram == 3  # "6 7 9"
+    assert index.propose(1).token_ids == (2,)
+
+
+def test_index_never_proposes_from_the_suffix_itself_or_without_a_match():
+    assert NgramIndex([1, 2, 3]).propose(4) is None  # every token new: nothing to copy
+    assert NgramIndex([]).propose(4) is None
+    index = NgramIndex([4, 4])
+    assert index.propose(3).token_ids == (4,)  # the earlier 4 is followed by the last one
+    assert index.propose(0) is None
+    with pytest.raises(ValueError):
+        NgramIndex([1], max_ngram=0)
+
+
+def test_lookup_policy_widens_with_acceptance_and_stops_after_rejections():
+    policy = LookupPolicy(COSTS, max_ngram=3)
+    start_width, _ = policy.plan(3, draft_len=15, limit=16)
+    widths = [start_width]
+    for _ in range(40):
+        policy.observe(3, start_width, start_width - 1)  # every draft kept
+        width, _ = policy.plan(3, draft_len=15, limit=16)
+        start_width = width
+        widths.append(width)
+    assert widths == sorted(widths) and widths[0] <= 4 and width >= 12
+    assert policy.plan(3, draft_len=4, limit=16)[0] == 5  # never wider than the draft + 1
+    assert policy.plan(3, draft_len=15, limit=3)[0] == 3  # nor than the tokens left
+    for _ in range(30):  # one-token matches: always wrong (below ~5% a row is not worth verifying)
+        policy.observe(1, 2, 0)
+    assert policy.plan(1, draft_len=15, limit=16)[0] == 1
+    assert policy.plan(3, draft_len=15, limit=16)[0] == width  # tracked apart per match length
+
+
+class WrongDrafter:
+    """A real drafter (its cache sees every tap row) whose proposals are all wrong, so the
+    block policy falls back and any speed-up comes from lookup rounds."""
+
+    def __init__(self, inner, prompt_len: int, reference: list[int]):
+        self.inner, self.prompt_len, self.reference = inner, prompt_len, reference
+        self.block_size = inner.block_size
+        self.rows = 0
+
+    def propose(self, anchor_id, new_taps, width):
+        self.inner.propose(anchor_id, new_taps, width)
+        self.rows += new_taps.shape[1]
+        index = self.rows - self.prompt_len
+        assert self.reference[index] == anchor_id, "the taps do not cover the committed rows"
+        truth = [self.reference[p] if p < len(self.reference) else 0 for p in range(index + 1, index + width)]
+        return [(t + 1) % VOCAB for t in truth]
+
+
+def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
+    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
+        COSTS, [0.5] * 15, max_width=engine.pair.block_size))
+    real = type(engine).make_drafter.__get__(engine)
+    monkeypatch.setattr(engine, "make_drafter", lambda: WrongDrafter(real(), len(prompt_ids), reference))
+    return collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=len(reference), block_size="auto", stop_token_ids=(-1,), **params)))
+
+
+def repeating_prompt(engine) -> list[int]:
+    """A prompt whose text repeats: the plain continuation of a tiny random model copies it
+    often enough for lookup rounds to win (checked by the assertions, not assumed)."""
+    return [1] + [40, 71, 88, 101, 33, 72, 99, 12] * 6
+
+
+def check(engine, monkeypatch):
+    prompt_ids = repeating_prompt(engine)
+    reference, _ = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=60, speculative=False, stop_token_ids=(-1,))))
+    tokens, events = lookup_run(engine, monkeypatch, prompt_ids, reference)
+    assert tokens == reference  # token for token
+    lookups = [e for e in events[1:] if e.mode == LOOKUP]
+    assert lookups and sum(e.accepted for e in lookups) > 0
+    assert all(e.drafted == e.block_size - 1 for e in lookups)
+
+    without, events_off = lookup_run(engine, monkeypatch, prompt_ids, reference, prompt_lookup=False)
+    assert without == reference and LOOKUP not in {e.mode for e in events_off}
+    assert len(events) < len(events_off)  # fewer rounds for the same tokens
+
+
+def test_lookup_rounds_are_lossless_and_save_rounds_torch(tmp_path_factory, monkeypatch):
+    check(tiny_engine(tiny_pair(tmp_path_factory, "llama")), monkeypatch)
+
+
+def test_lookup_rounds_are_lossless_and_save_rounds_mlx(tmp_path, monkeypatch):
+    pytest.importorskip("mlx.core")
+    from mlx_tiny import write_target
+    from tiny_models import make_drafter
+
+    from dflash_local.engines.mlx_engine import MLXEngine
+
+    target_dir = write_target(tmp_path / "target", "qwen3", seed=3)
+    raw = json.loads((target_dir / "config.json").read_text())
+    drafter_dir = make_drafter(tmp_path / "drafter", target_dir, layers=2, taps=[1, 3, 4])
+    assert raw["model_type"] == "qwen3"
+    check(MLXEngine(target_dir, drafter_dir), monkeypatch)
+
+
+def test_fixed_block_sizes_stay_pure_dflash(tmp_path_factory):
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
+    prompt_ids = repeating_prompt(engine)
+    _, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, block_size=4)))
+    assert LOOKUP not in {e.mode for e in events}
