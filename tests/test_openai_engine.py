@@ -375,3 +375,33 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
     finally:
         server.stop()
         relay.shutdown()
+
+
+def test_serve_flags_reach_only_the_engine_they_were_given_for():
+    """`serve --engine openai --remote-api-key K` then POST /dflash/load of a local pair: the
+    local engine gets --dtype only, never the relay's keyword options (that was a TypeError)."""
+    from dflash_local.cli import build_parser
+    from dflash_local.service.cli_serve import _load_options
+    from dflash_local.service.state import ServiceState
+
+    args = build_parser().parse_args(["serve", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
+                                      "--remote-api-key", "k", "--dtype", "float32"])
+    calls = []
+
+    class Recorded(Exception):
+        pass
+
+    def loader(engine, target, drafter, **opts):
+        calls.append((engine, opts))
+        raise Recorded
+
+    state = ServiceState(loader=loader, load_options=_load_options(args))
+    for engine in ("openai", "transformers", "vllm"):
+        with pytest.raises(Recorded):
+            state.load(engine, "http://127.0.0.1:9" if engine == "openai" else "some-target", None,
+                       served_name="x")
+    assert calls == [("openai", {"api_key": "k", "plain_base_url": None}),
+                     ("transformers", {"dtype": "float32"}), ("vllm", {"dtype": "float32"})]
+    served = _load_options(build_parser().parse_args(["serve", "--engine", "vllm", "--plain-twin"]))
+    assert served["vllm"]["plain_twin"] is True and "plain_twin" not in served["transformers"]
+    assert "openai" not in served  # the relay's options exist only with --engine openai

@@ -102,12 +102,15 @@ def _initial_load(state, args: argparse.Namespace) -> None:
               f"loaded: POST /dflash/load", file=sys.stderr)
 
 
-def _load_options(args: argparse.Namespace) -> dict:
+def _load_options(args: argparse.Namespace) -> dict[str, dict]:
+    """Loader options per engine. --dtype applies to every engine that takes it; the relay's
+    and the launchers' flags only to the engine they were given with."""
+    options = {engine: {"dtype": args.dtype} for engine in ("transformers", "mlx", "vllm", "sglang")}
     if args.engine == "openai":
-        return {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
-    if args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
-        return {"dtype": args.dtype, "plain_twin": args.plain_twin}
-    return {"dtype": args.dtype}
+        options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
+    elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
+        options[args.engine]["plain_twin"] = args.plain_twin
+    return options
 
 
 def _is_loopback(host: str) -> bool:

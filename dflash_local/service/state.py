@@ -95,9 +95,12 @@ def default_loader(engine: str, target: str, drafter: str | None, **opts) -> Eng
 class ServiceState:
     def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
                  api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
-                 hub_cache_dir: str | Path | None = None, load_options: dict | None = None):
+                 hub_cache_dir: str | Path | None = None,
+                 load_options: dict[str, dict] | None = None):
         self.catalog = catalog or load_catalog()
-        self.load_options = dict(load_options or {})  # to the loader: dtype, draft_window
+        # engine name -> keyword options to the loader (dtype, a served engine's URLs): the
+        # `serve` flags reach the engine they were given for, never another loaded later
+        self.load_options = {engine: dict(opts) for engine, opts in (load_options or {}).items()}
         self.loader = loader or default_loader
         self.api_key = api_key
         self.max_queue = max_queue
@@ -181,7 +184,7 @@ class ServiceState:
             self.load_error, self.load_warning = None, warning
             try:
                 engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
-                                         **self.load_options)
+                                         **self.load_options.get(engine, {}))
             except Exception as exc:
                 self.load_error = f"{type(exc).__name__}: {exc}"
                 raise
