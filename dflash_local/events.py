@@ -66,6 +66,11 @@ def decode_rate(completion_tokens: int, decode_s: float) -> float:
     return produced / decode_s if decode_s > 0 and produced > 0 else 0.0
 
 
+def prefill_rate(prompt_tokens: int, prefill_s: float) -> float:
+    """Prefill tokens/s: the prompt's tokens over the time to the first generated token."""
+    return prompt_tokens / prefill_s if prefill_s > 0 else 0.0
+
+
 @dataclass
 class GenerationStats:
     """Running totals over a generation's events; τ counts rounds after prefill."""
@@ -104,7 +109,7 @@ class GenerationStats:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        return prefill_rate(self.prompt_tokens, self.prefill_s)
 
 
 @dataclass(frozen=True)

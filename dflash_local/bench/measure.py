@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dflash_local.events import GenerationParams, GenerationStats, decode_rate
+from dflash_local.events import GenerationParams, GenerationStats, decode_rate, prefill_rate
 
 
 @dataclass
@@ -34,7 +34,7 @@ class RunFigures:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        return prefill_rate(self.prompt_tokens, self.prefill_s)
 
     @property
     def tau(self) -> float | None:

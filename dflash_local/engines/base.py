@@ -42,6 +42,7 @@ class Engine(abc.ABC):
     capabilities: EngineCapabilities
     pair: PairInfo
     tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
+    last_stats = None  # a served engine: its server's totals for the last generation
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:

@@ -237,7 +237,7 @@ class GenerationWorker:
 
     def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
         """A served engine learns the prompt's length only from the server's final usage."""
-        served = getattr(self.engine, "last_stats", None)
+        served = self.engine.last_stats
         if not self.engine.tokenizes and served is not None and not stats.prompt_tokens:
             stats.prompt_tokens = served.prompt_tokens
         return stats
