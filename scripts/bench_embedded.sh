@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The embedded pair's figures, side by side in one run per engine: plain, DFlash (auto and fixed
-# block sizes) and the peers (Transformers generate / prompt lookup / assisted with the AR draft;
+# The embedded pair's figures, side by side in one run per engine: plain, DFlash (auto with and
+# without prompt-lookup rounds, and fixed block sizes) and the peers (Transformers generate / prompt lookup / assisted with the AR draft;
 # mlx-lm generate / draft model), on the held-out prompts, offline HumanEval and the adversarial
 # prompts. Writes JSON + PNG per engine under runs/bench/ and prints the tables.
 #
@@ -15,11 +15,12 @@ ENGINES="${ENGINES:-transformers mlx}"
 SAMPLES="${SAMPLES:-4}"
 TOKENS="${TOKENS:-128}"
 BLOCKS="${BLOCKS:-auto,2,4,8}"
+LOOKUP="${LOOKUP:-both}"
 AR_DRAFT="${AR_DRAFT:-runs/smollm2-135m-ar}"
 peer_args=(--peers)
 [ -d "$AR_DRAFT" ] && peer_args+=(--ar-draft "$AR_DRAFT")
 for engine in $ENGINES; do
   OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local bench --engine "$engine" \
     --dataset embedded,humaneval,adversarial --max-samples "$SAMPLES" --max-tokens "$TOKENS" \
-    --block-size "$BLOCKS" --recalibrate "${peer_args[@]}" --out runs/bench
+    --block-size "$BLOCKS" --lookup "$LOOKUP" --recalibrate "${peer_args[@]}" --out runs/bench
 done
