@@ -1,0 +1,60 @@
+"""Teacher-forced quality of drafters on held-out prompts no drafter was trained on.
+
+The trainer's own held-out figure is a slice of the regenerated shards, and which sequences that
+slice holds shifts when more data is added; this script instead regenerates responses for the
+prompts hashed into the held-out split (train/prompts.py: never regenerated for training) with
+the float32 target, as the engines run it, caches them, and evaluates each drafter given on the
+same blocks (same anchors): loss, accuracy of the first draft, τ at the drafter's block size.
+
+    .venv/bin/python scripts/eval_drafter_heldout.py models/smollm2-135m-dflash runs/other-drafter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from dflash_local.drafter.model_torch import load_drafter  # noqa: E402
+from dflash_local.embedded import embedded_target_dir  # noqa: E402
+from dflash_local.train.prompts import all_prompts, split_prompts  # noqa: E402
+from dflash_local.train.regenerate import regenerate  # noqa: E402
+from dflash_local.train.trainer import TrainSettings, evaluate, load_sequences  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("drafters", nargs="+", type=Path)
+    parser.add_argument("--prompts", type=int, default=96, help="held-out prompts to use")
+    parser.add_argument("--data", type=Path, default=Path("runs/heldout-eval"))
+    args = parser.parse_args()
+
+    target_dir = embedded_target_dir()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    held_out = split_prompts(all_prompts())[1][: args.prompts]
+    drafters = [load_drafter(path) for path in args.drafters]
+    taps = drafters[0].config.target_layer_ids
+    if any(d.config.target_layer_ids != taps for d in drafters):
+        raise SystemExit("the drafters tap different target layers: evaluate them apart")
+    regenerate(target, tokenizer, held_out, tuple(taps), args.data, batch_size=32)
+    sequences = load_sequences(args.data)
+    results = {}
+    for path, drafter in zip(args.drafters, drafters):
+        drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
+        settings = TrainSettings(block_size=drafter.config.block_size)
+        results[str(path)] = {k: round(v, 4) for k, v in evaluate(drafter.eval(), sequences, settings).items()}
+    tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
+    print(json.dumps({"held_out_prompts": len(sequences), "response_tokens": tokens,
+                      "drafters": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
