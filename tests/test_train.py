@@ -233,3 +233,16 @@ def test_prompt_variants_never_carry_a_held_out_docstring_into_training():
     leaked = {p for g in held_groups for p in g[1:]} & set(variant_prompts(2, limit=400))
     assert not leaked
     assert docstring_prompts(limit=400) == [g[0] for g in _docstring_groups(None, 400, 0)]
+
+
+def test_the_validation_slice_is_chosen_by_prompt_not_by_position():
+    from dflash_local.train.trainer import split_validation
+
+    sequences = synthetic_sequences(400, 4)
+    held, train_set = split_validation(sequences)
+    assert len(held) == 8 and len(train_set) == 392
+    assert not {id(s) for s in held} & {id(s) for s in train_set}
+    positions = sorted(next(i for i, s in enumerate(sequences) if s is h) for h in held)
+    assert positions != list(range(8))  # not simply the first sequences (the first shard)
+    grown, _ = split_validation(sequences + synthetic_sequences(100, 4, seed=1))
+    assert len({id(s) for s in grown} & {id(s) for s in held}) >= 5  # mostly the same slice

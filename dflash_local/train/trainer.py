@@ -7,6 +7,7 @@ checkpoints; the output directory is the exact z-lab format.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -45,6 +46,19 @@ def load_sequences(data_dir: Path) -> list[dict]:
         raise DFlashError(f"no regenerated data (regen-*.pt) in {data_dir}: run the regenerate step first")
     sequences = [s for shard in shards for s in torch.load(shard, weights_only=True)]
     return [s for s in sequences if len(s["tokens"]) - s["prompt_len"] >= 2]
+
+
+def split_validation(sequences: list[dict], fraction: float = 0.02, minimum: int = 8):
+    """(validation, training): the sequences whose prompts hash lowest. Spread over every kind
+    of prompt (the first shards are not: they hold the shortest and the longest prompts), and
+    mostly the same slice when more data is added."""
+    def prompt_hash(sequence: dict) -> bytes:
+        return hashlib.sha256(sequence["tokens"][: sequence["prompt_len"]].numpy().tobytes()).digest()
+
+    ranked = sorted(range(len(sequences)), key=lambda i: prompt_hash(sequences[i]))
+    chosen = set(ranked[: max(minimum, round(len(sequences) * fraction))])
+    return ([s for i, s in enumerate(sequences) if i in chosen],
+            [s for i, s in enumerate(sequences) if i not in chosen])
 
 
 def init_from_target(drafter: DFlashDrafter, target) -> None:
@@ -104,8 +118,7 @@ def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
         rng.setstate(saved["rng"])
-    held_out = sequences[: max(8, len(sequences) // 50)]
-    train_set = sequences[len(held_out):]
+    held_out, train_set = split_validation(sequences)
     started = time.perf_counter()
     bar = tqdm(initial=state["step"], total=state["total"], desc="train", unit="step")
     while state["total"] is None or state["step"] < state["total"]:
