@@ -18,14 +18,14 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dflash_local.drafter.model_torch import load_drafter  # noqa: E402
-from dflash_local.embedded import embedded_target_dir  # noqa: E402
-from dflash_local.train.prompts import all_prompts, split_prompts  # noqa: E402
-from dflash_local.train.regenerate import regenerate  # noqa: E402
-from dflash_local.train.trainer import TrainSettings, evaluate, load_sequences  # noqa: E402
+from dflash_local.drafter.model_torch import load_drafter
+from dflash_local.embedded import embedded_target_dir
+from dflash_local.train.prompts import all_prompts, split_prompts
+from dflash_local.train.regenerate import regenerate
+from dflash_local.train.trainer import TrainSettings, evaluate, load_sequences
 
 
 def main() -> None:

@@ -108,3 +108,27 @@ def follow(continuation: list[int], prompt_len: int, right: int | None = None,
         return truth[:keep] + [(token + 1) % vocab for token in truth[keep:]]
 
     return script
+
+
+class ReferenceDrafter:
+    """Wraps a real drafter (joined taps go through its cache) and proposes the known plain
+    output where `right(anchor_index, offset)` says so, a wrong token elsewhere. It finds its
+    place by counting the tap rows it was handed, so a missing or extra row fails loudly; rounds
+    it did not draft (plain, lookup) reach it as joined taps with its next block."""
+
+    def __init__(self, inner, prompt_len: int, reference: list[int],
+                 right: Callable[[int, int], bool]):
+        self.inner, self.prompt_len, self.reference, self.right = inner, prompt_len, reference, right
+        self.block_size = inner.block_size
+        self.rows = 0
+
+    def propose(self, anchor_id, new_taps, width):
+        self.inner.propose(anchor_id, new_taps, width)
+        self.rows += new_taps.shape[1]
+        index = self.rows - self.prompt_len  # output index of the anchor
+        assert self.reference[index] == anchor_id, "the taps do not cover the committed rows"
+        drafts = []
+        for offset, position in enumerate(range(index + 1, index + width)):
+            truth = self.reference[position] if position < len(self.reference) else 0
+            drafts.append(truth if self.right(index, offset) else (truth + 1) % tiny_models.VOCAB)
+        return drafts

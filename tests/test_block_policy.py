@@ -9,8 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from fixtures_tiny import collect, tiny_engine, tiny_pair
-from tiny_models import VOCAB
+from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair
 
 from dflash_local import calibration
 from dflash_local.block_policy import (
@@ -138,36 +137,16 @@ def is_good(index: int) -> bool:
     return index < 14 or index >= 50
 
 
-class PhasedDrafter:
-    """Wraps a real drafter (joined taps go through its cache) and proposes the plain output
-    for the first RIGHT_PREFIX drafts of a block in good phases, wrong tokens otherwise. It finds
-    its place by counting the tap rows it was handed, so a missing or extra row fails loudly."""
-
-    def __init__(self, inner, prompt_len: int, reference: list[int]):
-        self.inner, self.prompt_len, self.reference = inner, prompt_len, reference
-        self.block_size = inner.block_size
-        self.rows = 0
-
-    def propose(self, anchor_id, new_taps, width):
-        self.inner.propose(anchor_id, new_taps, width)
-        self.rows += new_taps.shape[1]
-        index = self.rows - self.prompt_len  # output index of the anchor
-        assert self.reference[index] == anchor_id, "the taps do not cover the committed rows"
-        drafts = []
-        for offset, position in enumerate(range(index + 1, index + width)):
-            truth = self.reference[position] if position < len(self.reference) else 0
-            right = is_good(index) and offset < RIGHT_PREFIX
-            drafts.append(truth if right else (truth + 1) % VOCAB)
-        return drafts
-
-
 def auto_run(engine, monkeypatch, prompt_ids, reference):
     monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
         COSTS, [0.8] * 15, max_width=engine.pair.block_size, probe_every=3, max_probe_every=6,
         probe_budget=1.0))
     real = type(engine).make_drafter.__get__(engine)
+    def right(index: int, offset: int) -> bool:  # good phases: the first drafts of a block
+        return is_good(index) and offset < RIGHT_PREFIX
+
     monkeypatch.setattr(engine, "make_drafter",
-                        lambda: PhasedDrafter(real(), len(prompt_ids), reference))
+                        lambda: ReferenceDrafter(real(), len(prompt_ids), reference, right))
     # lookup rounds off: this checks the block policy alone (test_lookup.py checks them)
     params = GenerationParams(max_tokens=MAX_TOKENS, block_size="auto", stop_token_ids=(-1,),
                               prompt_lookup=False)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures_tiny import collect, tiny_engine, tiny_pair
-from tiny_models import VOCAB
+from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair
 
 from dflash_local import calibration
 from dflash_local.block_policy import LOOKUP, BlockPolicy, LookupPolicy, RoundCosts
@@ -57,29 +56,13 @@ def test_lookup_policy_widens_with_acceptance_and_stops_after_rejections():
     assert policy.plan(3, draft_len=15, limit=16)[0] == width  # tracked apart per match length
 
 
-class WrongDrafter:
-    """A real drafter (its cache sees every tap row) whose proposals are all wrong, so the
-    block policy falls back and any speed-up comes from lookup rounds."""
-
-    def __init__(self, inner, prompt_len: int, reference: list[int]):
-        self.inner, self.prompt_len, self.reference = inner, prompt_len, reference
-        self.block_size = inner.block_size
-        self.rows = 0
-
-    def propose(self, anchor_id, new_taps, width):
-        self.inner.propose(anchor_id, new_taps, width)
-        self.rows += new_taps.shape[1]
-        index = self.rows - self.prompt_len
-        assert self.reference[index] == anchor_id, "the taps do not cover the committed rows"
-        truth = [self.reference[p] if p < len(self.reference) else 0 for p in range(index + 1, index + width)]
-        return [(t + 1) % VOCAB for t in truth]
-
-
 def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
     monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
         COSTS, [0.5] * 15, max_width=engine.pair.block_size))
     real = type(engine).make_drafter.__get__(engine)
-    monkeypatch.setattr(engine, "make_drafter", lambda: WrongDrafter(real(), len(prompt_ids), reference))
+    # every draft of the drafter is wrong: the block policy falls back, any gain is lookup's
+    monkeypatch.setattr(engine, "make_drafter", lambda: ReferenceDrafter(
+        real(), len(prompt_ids), reference, right=lambda index, offset: False))
     return collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=len(reference), block_size="auto", stop_token_ids=(-1,), **params)))
 
