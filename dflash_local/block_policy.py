@@ -176,6 +176,25 @@ class BlockPolicy:
         return [float(r) for r in self.estimate.rates()]
 
 
+class CopyEstimate:
+    """P(the next copied token is right | the ones before it were), one number for every
+    position: a copy from the context goes on until it breaks, so one round that keeps 7 drafts
+    says as much about position 8 as about position 2, and the width can grow in a round or two.
+    Counts decay by `decay` per round, so the estimate follows a text that stops copying."""
+
+    def __init__(self, prior: float, length: int, prior_weight: float = 2.0, decay: float = 0.95):
+        self.prior, self.length, self.prior_weight, self.decay = prior, length, prior_weight, decay
+        self.hits = self.trials = 0.0
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.hits = self.hits * self.decay + accepted
+        self.trials = self.trials * self.decay + min(accepted + 1, drafted)
+
+    def rates(self) -> np.ndarray:
+        rate = (self.hits + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
+        return np.full(self.length, rate)
+
+
 class LookupPolicy:
     """Whether a round should verify a prompt-lookup draft, and how many of its tokens.
 
@@ -185,8 +204,7 @@ class LookupPolicy:
 
     def __init__(self, costs: RoundCosts, max_ngram: int, prior: float = DEFAULT_LOOKUP_PRIOR):
         self.costs = costs
-        self.estimates = {n: AcceptanceEstimate([prior] * (costs.max_width - 1))
-                          for n in range(1, max_ngram + 1)}
+        self.estimates = {n: CopyEstimate(prior, costs.max_width - 1) for n in range(1, max_ngram + 1)}
 
     def plan(self, ngram: int, draft_len: int, limit: int) -> tuple[int, float]:
         """(width, expected tokens/s) of the best lookup round: width - 1 <= draft_len drafts."""

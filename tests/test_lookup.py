@@ -38,22 +38,24 @@ def test_index_never_proposes_from_the_suffix_itself_or_without_a_match():
         NgramIndex([1], max_ngram=0)
 
 
-def test_lookup_policy_widens_with_acceptance_and_stops_after_rejections():
+def test_lookup_policy_widens_within_a_few_rounds_and_stops_after_rejections():
     policy = LookupPolicy(COSTS, max_ngram=3)
-    start_width, _ = policy.plan(3, draft_len=15, limit=16)
-    widths = [start_width]
-    for _ in range(40):
-        policy.observe(3, start_width, start_width - 1)  # every draft kept
-        width, _ = policy.plan(3, draft_len=15, limit=16)
-        start_width = width
-        widths.append(width)
-    assert widths == sorted(widths) and widths[0] <= 4 and width >= 12
+    widths = [policy.plan(3, draft_len=15, limit=16)[0]]
+    for _ in range(3):
+        policy.observe(3, widths[-1], widths[-1] - 1)  # a long copy: every draft kept
+        widths.append(policy.plan(3, draft_len=15, limit=16)[0])
+    assert widths[0] <= 5 and widths[-1] == 16 and widths == sorted(widths)
     assert policy.plan(3, draft_len=4, limit=16)[0] == 5  # never wider than the draft + 1
     assert policy.plan(3, draft_len=15, limit=3)[0] == 3  # nor than the tokens left
-    for _ in range(30):  # one-token matches: always wrong (below ~5% a row is not worth verifying)
+    for _ in range(60):  # one-token matches: always wrong (below ~5% a row is not worth verifying)
         policy.observe(1, 2, 0)
     assert policy.plan(1, draft_len=15, limit=16)[0] == 1
-    assert policy.plan(3, draft_len=15, limit=16)[0] == width  # tracked apart per match length
+    assert policy.plan(3, draft_len=15, limit=16)[0] == 16  # tracked apart per match length
+    shrinking = []
+    for _ in range(10):  # the text stops copying: the long match's estimate follows
+        policy.observe(3, 16, 0)
+        shrinking.append(policy.plan(3, draft_len=15, limit=16)[0])
+    assert shrinking == sorted(shrinking, reverse=True) and shrinking[-1] < 8
 
 
 def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
