@@ -26,7 +26,9 @@ FALLBACK = "plain-fallback"
 PROBE = "probe"  # one speculative round tried while falling back
 LOOKUP = "lookup"  # a round that verifies a prompt-lookup draft (lookup.py) instead
 
-DEFAULT_LOOKUP_PRIOR = 0.5  # per-position acceptance a lookup draft starts from, per n-gram length
+# what a lookup draft's continuation rate starts from, by the length of the matched suffix: a
+# 3-token match is more often a real copy than a 1-token one (design priors, then measured)
+LOOKUP_PRIORS = {1: 0.4, 2: 0.6, 3: 0.8}
 
 DEFAULT_PRIOR = 0.5  # per-position acceptance assumed without a calibration run
 DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain step (CPU, small B)
@@ -180,15 +182,20 @@ class CopyEstimate:
     """P(the next copied token is right | the ones before it were), one number for every
     position: a copy from the context goes on until it breaks, so one round that keeps 7 drafts
     says as much about position 8 as about position 2, and the width can grow in a round or two.
-    Counts decay by `decay` per round, so the estimate follows a text that stops copying."""
+    Counts decay by `decay` every round of the generation, observed or not: the estimate follows
+    a text that stops copying, and one that was written off is tried again some rounds later."""
 
     def __init__(self, prior: float, length: int, prior_weight: float = 2.0, decay: float = 0.95):
         self.prior, self.length, self.prior_weight, self.decay = prior, length, prior_weight, decay
         self.hits = self.trials = 0.0
 
+    def forget(self) -> None:
+        self.hits *= self.decay
+        self.trials *= self.decay
+
     def observe(self, drafted: int, accepted: int) -> None:
-        self.hits = self.hits * self.decay + accepted
-        self.trials = self.trials * self.decay + min(accepted + 1, drafted)
+        self.hits += accepted
+        self.trials += min(accepted + 1, drafted)
 
     def rates(self) -> np.ndarray:
         rate = (self.hits + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
@@ -202,9 +209,14 @@ class LookupPolicy:
     better than a 1-token one); a lookup round costs a verify without the drafter pass. The loop
     takes a lookup round when its expected tokens/s beats the block policy's best choice."""
 
-    def __init__(self, costs: RoundCosts, max_ngram: int, prior: float = DEFAULT_LOOKUP_PRIOR):
+    def __init__(self, costs: RoundCosts, max_ngram: int):
         self.costs = costs
-        self.estimates = {n: CopyEstimate(prior, costs.max_width - 1) for n in range(1, max_ngram + 1)}
+        self.estimates = {n: CopyEstimate(LOOKUP_PRIORS[min(n, max(LOOKUP_PRIORS))], costs.max_width - 1)
+                          for n in range(1, max_ngram + 1)}
+
+    def next_round(self) -> None:
+        for estimate in self.estimates.values():
+            estimate.forget()
 
     def plan(self, ngram: int, draft_len: int, limit: int) -> tuple[int, float]:
         """(width, expected tokens/s) of the best lookup round: width - 1 <= draft_len drafts."""

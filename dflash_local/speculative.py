@@ -152,6 +152,7 @@ class _Lookup:
 
     def choose(self, block_policy: BlockPolicy, remaining: int):
         """A lookup draft cut to its best width, or None when the block policy's choice wins."""
+        self.policy.next_round()
         limit = max(1, min(block_policy.max_width, remaining))
         draft = self.index.propose(limit - 1)
         if draft is None:
