@@ -57,8 +57,10 @@ class RoundCosts:
     def at(self, width: int) -> float:
         return self.seconds[width - 1]
 
-    def verify_at(self, width: int) -> float:
-        return (self.verify_seconds or self.seconds)[width - 1]
+    @property
+    def verify_only(self) -> tuple[float, ...]:
+        """Per width, a round without the drafter pass (a prompt-lookup round)."""
+        return self.verify_seconds or self.seconds
 
     @classmethod
     def uncalibrated(cls, max_width: int, slope: float = DEFAULT_COST_SLOPE) -> RoundCosts:
@@ -69,6 +71,12 @@ def expected_committed(rates: Sequence[float], width: int) -> float:
     """E[tokens committed by a round of `width`]; rates[j-1] = a_j as in the module docstring."""
     survival = np.cumprod(np.asarray(rates[: width - 1], dtype=np.float64))
     return 1.0 + float(survival.sum())
+
+
+def speeds_by_width(rates: Sequence[float], seconds: Sequence[float], limit: int) -> np.ndarray:
+    """speeds[w-1] = E[committed | w] / seconds[w-1] for widths 1..limit, in one pass."""
+    survival = np.concatenate([[1.0], np.cumprod(np.asarray(rates[: limit - 1], dtype=np.float64))])
+    return np.cumsum(survival) / np.asarray(seconds[:limit])
 
 
 def smoothed_rates(hits: Sequence[float], trials: Sequence[float],
@@ -141,10 +149,7 @@ class BlockPolicy:
     def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
         """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
         limit = min(limit or self.max_width, self.max_width)
-        rates = self.estimate.rates()
-        survival = np.concatenate([[1.0], np.cumprod(rates[: limit - 1])])
-        committed = np.cumsum(survival)  # committed[w-1] = E[committed | w]
-        speed = committed / np.asarray(self.costs.seconds[:limit])
+        speed = speeds_by_width(self.estimate.rates(), self.costs.seconds, limit)
         return min_width + int(np.argmax(speed[min_width - 1 :]))
 
     def choose(self, remaining: int) -> Choice:
@@ -221,10 +226,9 @@ class LookupPolicy:
     def plan(self, ngram: int, draft_len: int, limit: int) -> tuple[int, float]:
         """(width, expected tokens/s) of the best lookup round: width - 1 <= draft_len drafts."""
         widest = max(1, min(limit, draft_len + 1, self.costs.max_width))
-        rates = self.estimates[ngram].rates()
-        speeds = [expected_committed(rates, w) / self.costs.verify_at(w) for w in range(1, widest + 1)]
+        speeds = speeds_by_width(self.estimates[ngram].rates(), self.costs.verify_only, widest)
         best = 1 + int(np.argmax(speeds))
-        return best, speeds[best - 1]
+        return best, float(speeds[best - 1])
 
     def observe(self, ngram: int, width: int, accepted: int) -> None:
         self.estimates[ngram].observe(width - 1, accepted)

@@ -63,7 +63,7 @@ class Calibration:
         return {
             "version": CALIBRATION_VERSION, "key": self.key, "measured_at": self.measured_at,
             "measure_s": round(self.measure_s, 2), "round_seconds": list(self.costs.seconds),
-            "verify_seconds": list(self.costs.verify_seconds or self.costs.seconds),
+            "verify_seconds": list(self.costs.verify_only),
             "relative_cost": [round(s / self.costs.seconds[0], 4) for s in self.costs.seconds],
             "acceptance_prior": [round(a, 4) for a in self.prior],
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -146,9 +147,9 @@ class _Lookup:
     """The prompt-lookup side of one generation: the n-gram index of its text and the policy
     that prices lookup rounds against the block policy's best choice."""
 
-    def __init__(self, prompt_ids: list[int], policy: LookupPolicy, max_ngram: int):
+    def __init__(self, prompt_ids: list[int], costs: RoundCosts, max_ngram: int = DEFAULT_MAX_NGRAM):
         self.index = NgramIndex(prompt_ids, max_ngram)
-        self.policy = policy
+        self.policy = LookupPolicy(costs, max_ngram)
 
     def choose(self, block_policy: BlockPolicy, remaining: int):
         """A lookup draft cut to its best width, or None when the block policy's choice wins."""
@@ -160,14 +161,14 @@ class _Lookup:
         width, speed = self.policy.plan(draft.ngram, len(draft.token_ids), limit)
         if width < 2 or speed <= block_policy.best_tokens_per_s(limit):
             return None
-        return type(draft)(draft.token_ids[: width - 1], draft.ngram)
+        return replace(draft, token_ids=draft.token_ids[: width - 1])
 
 
 def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids: list[int]):
     """Lookup rounds need the auto policy (it prices them); fixed widths stay pure DFlash."""
     if policy is None or not params.prompt_lookup:
         return None
-    return _Lookup(prompt_ids, LookupPolicy(policy.costs, DEFAULT_MAX_NGRAM), DEFAULT_MAX_NGRAM)
+    return _Lookup(prompt_ids, policy.costs)
 
 
 def _effective_block_size(drafter: Drafter | None, params: GenerationParams) -> int:

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from dflash_local.block_policy import FALLBACK, LOOKUP, PROBE
+
 NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core: timings are suspect
 
 
@@ -65,12 +67,12 @@ def _note(method: str, summary: dict, result: dict) -> str:
     modes = summary.get("rounds_by_mode")
     if modes:
         rounds = sum(modes.values())
-        fallback = modes.get("plain-fallback", 0) + modes.get("probe", 0)
+        fallback = modes.get(FALLBACK, 0) + modes.get(PROBE, 0)
         notes.append(f"mean width {summary['mean_width']:.1f}")
         if fallback:
             notes.append(f"fallback {100 * fallback / rounds:.0f}% of rounds")
-        if modes.get("lookup"):
-            notes.append(f"lookup {100 * modes['lookup'] / rounds:.0f}% of rounds")
+        if modes.get(LOOKUP):
+            notes.append(f"lookup {100 * modes[LOOKUP] / rounds:.0f}% of rounds")
     return ", ".join(notes)
 
 
