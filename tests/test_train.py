@@ -246,3 +246,10 @@ def test_the_validation_slice_is_chosen_by_prompt_not_by_position():
     assert positions != list(range(8))  # not simply the first sequences (the first shard)
     grown, _ = split_validation(sequences + synthetic_sequences(100, 4, seed=1))
     assert len({id(s) for s in grown} & {id(s) for s in held}) >= 5  # mostly the same slice
+
+
+def test_negative_prompt_variants_are_refused():
+    from dflash_local.train.prompts import training_prompts
+
+    with pytest.raises(DFlashError, match="prompt variants must be >= 0"):
+        training_prompts(limit=10, variants=-1)

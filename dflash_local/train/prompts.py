@@ -116,8 +116,11 @@ def variant_prompts(variants: int, root: Path | None = None, limit: int = 20000,
     """Up to `variants` more framings of each docstring whose first prompt is a training prompt
     (a held-out docstring never reaches training in another framing). More data from the same
     corpus without changing the first prompts, their split, or the benchmark's held-out set."""
-    return [prompt for group in _docstring_groups(root, limit, seed) if not is_held_out(group[0])
-            for prompt in group[1 : 1 + variants]]
+    return _variants(_docstring_groups(root, limit, seed), variants)
+
+
+def _variants(groups: list[list[str]], variants: int) -> list[str]:
+    return [prompt for group in groups if not is_held_out(group[0]) for prompt in group[1 : 1 + variants]]
 
 
 def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str]]:
@@ -183,10 +186,13 @@ def all_prompts(limit: int = 20000) -> list[str]:
 def training_prompts(limit: int = 20000, variants: int = 0) -> list[str]:
     """The training split, plus `variants` more framings per training docstring, without
     duplicates and without any prompt that is also a held-out one."""
-    train, held_out = split_prompts(all_prompts(limit=limit))
+    if variants < 0:
+        raise DFlashError(f"prompt variants must be >= 0, got {variants}")
+    groups = _docstring_groups(None, limit, 0)  # the stdlib parsed once for both lists
+    train, held_out = split_prompts(CHAT_PROMPTS + [group[0] for group in groups])
     excluded = set(held_out)
     prompts = dict.fromkeys(train)
-    for prompt in variant_prompts(variants, limit=limit) if variants else []:
+    for prompt in _variants(groups, variants):
         if prompt not in excluded:
             prompts.setdefault(prompt)
     return list(prompts)
