@@ -31,7 +31,7 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.events import GenerationParams
 
-CALIBRATION_VERSION = 3  # 2: the weight-first LM head changed torch verify costs; 3: verify alone kept
+CALIBRATION_VERSION = 4  # 2: weight-first LM head; 3: verify alone kept; 4: oneDNN-packed torch linears
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "

@@ -1,10 +1,11 @@
 """What a verify pass of width k costs over a 1-token step on the Transformers engine, and
-whether bfloat16 keeps speculative == plain (the figures behind WeightFirstHead and dtype auto).
+whether bfloat16 keeps speculative == plain (the figures behind cpu_linear and dtype auto).
 
     .venv/bin/python scripts/torch_verify_cost.py [--dtype float32 bfloat16] [--check-bf16 N]
 
-Target: the imported embedded SmolLM2-135M. For float32 it alternates the engine's weight-first
-head with the plain nn.Linear head (same run), median of 4 repetitions of 6 verify+commit pairs.
+Target: the imported embedded SmolLM2-135M. For float32 it alternates two loads of the target in
+the same run, the engine's (oneDNN-packed linears) and stock nn.Linear, median of 4 repetitions
+of 6 verify+commit pairs.
 --check-bf16 N: N held-out prompts, 96 tokens, plain vs B = 4 and 16 in bfloat16: identical count.
 """
 
@@ -20,7 +21,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.embedded import embedded_target_dir
-from dflash_local.engines.torch_engine import TorchEngine, WeightFirstHead
+from dflash_local.engines import torch_engine
+from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams
 
 WIDTHS = (1, 2, 4, 8, 16)
@@ -42,6 +44,16 @@ def verify_costs(engine: TorchEngine) -> dict[int, float]:
             runs.append((time.perf_counter() - start) / 6)
         costs[width] = statistics.median(runs)
     return costs
+
+
+def stock_engine() -> TorchEngine:
+    """The engine with its linear layers left as Transformers builds them."""
+    packer = torch_engine.pack_linears
+    torch_engine.pack_linears = lambda *args, **kwargs: 0
+    try:
+        return TorchEngine(embedded_target_dir(), None, dtype="float32")
+    finally:
+        torch_engine.pack_linears = packer
 
 
 def report(label: str, costs: dict[int, float]) -> None:
@@ -75,15 +87,13 @@ def main() -> None:
     args = parser.parse_args()
     for dtype in args.dtype:
         engine = TorchEngine(embedded_target_dir(), None, dtype=dtype)
-        head = engine.model.get_output_embeddings()
-        if isinstance(head, WeightFirstHead):
-            for _ in range(2):  # alternate: this machine may be shared
-                engine.model.set_output_embeddings(head.inner)
-                report(f"{dtype} nn.Linear head   ", verify_costs(engine))
-                engine.model.set_output_embeddings(head)
-                report(f"{dtype} weight-first head", verify_costs(engine))
-        else:
+        if dtype != "float32":
             report(dtype, verify_costs(engine))
+            continue
+        stock = stock_engine()
+        for _ in range(2):  # alternate: this machine may be shared
+            report("float32 stock nn.Linear", verify_costs(stock))
+            report("float32 oneDNN-packed  ", verify_costs(engine))
     if args.check_bf16:
         bf16_identity(args.check_bf16)
 

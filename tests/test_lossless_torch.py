@@ -181,15 +181,17 @@ def test_accepted_characters_are_the_text_of_the_accepted_drafts(engine, monkeyp
     assert sum(event.accepted_chars > 0 for event in events[1:]) >= 4
 
 
-def test_the_cpu_float32_head_is_weight_first_and_computes_the_same_logits(engine):
-    import torch
+def test_the_cpu_float32_linears_are_packed_and_the_tied_head_still_computes_the_same_logits(engine):
     import torch.nn.functional as F
 
-    from dflash_local.engines.torch_engine import WeightFirstHead
+    from dflash_local.engines.cpu_linear import PackedLinear
 
+    assert not any(type(m) is torch.nn.Linear for m in (*engine.model.modules(), *engine.drafter.modules()))
     head = engine.model.get_output_embeddings()
-    assert isinstance(head, WeightFirstHead)
-    assert head.weight is engine.model.get_input_embeddings().weight or not engine.model.config.tie_word_embeddings
-    rows = torch.randn(1, 5, head.weight.shape[1])
-    torch.testing.assert_close(head(rows), F.linear(rows, head.weight), rtol=1e-5, atol=1e-5)
+    assert isinstance(head, PackedLinear)
+    assert engine.model.config.tie_word_embeddings  # the tiny targets tie, as SmolLM2 does
+    assert head.weight is engine.model.get_input_embeddings().weight  # kept, not copied
+    rows = torch.randn(1, 5, head.in_features)
+    torch.testing.assert_close(head(rows), F.linear(rows, engine.model.get_input_embeddings().weight),
+                               rtol=1e-5, atol=1e-5)
     assert engine.drafter._borrowed[1] is head  # the drafter's logits go through it too

@@ -4,7 +4,9 @@ Transformers engine: `model.generate()` (the reference), prompt-lookup decoding
 (`prompt_lookup_num_tokens`) and assisted generation with an autoregressive draft model
 (`assistant_model`). MLX engine: mlx-lm's `stream_generate`, plain and with its own draft-model
 speculative decoding. A peer that cannot run here (no AR draft model) stays in the table with
-the reason. Peers borrow the engine's loaded target (`engine.model`): same weights, same dtype.
+the reason. Peers borrow the engine's loaded target (`engine.model`): same weights, same dtype,
+same kernels (on a CPU in float32, oneDNN-packed linears: engines/cpu_linear.py); the AR draft
+model gets the same packing.
 """
 
 from __future__ import annotations
@@ -51,10 +53,14 @@ def transformers_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("assisted (AR draft)", None, NO_AR_DRAFT)]
     from transformers import AutoModelForCausalLM
 
+    from dflash_local.engines.cpu_linear import pack_linears
+    from dflash_local.engines.torch_engine import PACK_ROWS_WITHOUT_DRAFTER
     from dflash_local.hub import resolve_model
 
     draft = AutoModelForCausalLM.from_pretrained(resolve_model(ar_draft), dtype=engine.model.dtype)
     draft = draft.to(engine.model.device).eval()
+    pack_linears(draft, rows_hint=PACK_ROWS_WITHOUT_DRAFTER,
+                 shared=(draft.get_input_embeddings().weight,))
     _check_same_vocab(draft.config.vocab_size, engine.model.config.vocab_size, ar_draft)
     return [*peers, Peer(f"assisted ({ar_draft})",
                          partial(_hf_generate, engine, {"assistant_model": draft}))]
@@ -121,6 +127,8 @@ def mlx_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("mlx-lm draft model (AR draft)", None, NO_AR_DRAFT)]
     from mlx_lm import load as mlx_lm_load
 
+    from dflash_local.engines.cpu_linear import pack_linears
+    from dflash_local.engines.torch_engine import PACK_ROWS_WITHOUT_DRAFTER
     from dflash_local.hub import resolve_model
 
     draft, draft_tokenizer = mlx_lm_load(str(resolve_model(ar_draft)))

@@ -260,13 +260,14 @@ class DraftSession:
         self.model = model
         self.block_size = model.config.block_size
         self.cache = model.new_cache(window)
-        self._device = model.fc.weight.device
+        # the norm's weight: the linears' may be released after oneDNN packing (cpu_linear)
+        self._device, self._dtype = model.norm.weight.device, model.norm.weight.dtype
 
     @torch.inference_mode()
     def propose(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> list[int]:
         block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
         block_ids = torch.tensor([block], device=self._device)
-        hidden = self.model.draft(block_ids, new_taps.to(self.model.fc.weight.dtype), self.cache)
+        hidden = self.model.draft(block_ids, new_taps.to(self._dtype), self.cache)
         return self.model.logits(hidden[:, 1:]).argmax(-1)[0].tolist()
 
 

@@ -19,10 +19,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.cpu_linear import pack_linears
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
 
+PACK_ROWS_WITHOUT_DRAFTER = 16  # plain decoding, and the bench peers' prompt lookup (10-row blocks)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -68,38 +70,6 @@ class TapCollector:
         self.outputs.clear()
         self.enabled = False
         return taps
-
-
-class WeightFirstHead(torch.nn.Module):
-    """The target's LM head computed as weight @ rows.T on CPU float32.
-
-    With a few rows (a verify block, a draft block) MKL's fp32 GEMM repacks the whole
-    vocab x hidden weight on every call; weight-first streams it once, as a 1-row GEMV does.
-    Measured on the embedded target (2 cores): verify(2) 1.8-2.0x -> 1.3x a 1-token step,
-    verify(8) 2.0-2.2x -> 1.6x (scripts/torch_verify_cost.py). The weight stays the original (tied) tensor.
-    """
-
-    def __init__(self, head: torch.nn.Linear):
-        super().__init__()
-        self.inner = head
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.inner.weight
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        rows = hidden.reshape(-1, hidden.shape[-1])
-        logits = torch.matmul(self.inner.weight, rows.T).T
-        if self.inner.bias is not None:
-            logits = logits + self.inner.bias
-        return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
-
-
-def use_weight_first_head(model) -> None:
-    head = model.get_output_embeddings()
-    if (isinstance(head, torch.nn.Linear) and head.weight.device.type == "cpu"
-            and head.weight.dtype == torch.float32):
-        model.set_output_embeddings(WeightFirstHead(head))
 
 
 class TorchTargetRunner:
@@ -153,9 +123,7 @@ def _load_target(target_path: Path, dtype: torch.dtype, device: str):
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot load target from {target_path}: {first_line}") from None
-    model = model.to(device).eval()
-    use_weight_first_head(model)
-    return tokenizer, model
+    return tokenizer, model.to(device).eval()
 
 
 class TorchEngine(LocalEngine):
@@ -174,10 +142,13 @@ class TorchEngine(LocalEngine):
             if reasons:
                 raise IncompatiblePairError(reasons)
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
+        rows_hint = drafter_config.block_size if drafter_config else PACK_ROWS_WITHOUT_DRAFTER
+        pack_linears(self.model, rows_hint, shared=(self.model.get_input_embeddings().weight,))
         self.drafter = None
         self.taps = None
         if drafter_config is not None:
             self.drafter = load_drafter(drafter_path, dtype=torch_dtype, device=device)
+            pack_linears(self.drafter, rows_hint)
             self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window

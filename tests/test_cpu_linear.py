@@ -1,0 +1,53 @@
+"""oneDNN-packed linears: the same function as nn.Linear, row results independent of the row
+count (what keeps verify rows equal to plain decoding's), and no second copy of a weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_local.engines.cpu_linear import PackedLinear, pack_linears, packing_available
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_computes_what_nn_linear_computes(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=bias)
+    packed = PackedLinear(linear, rows_hint=16)
+    for shape in [(1, 64), (1, 7, 64), (2, 3, 64), (40, 64)]:  # 40 rows: above the hint
+        x = torch.randn(*shape)
+        out = packed(x)
+        assert out.shape == (*shape[:-1], 96)
+        torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_how_many_rows_came_with_it():
+    torch.manual_seed(1)
+    packed = PackedLinear(nn.Linear(576, 1536, bias=False), rows_hint=16)
+    block = torch.randn(16, 576)
+    together = packed(block)
+    for width in (1, 2, 5, 16):
+        assert torch.equal(packed(block[:width]), together[:width]), width  # bit for bit
+
+
+def test_pack_linears_replaces_every_float32_linear_and_keeps_only_shared_weights():
+    torch.manual_seed(2)
+    embed = nn.Embedding(50, 32)
+    model = nn.Sequential(nn.Linear(32, 32), nn.Sequential(nn.Linear(32, 64), nn.ReLU()),
+                          nn.Linear(64, 50, bias=False), nn.Linear(32, 8).to(torch.bfloat16))
+    model[2].weight = nn.Parameter(torch.randn(50, 64))
+    tied = nn.Linear(32, 50, bias=False)
+    tied.weight = embed.weight
+    model.append(tied)
+    x = torch.randn(3, 32)
+    expected = model[2](model[1](model[0](x)))
+    assert pack_linears(model, rows_hint=8, shared=(embed.weight,)) == 4  # not the bfloat16 one
+    assert type(model[3]) is nn.Linear
+    torch.testing.assert_close(model[2](model[1](model[0](x))), expected, rtol=1e-5, atol=1e-5)
+    assert model[4].weight is embed.weight  # tied: still reachable, nothing copied
+    assert not hasattr(model[0], "weight")  # released: only the reordered copy remains
+    assert not any(p.requires_grad for p in model[1][0].parameters())
