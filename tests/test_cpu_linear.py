@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dflash_local.engines.cpu_linear import PackedLinear, pack_linears, packing_available

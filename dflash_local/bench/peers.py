@@ -127,8 +127,6 @@ def mlx_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("mlx-lm draft model (AR draft)", None, NO_AR_DRAFT)]
     from mlx_lm import load as mlx_lm_load
 
-    from dflash_local.engines.cpu_linear import pack_linears
-    from dflash_local.engines.torch_engine import PACK_ROWS_WITHOUT_DRAFTER
     from dflash_local.hub import resolve_model
 
     draft, draft_tokenizer = mlx_lm_load(str(resolve_model(ar_draft)))
