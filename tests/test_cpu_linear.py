@@ -3,6 +3,8 @@ count (what keeps verify rows equal to plain decoding's), and no second copy of 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -50,3 +52,17 @@ def test_pack_linears_replaces_every_float32_linear_and_keeps_only_shared_weight
     assert model[4].weight is embed.weight  # tied: still reachable, nothing copied
     assert not hasattr(model[0], "weight")  # released: only the reordered copy remains
     assert not any(p.requires_grad for p in model[1][0].parameters())
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_the_engine_lets_go_of_the_checkpoint_file_once_its_linears_are_packed(tmp_path):
+    import tiny_models
+
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    target = tiny_models.make_target(tmp_path / "target")
+    tiny_models.make_tokenizer(target)
+    weights = str((target / "model.safetensors").resolve())
+    engine = TorchEngine(target, None)
+    assert weights not in Path("/proc/self/maps").read_text()  # no mapped view keeps it resident
+    assert not any(type(m) is nn.Linear for m in engine.model.modules())

@@ -56,4 +56,17 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
                and child.weight.dtype == torch.float32]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child, rows_hint, keep_weight=id(child.weight) in shared_ids))
+    if targets:
+        _copy_out_of_checkpoint_map(model)
     return len(targets)
+
+
+def _copy_out_of_checkpoint_map(model: nn.Module) -> None:
+    """Give the remaining parameters (embeddings, norms) their own memory.
+
+    Transformers maps a float32 safetensors file and its tensors view that map: while one of them
+    does, the whole file stays mapped, and the pages of the weights just packed and released stay
+    counted in the process (+0.5 GB for the embedded target)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.data = parameter.data.clone()
