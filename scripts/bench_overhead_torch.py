@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from dflash_local.engines.cpu_linear import PackedLinear
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams, GenerationStats
 
@@ -105,7 +106,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         target = args.target or default_target(Path(tmp))
         engine = TorchEngine(target, None)
-    params = sum(p.numel() for p in engine.model.parameters()) / 1e6
+    packed = [m for m in engine.model.modules() if isinstance(m, PackedLinear) and not hasattr(m, "weight")]
+    params = (sum(p.numel() for p in engine.model.parameters())
+              + sum(m.in_features * m.out_features for m in packed)) / 1e6  # packed: no Parameter
     prompt_ids = engine.encode_raw(PROMPT)
     print(f"target {target} ({params:.0f}M params), prompt {len(prompt_ids)} tokens, "
           f"{args.tokens} new tokens, torch threads {torch.get_num_threads()}")

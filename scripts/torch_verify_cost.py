@@ -21,7 +21,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.embedded import embedded_target_dir
-from dflash_local.engines import torch_engine
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams
 
@@ -44,16 +43,6 @@ def verify_costs(engine: TorchEngine) -> dict[int, float]:
             runs.append((time.perf_counter() - start) / 6)
         costs[width] = statistics.median(runs)
     return costs
-
-
-def stock_engine() -> TorchEngine:
-    """The engine with its linear layers left as Transformers builds them."""
-    packer = torch_engine.pack_linears
-    torch_engine.pack_linears = lambda *args, **kwargs: 0
-    try:
-        return TorchEngine(embedded_target_dir(), None, dtype="float32")
-    finally:
-        torch_engine.pack_linears = packer
 
 
 def report(label: str, costs: dict[int, float]) -> None:
@@ -90,7 +79,7 @@ def main() -> None:
         if dtype != "float32":
             report(dtype, verify_costs(engine))
             continue
-        stock = stock_engine()
+        stock = TorchEngine(embedded_target_dir(), None, dtype="float32", pack_cpu_linears=False)
         for _ in range(2):  # alternate: this machine may be shared
             report("float32 stock nn.Linear", verify_costs(stock))
             report("float32 oneDNN-packed  ", verify_costs(engine))

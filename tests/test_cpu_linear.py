@@ -40,7 +40,7 @@ def test_pack_linears_replaces_every_float32_linear_and_keeps_only_shared_weight
     embed = nn.Embedding(50, 32)
     model = nn.Sequential(nn.Linear(32, 32), nn.Sequential(nn.Linear(32, 64), nn.ReLU()),
                           nn.Linear(64, 50, bias=False), nn.Linear(32, 8).to(torch.bfloat16))
-    model[2].weight = nn.Parameter(torch.randn(50, 64))
+    model[2].weight = nn.Parameter(torch.randn(50, 64))  # larger than the default init: a real test
     tied = nn.Linear(32, 50, bias=False)
     tied.weight = embed.weight
     model.append(tied)
@@ -61,8 +61,34 @@ def test_the_engine_lets_go_of_the_checkpoint_file_once_its_linears_are_packed(t
     from dflash_local.engines.torch_engine import TorchEngine
 
     target = tiny_models.make_target(tmp_path / "target")
-    tiny_models.make_tokenizer(target)
     weights = str((target / "model.safetensors").resolve())
+    stock = TorchEngine(target, None, pack_cpu_linears=False)
+    assert weights in Path("/proc/self/maps").read_text()  # the control: Transformers maps the file
+    del stock
     engine = TorchEngine(target, None)
     assert weights not in Path("/proc/self/maps").read_text()  # no mapped view keeps it resident
     assert not any(type(m) is nn.Linear for m in engine.model.modules())
+
+
+def test_an_untied_head_is_packed_and_released_and_speculative_still_equals_plain(tmp_path):
+    import tiny_models
+
+    from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.events import GenerationParams
+
+    target = tiny_models.make_target(tmp_path / "target", tie=False)
+    drafter = tiny_models.make_drafter(tmp_path / "drafter", target, block_size=8)
+    engine = TorchEngine(target, drafter)
+    head = engine.model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and not hasattr(head, "weight")  # nothing kept alive
+    assert engine.drafter._borrowed[1] is head
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "def add(a, b):"}])
+
+    def tokens(**params):
+        events = engine.stream(prompt_ids, GenerationParams(max_tokens=24, stop_token_ids=(10_000,), **params))
+        return [t for event in events for t in event.token_ids]
+
+    plain = tokens(speculative=False)
+    assert len(plain) == 24
+    for block_size in (2, 8):
+        assert tokens(block_size=block_size) == plain

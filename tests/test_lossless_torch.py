@@ -12,6 +12,7 @@ import torch
 from fixtures_tiny import ScriptedDrafter, collect, follow, tiny_engine, tiny_pair
 
 from dflash_local.drafter.model_torch import DraftSession
+from dflash_local.engines.cpu_linear import packing_available
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats
@@ -181,6 +182,7 @@ def test_accepted_characters_are_the_text_of_the_accepted_drafts(engine, monkeyp
     assert sum(event.accepted_chars > 0 for event in events[1:]) >= 4
 
 
+@pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
 def test_the_cpu_float32_linears_are_packed_and_the_tied_head_still_computes_the_same_logits(engine):
     import torch.nn.functional as F
 

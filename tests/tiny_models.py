@@ -40,14 +40,15 @@ VOCAB = len(SPECIALS) + 256
 MASK_ID = 3
 
 
-def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6, hidden: int = 64) -> Path:
+def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6, hidden: int = 64,
+                tie: bool = True) -> Path:
     """A random-weight target of the given family, saved as a normal HF directory."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     common = {
         "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": 2 * hidden,
         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": hidden // 4, "max_position_embeddings": 1024, "tie_word_embeddings": True,
+        "head_dim": hidden // 4, "max_position_embeddings": 1024, "tie_word_embeddings": tie,
         "eos_token_id": 2, "pad_token_id": 0,
     }
     config = Qwen3Config(**common) if family == "qwen3" else LlamaConfig(**common)

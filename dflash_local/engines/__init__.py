@@ -41,7 +41,7 @@ ENGINES = {
 
 def choose_engine() -> str:
     """`--engine auto`: MLX first on Apple Silicon, vLLM/SGLang first on CUDA, else Transformers
-    (on Linux CPUs torch's MKL kernels beat mlx[cpu]); see engines/selection.py."""
+    (on Linux CPUs torch's kernels beat mlx[cpu]); see engines/selection.py."""
     from dflash_local.engines.selection import choose_engine as choose
     from dflash_local.engines.selection import detect_platform
 

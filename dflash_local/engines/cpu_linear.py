@@ -16,9 +16,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+DEFAULT_ROWS_HINT = 16  # z-lab's block size; more rows still compute right, a little slower
+
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available()
+    """oneDNN present, with the (private, inductor) ops this module uses: checked on torch 2.13."""
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
 
 
 class PackedLinear(nn.Module):
@@ -50,15 +55,18 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
     if not packing_available():
         return 0
     shared_ids = {id(w) for w in shared}
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children()
-               if type(child) is nn.Linear and child.weight.device.type == "cpu"
-               and child.weight.dtype == torch.float32]
-    for parent, name, child in targets:
+    # names, not modules: each original is freed as soon as it is replaced (peak memory = the
+    # model plus one layer, not two models)
+    slots = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.weight.device.type == "cpu"
+             and child.weight.dtype == torch.float32]
+    for parent, name in slots:
+        child = getattr(parent, name)
         setattr(parent, name, PackedLinear(child, rows_hint, keep_weight=id(child.weight) in shared_ids))
-    if targets:
+        del child
+    if slots:
         _copy_out_of_checkpoint_map(model)
-    return len(targets)
+    return len(slots)
 
 
 def _copy_out_of_checkpoint_map(model: nn.Module) -> None:
@@ -66,7 +74,10 @@ def _copy_out_of_checkpoint_map(model: nn.Module) -> None:
 
     Transformers maps a float32 safetensors file and its tensors view that map: while one of them
     does, the whole file stays mapped, and the pages of the weights just packed and released stay
-    counted in the process (+0.5 GB for the embedded target)."""
+    counted in the process (+0.5 GB for the embedded target). One tensor at a time, so the
+    transient is the largest one (the embedding table); a converted (bf16 -> fp32) checkpoint was
+    never mapped and pays that copy for nothing.
+    """
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.data = parameter.data.clone()

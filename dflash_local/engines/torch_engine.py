@@ -19,12 +19,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
-from dflash_local.engines.cpu_linear import pack_linears
+from dflash_local.engines.cpu_linear import DEFAULT_ROWS_HINT, pack_linears
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
 
-PACK_ROWS_WITHOUT_DRAFTER = 16  # plain decoding, and the bench peers' prompt lookup (10-row blocks)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -131,7 +130,7 @@ class TorchEngine(LocalEngine):
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
-                 draft_window: int | None = None):
+                 draft_window: int | None = None, pack_cpu_linears: bool = True):
         dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
@@ -142,13 +141,15 @@ class TorchEngine(LocalEngine):
             if reasons:
                 raise IncompatiblePairError(reasons)
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
-        rows_hint = drafter_config.block_size if drafter_config else PACK_ROWS_WITHOUT_DRAFTER
-        pack_linears(self.model, rows_hint, shared=(self.model.get_input_embeddings().weight,))
+        rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
+        if pack_cpu_linears:  # False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
+            pack_linears(self.model, rows_hint, shared=(self.model.get_input_embeddings().weight,))
         self.drafter = None
         self.taps = None
         if drafter_config is not None:
             self.drafter = load_drafter(drafter_path, dtype=torch_dtype, device=device)
-            pack_linears(self.drafter, rows_hint)
+            if pack_cpu_linears:
+                pack_linears(self.drafter, rows_hint)
             self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
