@@ -243,6 +243,26 @@ def test_a_server_that_exits_reports_its_exit_code_and_log(tmp_path):
         server.wait_healthy("http://127.0.0.1:9/health", timeout_s=30, interval_s=0.05)
 
 
+def test_stopping_counts_a_zombie_as_gone_and_a_live_process_as_left():
+    from dflash_local.engines.launch import _wait_gone
+
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; left unreaped: a zombie
+    deadline = time.monotonic() + 30
+    while psutil.Process(finished.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    start = time.monotonic()
+    assert _wait_gone([psutil.Process(finished.pid)], 10.0) == []
+    assert time.monotonic() - start < 2.0  # not the whole timeout
+    finished.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert [p.pid for p in _wait_gone([psutil.Process(sleeper.pid)], 0.3)] == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_ctrl_c_in_the_parent_stops_the_server_group(tmp_path):
     """The parent is interrupted (SIGINT -> KeyboardInterrupt); atexit stops the server's group."""
     fake = tmp_path / "fake_server.py"

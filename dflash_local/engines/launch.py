@@ -150,11 +150,11 @@ class ServerProcess:
         _signal_all(process.pid, descendants, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(grace_s)
-        _, left = psutil.wait_procs(descendants, timeout=max(deadline - time.monotonic(), 0.0))
+        left = _wait_gone(descendants, deadline - time.monotonic())
         _signal_all(process.pid, left, signal.SIGKILL)  # stragglers, even once the leader is gone
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5.0)
-        psutil.wait_procs(left, timeout=5.0)
+        _wait_gone(left, 5.0)
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
@@ -164,6 +164,25 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """The processes still running after up to `timeout_s`. A zombie counts as gone: an orphaned
+    grandchild's zombie waits for init to reap it, not for us (psutil.wait_procs waited out the
+    whole grace period for one, and Ctrl-C took ~20 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        processes = [proc for proc in processes if _running(proc)]
+        if not processes or time.monotonic() >= deadline:
+            return processes
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_all(pgid: int, processes: list[psutil.Process], sig: int) -> None:
