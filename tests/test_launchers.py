@@ -269,7 +269,9 @@ def test_ctrl_c_in_the_parent_stops_the_server_group(tmp_path):
     fake.write_text(FAKE_SERVER)
     pids = tmp_path / "pids"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
-        import sys, time
+        import signal, sys, time
+        # as in a terminal: a background job of a script inherits SIGINT ignored (a CI runner)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from dflash_local.engines.launch import ServerProcess
         server = ServerProcess([sys.executable, {str(fake)!r}]).start()
         time.sleep(1.0)
