@@ -53,13 +53,12 @@ def transformers_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("assisted (AR draft)", None, NO_AR_DRAFT)]
     from transformers import AutoModelForCausalLM
 
-    from dflash_local.engines.cpu_linear import DEFAULT_ROWS_HINT, pack_linears
+    from dflash_local.engines.cpu_linear import pack_causal_lm
     from dflash_local.hub import resolve_model
 
     draft = AutoModelForCausalLM.from_pretrained(resolve_model(ar_draft), dtype=engine.model.dtype)
     draft = draft.to(engine.model.device).eval()
-    pack_linears(draft, rows_hint=DEFAULT_ROWS_HINT,
-                 shared=(draft.get_input_embeddings().weight,))
+    pack_causal_lm(draft)
     _check_same_vocab(draft.config.vocab_size, engine.model.config.vocab_size, ar_draft)
     return [*peers, Peer(f"assisted ({ar_draft})",
                          partial(_hf_generate, engine, {"assistant_model": draft}))]

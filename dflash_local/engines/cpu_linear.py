@@ -2,7 +2,7 @@
 
 Stock `nn.Linear` on a CPU goes to MKL: a 1-row GEMV streams the weight once, but with 2-16 rows
 (a verify block, a draft block) MKL's GEMM repacks the whole weight on every call, so a verify
-pass of width 2 cost ~1.5x and of width 16 ~2.5x a 1-token step on the embedded target. With the
+pass of width 2 cost 1.7-2.0x and of width 16 2.1-2.2x a 1-token step on the embedded target. With the
 weight reordered once at load for up to `rows_hint` rows, oneDNN's kernel costs about the same
 for 1 to 16 rows, and a row's result does not depend on how many rows came with it (the verify
 rows equal plain decoding's bit for bit in these layers). Measured: scripts/torch_verify_cost.py.
@@ -67,6 +67,11 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
     if slots:
         _copy_out_of_checkpoint_map(model)
     return len(slots)
+
+
+def pack_causal_lm(model: nn.Module, rows_hint: int = DEFAULT_ROWS_HINT) -> int:
+    """`pack_linears` for a Transformers causal LM: its input embedding table may be its tied head."""
+    return pack_linears(model, rows_hint, shared=(model.get_input_embeddings().weight,))
 
 
 def _copy_out_of_checkpoint_map(model: nn.Module) -> None:

@@ -168,8 +168,8 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """The processes still running after up to `timeout_s`. A zombie counts as gone: an orphaned
-    grandchild's zombie waits for init to reap it, not for us (psutil.wait_procs waited out the
-    whole grace period for one, and Ctrl-C took ~20 s)."""
+    grandchild's zombie waits for init to reap it, not for us, and psutil.wait_procs polls a
+    non-child's pid, which exists while it is a zombie (it would wait out the whole grace)."""
     deadline = time.monotonic() + timeout_s
     while True:
         processes = [proc for proc in processes if _running(proc)]

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
-from dflash_local.engines.cpu_linear import DEFAULT_ROWS_HINT, pack_linears
+from dflash_local.engines.cpu_linear import DEFAULT_ROWS_HINT, pack_causal_lm, pack_linears
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
@@ -143,7 +143,7 @@ class TorchEngine(LocalEngine):
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
         if pack_cpu_linears:  # False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
-            pack_linears(self.model, rows_hint, shared=(self.model.get_input_embeddings().weight,))
+            pack_causal_lm(self.model, rows_hint)
         self.drafter = None
         self.taps = None
         if drafter_config is not None:
