@@ -183,6 +183,7 @@ def calibration_key(engine) -> dict:
         "engine": engine.name, "dtype": pair.dtype, "block_size": pair.block_size,
         "target": str(pair.target_path or pair.target), "drafter": str(pair.drafter_path or pair.drafter),
         "drafter_weights": _weights_stamp(pair.drafter_path),
+        "draft_vocab": pair.draft_vocab_size,  # a smaller draft head is a cheaper draft pass
         "machine": machine_info(), "versions": framework_versions(),
     }
 

@@ -5,6 +5,8 @@ slice holds shifts when more data is added; this script instead regenerates resp
 prompts hashed into the held-out split (train/prompts.py: never regenerated for training) with
 the float32 target, as the engines run it, caches them, and evaluates each drafter given on the
 same blocks (same anchors): loss, accuracy of the first draft, τ at the drafter's block size.
+A drafter with a draft_vocab.json is evaluated as the engines run it, over that set (its loss is
+then over the set too: compare losses between drafters evaluated alike); --full-head ignores it.
 
     .venv/bin/python scripts/eval_drafter_heldout.py models/smollm2-135m-dflash runs/other-drafter
 """
@@ -21,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import load_drafter
 from dflash_local.embedded import embedded_target_dir
 from dflash_local.train.prompts import all_prompts, split_prompts
@@ -33,6 +36,9 @@ def main() -> None:
     parser.add_argument("drafters", nargs="+", type=Path)
     parser.add_argument("--prompts", type=int, default=96, help="held-out prompts to use")
     parser.add_argument("--data", type=Path, default=Path("runs/heldout-eval"))
+    parser.add_argument("--vocab-from", type=Path, metavar="DIR",
+                        help="evaluate every drafter over this directory's draft_vocab.json")
+    parser.add_argument("--full-head", action="store_true", help="ignore draft_vocab.json files")
     args = parser.parse_args()
 
     target_dir = embedded_target_dir()
@@ -49,8 +55,12 @@ def main() -> None:
     results = {}
     for path, drafter in zip(args.drafters, drafters):
         drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
+        draft_ids = None if args.full_head else load_draft_vocab(args.vocab_from or path, drafter.config.vocab_size)
+        if draft_ids:
+            drafter.restrict_draft_vocab(draft_ids)
         settings = TrainSettings(block_size=drafter.config.block_size)
-        results[str(path)] = {k: round(v, 4) for k, v in evaluate(drafter.eval(), sequences, settings).items()}
+        results[str(path)] = {**{k: round(v, 4) for k, v in evaluate(drafter.eval(), sequences, settings).items()},
+                              "draft_vocab": len(draft_ids) if draft_ids else None}
     tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
     print(json.dumps({"held_out_prompts": len(sequences), "response_tokens": tokens,
                       "drafters": results}, indent=2))

@@ -30,8 +30,12 @@ def test_one_command_makes_a_drafter_the_engine_loads_and_runs_losslessly(target
     out = tmp_path / "drafter"
     code = main(["train", "--target", str(target), "--out", str(out), "--data", str(tmp_path / "data"),
                  "--prompts-limit", "20", "--max-new-tokens", "12", "--batch-size", "16",
-                 "--regen-minutes", "2", "--steps", "6", "--layers", "1", "--block-size", "4"])
+                 "--regen-minutes", "2", "--steps", "6", "--layers", "1", "--block-size", "4",
+                 "--draft-vocab", "40"])
     assert code == 0
+    vocab = json.loads((out / "draft_vocab.json").read_text())
+    assert len(vocab["token_ids"]) == 40 and vocab["token_ids"] == sorted(vocab["token_ids"])
+    assert 0 < vocab["coverage"] <= 1 and vocab["counted_tokens"] == report_tokens(out)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["mask_token_id"] == 3  # <|mask|>, found among the specials
@@ -41,10 +45,42 @@ def test_one_command_makes_a_drafter_the_engine_loads_and_runs_losslessly(target
     assert set(report["held_out"]) == {"loss", "acc1", "tau"} and report["held_out"]["tau"] >= 1.0
 
     engine = TorchEngine(target, out)
+    assert engine.pair.draft_vocab_size == 40
     prompt = engine.encode_chat([{"role": "user", "content": "Hello there"}])
     spec, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, block_size=4)))
     plain, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, speculative=False)))
     assert spec == plain
+
+
+def report_tokens(out: Path) -> int:
+    return json.loads((out / "training_report.json").read_text())["regenerated_tokens"]
+
+
+def test_a_restricted_drafter_trains_over_its_set_and_a_label_outside_it_is_a_miss(target):
+    from dflash_local.train.batches import make_batch
+    from dflash_local.train.trainer import _draft_indices, batch_loss
+
+    labels = torch.tensor([[-100, 7, 9, 4]])
+    assert _draft_indices(labels, torch.tensor([4, 7]), vocab_size=12).tolist() == [[-100, 1, -100, 0]]
+
+    drafter, _ = tiny_drafter(target)
+    sequences = synthetic_sequences(3, hidden_in=2 * 64, seed=4)
+    batch = make_batch(sequences, 4, 4, 3, 2.0, random.Random(0))
+    full_loss, full_metrics = batch_loss(drafter, batch)
+    in_data = sorted({int(t) for t in batch.labels.flatten() if t >= 0})
+    drafter.restrict_draft_vocab(in_data)  # every label is in the set: only the head shrinks
+    loss, metrics = batch_loss(drafter, batch)
+    assert loss < full_loss  # fewer competitors in the softmax
+    assert metrics["tau"] >= full_metrics["tau"]
+    loss.backward()
+    assert drafter.fc.weight.grad is not None and drafter._draft_head[0].weight.grad is None
+    first_drafts = batch.labels.view(3, -1, 4)[..., 1]  # the label at block position 1
+    token = int(first_drafts[0, 0])
+    drafter.restrict_draft_vocab([token])  # it can only propose `token`: right where that is the label
+    loss, single = batch_loss(drafter, batch)
+    expected = (first_drafts[first_drafts != -100] == token).float().mean().item()
+    assert 0 < expected < 1 and single["acc1"] == pytest.approx(expected)  # the others: misses
+    assert float(loss.detach()) == 0.0  # one class: no loss where it is the label, none elsewhere
 
 
 def synthetic_sequences(count: int, hidden_in: int, seed: int = 0) -> list[dict]:

@@ -123,6 +123,7 @@ class DFlashDrafter(nn.Module):
             max_position_embeddings=config.max_position_embeddings,
         )
         self.borrowed: Borrowed | None = None  # the target's, never saved with us
+        self.draft_head: DraftHead | None = None  # drafting over the draft vocabulary (draft_vocab.py)
 
     def bind(self, embed_tokens, lm_head) -> DFlashDrafter:
         """Borrow the target's embedding and head (tied targets: `embed_tokens.as_linear`)."""
@@ -136,7 +137,27 @@ class DFlashDrafter(nn.Module):
         return embeds
 
     def logits(self, hidden: mx.array) -> mx.array:
-        logits = self.borrowed.lm_head(hidden)
+        """Full-vocabulary logits (tests); drafting goes through `draft_token_ids`."""
+        return self._shape_logits(self.borrowed.lm_head(hidden))
+
+    def restrict_draft_vocab(self, token_ids: list[int]) -> None:
+        """Draft from `token_ids` only: a head of just those rows of the target's head."""
+        ids = mx.array(token_ids, dtype=mx.int32)
+        projection, bias = _head_columns(self.borrowed.lm_head, ids, self.config.hidden_size,
+                                         self.norm.weight.dtype)
+        self.draft_head = DraftHead(projection, bias, ids)
+
+    def draft_token_ids(self, hidden: mx.array) -> mx.array:
+        """Greedy proposals: argmax over the draft vocabulary (the whole one if unrestricted)."""
+        if self.draft_head is None:
+            return mx.argmax(self.logits(hidden), axis=-1)
+        head = self.draft_head
+        logits = hidden @ head.projection
+        if head.bias is not None:
+            logits = logits + head.bias
+        return mx.take(head.token_ids, mx.argmax(self._shape_logits(logits), axis=-1))
+
+    def _shape_logits(self, logits: mx.array) -> mx.array:
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
         if self.config.final_logit_softcapping is not None:
@@ -194,8 +215,30 @@ class DraftSession:
         block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
         new_taps = new_taps.astype(self.model.fc.weight.dtype)
         hidden = self.model.draft(mx.array([block]), new_taps, self.cache)
-        draft_ids = mx.argmax(self.model.logits(hidden[:, 1:]), axis=-1)
-        return draft_ids[0].tolist()
+        return self.model.draft_token_ids(hidden[:, 1:])[0].tolist()
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """Rows of the target's head for the draft vocabulary; a plain object, never saved."""
+
+    projection: mx.array  # [H, K]: hidden @ projection = those ids' logits, less the bias
+    bias: mx.array | None  # [K]
+    token_ids: mx.array  # [K] int32, ascending
+
+
+def _head_columns(head, ids: mx.array, hidden_size: int, dtype: mx.Dtype, chunk: int = 256):
+    """Outputs `ids` of a linear head of any kind (nn.Linear, quantized, a tied embedding's
+    `as_linear`) as a [H, K] matrix: the head applied to unit vector j gives row j (plus the
+    bias), exact in floating point. Returns (projection [H, K], bias [K] or None)."""
+    bias = mx.take(head(mx.zeros((1, hidden_size), dtype=dtype))[0], ids)
+    eye = mx.eye(hidden_size, dtype=dtype)
+    rows = [mx.take(head(eye[start : start + chunk]), ids, axis=1) - bias
+               for start in range(0, hidden_size, chunk)]
+    projection = mx.concatenate(rows, axis=0)
+    has_bias = bool(mx.any(bias != 0).item())
+    mx.eval(projection, bias)
+    return projection, (bias if has_bias else None)
 
 
 def load_drafter(path: str | Path, dtype: mx.Dtype = mx.float32) -> DFlashDrafter:

@@ -170,6 +170,7 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
         self._borrowed: tuple = ()  # (embed_tokens, lm_head): the target's, never saved with us
+        self._draft_head: tuple = ()  # (head over the draft vocabulary, its token ids); see draft_vocab.py
 
     def bind(self, embed_tokens: nn.Module, lm_head) -> DFlashDrafter:
         self._borrowed = (embed_tokens, lm_head)
@@ -184,7 +185,39 @@ class DFlashDrafter(nn.Module):
         return embeds
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._borrowed[1](hidden)
+        """Full-vocabulary logits (training, tests); drafting goes through `draft_token_ids`."""
+        return self._shape_logits(self._borrowed[1](hidden))
+
+    def restrict_draft_vocab(self, token_ids: list[int], wrap=lambda linear: linear) -> None:
+        """Draft from `token_ids` only: a head of just those rows of the target's head.
+
+        `wrap` may replace the new `nn.Linear` (the engine packs it for oneDNN).
+        """
+        like = self.norm.weight
+        ids = torch.tensor(token_ids, dtype=torch.long, device=like.device)
+        weight, bias = _head_rows(self._borrowed[1], ids, self.config.hidden_size, like)
+        head = nn.Linear(self.config.hidden_size, len(token_ids), bias=bias is not None,
+                         dtype=like.dtype, device=like.device)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+            if bias is not None:
+                head.bias.copy_(bias)
+        self._draft_head = (wrap(head.requires_grad_(False)), ids)
+
+    def draft_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits over the draft vocabulary, and its token ids (None: the whole vocabulary)."""
+        if not self._draft_head:
+            return self.logits(hidden), None
+        head, ids = self._draft_head
+        return self._shape_logits(head(hidden)), ids
+
+    def draft_token_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy proposals: argmax over the draft vocabulary."""
+        logits, ids = self.draft_logits(hidden)
+        best = logits.argmax(-1)
+        return best if ids is None else ids[best]
+
+    def _shape_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.config.output_multiplier is not None:
             logits = logits * self.config.output_multiplier
         if self.config.final_logit_softcapping:  # None or 0 = no soft-cap
@@ -268,7 +301,19 @@ class DraftSession:
         block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
         block_ids = torch.tensor([block], device=self._device)
         hidden = self.model.draft(block_ids, new_taps.to(self._dtype), self.cache)
-        return self.model.logits(hidden[:, 1:]).argmax(-1)[0].tolist()
+        return self.model.draft_token_ids(hidden[:, 1:])[0].tolist()
+
+
+@torch.no_grad()
+def _head_rows(head, ids: torch.Tensor, hidden_size: int, like: torch.Tensor, chunk: int = 256):
+    """Rows `ids` of a linear head of any kind (nn.Linear, oneDNN-packed, tied): the head applied
+    to unit vector j is its column j (plus the bias), exact in floating point. Returns
+    (weight [K, H], bias [K] or None)."""
+    zeros = torch.zeros(1, hidden_size, dtype=like.dtype, device=like.device)
+    bias = head(zeros)[0, ids]
+    eye = torch.eye(hidden_size, dtype=like.dtype, device=like.device)
+    columns = [head(eye[start : start + chunk])[:, ids] - bias for start in range(0, hidden_size, chunk)]
+    return torch.cat(columns).T.contiguous(), (bias if bool(bias.any()) else None)
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:

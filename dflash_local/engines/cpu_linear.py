@@ -69,6 +69,14 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
     return len(slots)
 
 
+def pack_linear(linear: nn.Linear, rows_hint: int) -> nn.Module:
+    """One layer: packed if it can be (float32 on a CPU with oneDNN), else itself."""
+    if (packing_available() and type(linear) is nn.Linear and linear.weight.device.type == "cpu"
+            and linear.weight.dtype == torch.float32):
+        return PackedLinear(linear, rows_hint)
+    return linear
+
+
 def pack_causal_lm(model: nn.Module, rows_hint: int = DEFAULT_ROWS_HINT) -> int:
     """`pack_linears` for a Transformers causal LM: its input embedding table may be its tied head."""
     return pack_linears(model, rows_hint, shared=(model.get_input_embeddings().weight,))

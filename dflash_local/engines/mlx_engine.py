@@ -27,6 +27,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
@@ -166,7 +167,7 @@ class MLXEngine(LocalEngine):
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32",
-                 draft_window: int | None = None):
+                 draft_window: int | None = None, draft_vocab: bool = True):
         dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
@@ -175,6 +176,9 @@ class MLXEngine(LocalEngine):
         raw_config = _read_config(target_path)
         self.adapter = adapter_for(str(raw_config.get("model_type")))
         drafter_config = _check_pair(drafter_path, target_path)
+        # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+        draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
+                     if drafter_config is not None and draft_vocab else None)
         quantized = bool(raw_config.get("quantization") or raw_config.get("quantization_config"))
         for note in _precision_warnings(dtype, quantized):
             logger.warning(note)
@@ -185,11 +189,14 @@ class MLXEngine(LocalEngine):
             self.drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
             inner = self.adapter.text_model(self.model)
             self.drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
+            if draft_ids:
+                self.drafter.restrict_draft_vocab(draft_ids)
         self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
         self.draft_window = draft_window
         max_context = load_target_info(target_path).max_position_embeddings or 32768
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
-                              dtype, drafter_config.block_size if drafter_config else 1)
+                              dtype, drafter_config.block_size if drafter_config else 1,
+                              draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
             hybrid_targets=True,

@@ -17,9 +17,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
-from dflash_local.engines.cpu_linear import DEFAULT_ROWS_HINT, pack_causal_lm, pack_linears
+from dflash_local.engines.cpu_linear import (
+    DEFAULT_ROWS_HINT,
+    pack_causal_lm,
+    pack_linear,
+    pack_linears,
+)
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
@@ -130,16 +136,20 @@ class TorchEngine(LocalEngine):
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
-                 draft_window: int | None = None, pack_cpu_linears: bool = True):
+                 draft_window: int | None = None, pack_cpu_linears: bool = True,
+                 draft_vocab: bool = True):
         dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
         torch_dtype = DTYPES[dtype]
         drafter_config = load_drafter_config(drafter_path) if drafter_path else None
+        draft_ids = None
         if drafter_config is not None:
             reasons = check_compatible(drafter_config, load_target_info(target_path))
             if reasons:
                 raise IncompatiblePairError(reasons)
+            # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+            draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
         if pack_cpu_linears:  # False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
@@ -151,11 +161,15 @@ class TorchEngine(LocalEngine):
             if pack_cpu_linears:
                 pack_linears(self.drafter, rows_hint)
             self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
+            if draft_ids:
+                self.drafter.restrict_draft_vocab(
+                    draft_ids, wrap=lambda linear: pack_linear(linear, rows_hint) if pack_cpu_linears else linear)
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
         max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
-                              dtype, drafter_config.block_size if drafter_config else 1)
+                              dtype, drafter_config.block_size if drafter_config else 1,
+                              draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
         )

@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+from dflash_local.drafter.draft_vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+from dflash_local.drafter.draft_vocab import choose_draft_vocab, count_tokens, write_draft_vocab
 from dflash_local.errors import DFlashError
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
@@ -38,6 +40,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--init-from", type=Path, metavar="DIR",
                         help="start from this drafter's weights (a longer second run) instead of the target's layers")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
+    parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
+                        help="train and draft over the N ids the target outputs most in the data "
+                             "(written as draft_vocab.json; the engines score only those); 0: the full head")
     parser.add_argument("--bf16", action="store_true",
                         help="bfloat16 training autocast and regeneration: about 2x faster on CPUs "
                              "with avx512_bf16, and on CUDA")
@@ -112,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainSettings(block_size=args.block_size, gamma=_gamma(args.block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
+    if args.draft_vocab > 0:  # trained over the set it will draft from (and ~2x faster steps)
+        counts = count_tokens(s["tokens"][s["prompt_len"]:].tolist() for s in sequences)
+        draft_ids = choose_draft_vocab(counts, args.draft_vocab)
+        drafter.restrict_draft_vocab(draft_ids)
     report = train(drafter, sequences, args.out, settings)
+    if args.draft_vocab > 0:
+        write_draft_vocab(args.out, draft_ids, counts)
     report.update({
         "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None, "taps": list(taps), "mask_token_id": mask_id,
         "sequences": len(sequences), "regenerated_tokens": sum(len(s["tokens"]) - s["prompt_len"] for s in sequences),

@@ -77,17 +77,32 @@ def init_from_target(drafter: DFlashDrafter, target) -> None:
 
 
 def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict]:
+    """Weighted cross-entropy over the drafter's draft vocabulary (the whole one if it has none:
+    a restricted head is ~6x cheaper here too, and a label outside the set cannot be proposed,
+    so it carries no loss, but it still counts as a miss in the metrics)."""
     hidden = drafter.forward_packed(batch.block_ids, batch.taps, batch.block_pos, batch.mask)
-    logits = drafter.logits(hidden).float()  # [b, Q, V]
-    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100, reduction="none")
+    logits, draft_ids = drafter.draft_logits(hidden)
+    logits = logits.float()  # [b, Q, V or K]
+    labels = batch.labels if draft_ids is None else _draft_indices(batch.labels, draft_ids, drafter.config.vocab_size)
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
     weights = batch.weights.flatten()
     loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
-    return loss, _metrics(logits.detach(), batch, drafter.config.block_size)
+    predicted = logits.detach().argmax(-1)
+    if draft_ids is not None:
+        predicted = draft_ids[predicted]
+    return loss, _metrics(predicted, batch, drafter.config.block_size)
 
 
-def _metrics(logits: torch.Tensor, batch: Batch, block_size: int) -> dict:
+def _draft_indices(labels: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Token ids -> positions in the draft vocabulary; -100 where absent (or already -100)."""
+    table = torch.full((vocab_size,), -100, dtype=torch.long, device=labels.device)
+    table[draft_ids] = torch.arange(len(draft_ids), device=labels.device)
+    return torch.where(labels == -100, labels, table[labels.clamp(min=0)])
+
+
+def _metrics(predicted: torch.Tensor, batch: Batch, block_size: int) -> dict:
     """Accuracy at position 1 and the τ greedy verification would give on these blocks."""
-    correct = (logits.argmax(-1) == batch.labels).view(logits.shape[0], -1, block_size)[..., 1:]
+    correct = (predicted == batch.labels).view(predicted.shape[0], -1, block_size)[..., 1:]
     valid = (batch.labels != -100).view(correct.shape[0], -1, block_size)[..., 1:]
     leading = (correct & valid).int().cumprod(-1).sum(-1)  # accepted drafts per block
     has_block = valid[..., 0]
