@@ -234,7 +234,7 @@ def _head_columns(head, ids: mx.array, hidden_size: int, dtype: mx.Dtype, chunk:
     bias = mx.take(head(mx.zeros((1, hidden_size), dtype=dtype))[0], ids)
     eye = mx.eye(hidden_size, dtype=dtype)
     rows = [mx.take(head(eye[start : start + chunk]), ids, axis=1) - bias
-               for start in range(0, hidden_size, chunk)]
+            for start in range(0, hidden_size, chunk)]
     projection = mx.concatenate(rows, axis=0)
     has_bias = bool(mx.any(bias != 0).item())
     mx.eval(projection, bias)
