@@ -36,9 +36,10 @@ def main() -> None:
     parser.add_argument("drafters", nargs="+", type=Path)
     parser.add_argument("--prompts", type=int, default=96, help="held-out prompts to use")
     parser.add_argument("--data", type=Path, default=Path("runs/heldout-eval"))
-    parser.add_argument("--vocab-from", type=Path, metavar="DIR",
-                        help="evaluate every drafter over this directory's draft_vocab.json")
-    parser.add_argument("--full-head", action="store_true", help="ignore draft_vocab.json files")
+    vocab = parser.add_mutually_exclusive_group()
+    vocab.add_argument("--vocab-from", type=Path, metavar="DIR",
+                       help="evaluate every drafter over this directory's draft_vocab.json")
+    vocab.add_argument("--full-head", action="store_true", help="ignore draft_vocab.json files")
     args = parser.parse_args()
 
     target_dir = embedded_target_dir()

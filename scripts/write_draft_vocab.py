@@ -1,6 +1,7 @@
 """Write draft_vocab.json for an existing drafter from the regenerated data it was trained on.
 
-`dflash-local train` writes it itself (`--draft-vocab N`); this is for a drafter trained before.
+`dflash-local train` writes it itself (`--draft-vocab N`); this is for a drafter trained before
+(it counts every response in --data: pass the data the drafter was trained on).
 Usage: .venv/bin/python scripts/write_draft_vocab.py --data runs/smol-regen --out models/smollm2-135m-dflash
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from dflash_local.drafter.draft_vocab import (
     DEFAULT_SIZE,
     choose_draft_vocab,
-    count_tokens,
+    count_response_tokens,
     write_draft_vocab,
 )
 from dflash_local.train.trainer import load_sequences
@@ -26,7 +27,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE)
     args = parser.parse_args()
     sequences = load_sequences(args.data)
-    counts = count_tokens(s["tokens"][s["prompt_len"]:].tolist() for s in sequences)
+    counts = count_response_tokens(sequences)
     path = write_draft_vocab(args.out, choose_draft_vocab(counts, args.size), counts)
     record = json.loads(path.read_text())
     print(f"{path}: {len(record['token_ids'])} ids, coverage {record['coverage']} of "

@@ -1,13 +1,14 @@
 """The draft vocabulary: drafting scores only the target outputs a drafter's data used.
 
 Checked against a naive oracle (the full head's logits, masked to the set, argmax), for the
-kinds of head a target has (plain, oneDNN-packed, tied, biased; MLX quantized), through both
+kinds of head a target has (plain, oneDNN-packed, tied, biased; MLX tied, quantized, biased), through both
 engines (speculative still equals plain; MLX and Transformers agree round for round), and the
 file's bad inputs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from collections import Counter
@@ -78,7 +79,9 @@ def _heads():
     torch.manual_seed(0)
     plain = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
     biased = torch.nn.Linear(HIDDEN, VOCAB, bias=True)
-    heads = {"plain": plain, "biased": biased}
+    tied = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    tied.weight = torch.nn.Embedding(VOCAB, HIDDEN).weight  # the embedding table is the head
+    heads = {"plain": plain, "biased": biased, "tied": tied}
     if packing_available():
         heads["packed"] = PackedLinear(torch.nn.Linear(HIDDEN, VOCAB, bias=False), rows_hint=16)
     return heads
@@ -106,11 +109,24 @@ def test_torch_proposals_are_the_argmax_over_the_set_for_every_kind_of_head(tmp_
     assert (restricted_head.bias is not None) == (kind == "biased")
 
 
-def test_the_restricted_rows_are_the_heads_own_rows_exactly(tmp_path_factory):
-    head = _heads()["plain"]
+@pytest.mark.parametrize("kind", ["plain", "biased", "tied"])
+def test_the_restricted_rows_are_the_heads_own_rows_exactly(tmp_path_factory, kind):
+    head = _heads()[kind]
     drafter = _drafter(tmp_path_factory, head)
     drafter.restrict_draft_vocab(SUBSET)
-    assert torch.equal(drafter._draft_head[0].weight, head.weight[SUBSET])
+    restricted = drafter._draft_head[0]
+    assert torch.equal(restricted.weight, head.weight[SUBSET])
+    if kind == "biased":
+        assert torch.equal(restricted.bias, head.bias[SUBSET])
+
+
+@pytest.mark.skipif(not packing_available(), reason="oneDNN packing unavailable")
+def test_a_packed_heads_rows_come_out_exact_through_unit_vectors(tmp_path_factory):
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    drafter = _drafter(tmp_path_factory, PackedLinear(linear, rows_hint=16))
+    drafter.restrict_draft_vocab(SUBSET)
+    assert torch.equal(drafter._draft_head[0].weight, linear.weight[SUBSET])
 
 
 def _with_vocab(tmp_path, pair, token_ids):
@@ -156,11 +172,11 @@ def test_a_corrupt_draft_vocabulary_fails_the_load_before_the_target_loads(tmp_p
         torch_engine.TorchEngine(pair.target, drafter)
 
 
-mlx_needed = pytest.mark.skipif(not __import__("importlib").util.find_spec("mlx"), reason="mlx missing")
+mlx_needed = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx missing")
 
 
 @mlx_needed
-def test_mlx_proposals_are_the_argmax_over_the_set_for_plain_tied_and_quantized_heads():
+def test_mlx_proposals_are_the_argmax_over_the_set_for_tied_quantized_and_biased_heads(tmp_path_factory):
     import mlx.core as mx
     from mlx import nn
 
@@ -173,13 +189,17 @@ def test_mlx_proposals_are_the_argmax_over_the_set_for_plain_tied_and_quantized_
     biased = nn.Linear(HIDDEN, VOCAB, bias=True)
     hidden = mx.array(rng.normal(0, 3, (1, 15, HIDDEN)).astype(np.float32))
     subset = mx.array(SUBSET)
+    drafter = model_mlx.load_drafter(tiny_pair(tmp_path_factory).drafter)
     for name, head in (("tied", embed.as_linear), ("quantized", quantized), ("biased", biased)):
-        rows, bias = model_mlx._head_columns(head, subset, HIDDEN, mx.float32)
-        full = head(hidden)
+        drafter.bind(embed, head)
+        drafter.draft_head = None
+        full = drafter.logits(hidden)
         expected = mx.take(subset, mx.argmax(mx.take(full, subset, axis=-1), axis=-1))
-        assert (bias is not None) == (name == "biased"), name
-        got = mx.take(subset, mx.argmax(hidden @ rows + (bias if bias is not None else 0), axis=-1))
+        drafter.restrict_draft_vocab(SUBSET)
+        got = drafter.draft_token_ids(hidden)
         assert mx.array_equal(got, expected).item(), name
+        assert (drafter.draft_head.bias is not None) == (name == "biased"), name
+        assert not mx.array_equal(got, mx.argmax(full, axis=-1)).item(), name  # the set matters
 
 
 @mlx_needed
@@ -188,18 +208,27 @@ def test_mlx_and_transformers_engines_agree_round_for_round_with_a_set(tmp_path,
     from dflash_local.engines.torch_engine import TorchEngine
 
     pair = tiny_pair(tmp_path_factory)
-    drafter = _with_vocab(tmp_path, pair, SUBSET)
-    engines = MLXEngine(pair.target, drafter), TorchEngine(pair.target, drafter)
-    assert [e.pair.draft_vocab_size for e in engines] == [len(SUBSET)] * 2
-    prompt = engines[1].encode_chat([{"role": "user", "content": "abc abc abc"}])
+    plain_engine = TorchEngine(pair.target, None)
+    prompt = plain_engine.encode_chat([{"role": "user", "content": "abc abc abc"}])
     params = GenerationParams(max_tokens=24, block_size=8, stop_token_ids=(10_000,))
+    plain, _ = collect(plain_engine.stream(prompt, GenerationParams(max_tokens=24, speculative=False,
+                                                                     stop_token_ids=(10_000,))))
+    # a set of the output's two most frequent ids: the drafter can only propose those, so some
+    # drafts are right and both engines must accept exactly the same ones
+    common = [token for token, _ in Counter(plain).most_common(2)]
+    drafter = _with_vocab(tmp_path, pair, common)
+    engines = MLXEngine(pair.target, drafter), TorchEngine(pair.target, drafter)
+    assert [e.pair.draft_vocab_size for e in engines] == [2, 2]
     runs = []
     for engine in engines:
         tokens, events = collect(engine.stream(prompt, params))
         runs.append((tokens, [e.accepted for e in events]))
     assert runs[0] == runs[1]
+    assert runs[0][0] == plain and any(runs[0][1])  # lossless, and some drafts were accepted
     mlx_session, torch_session = engines[0].make_drafter(), engines[1].make_drafter()
     taps = np.random.default_rng(1).normal(0, 1, (1, 5, torch_session.model.fc.in_features)).astype(np.float32)
     import mlx.core as mx
 
-    assert mlx_session.propose(7, mx.array(taps), 16) == torch_session.propose(7, torch.from_numpy(taps), 16)
+    proposals = mlx_session.propose(7, mx.array(taps), 16)
+    assert proposals == torch_session.propose(7, torch.from_numpy(taps), 16)
+    assert set(proposals) <= set(common)

@@ -35,7 +35,8 @@ def test_one_command_makes_a_drafter_the_engine_loads_and_runs_losslessly(target
     assert code == 0
     vocab = json.loads((out / "draft_vocab.json").read_text())
     assert len(vocab["token_ids"]) == 40 and vocab["token_ids"] == sorted(vocab["token_ids"])
-    assert 0 < vocab["coverage"] <= 1 and vocab["counted_tokens"] == report_tokens(out)
+    assert 0 < vocab["coverage"] <= 1
+    assert 0 < vocab["counted_tokens"] < report_tokens(out)  # the training split only
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["mask_token_id"] == 3  # <|mask|>, found among the specials
@@ -73,7 +74,9 @@ def test_a_restricted_drafter_trains_over_its_set_and_a_label_outside_it_is_a_mi
     assert loss < full_loss  # fewer competitors in the softmax
     assert metrics["tau"] >= full_metrics["tau"]
     loss.backward()
-    assert drafter.fc.weight.grad is not None and drafter._draft_head[0].weight.grad is None
+    assert drafter.fc.weight.grad is not None
+    head_weight = drafter._draft_head[0].weight  # a frozen copy of target rows, never optimised
+    assert not head_weight.requires_grad and all(p is not head_weight for p in drafter.parameters())
     first_drafts = batch.labels.view(3, -1, 4)[..., 1]  # the label at block position 1
     token = int(first_drafts[0, 0])
     drafter.restrict_draft_vocab([token])  # it can only propose `token`: right where that is the label
@@ -81,6 +84,27 @@ def test_a_restricted_drafter_trains_over_its_set_and_a_label_outside_it_is_a_mi
     expected = (first_drafts[first_drafts != -100] == token).float().mean().item()
     assert 0 < expected < 1 and single["acc1"] == pytest.approx(expected)  # the others: misses
     assert float(loss.detach()) == 0.0  # one class: no loss where it is the label, none elsewhere
+
+
+def test_a_resumed_run_keeps_its_draft_vocabulary_and_zero_removes_a_stale_one(tmp_path):
+    from dflash_local.train.cli import choose_training_draft_vocab
+    from dflash_local.train.trainer import checkpoint_path_for
+
+    out = tmp_path / "drafter"
+    first = choose_training_draft_vocab(out, synthetic_sequences(30, 8, seed=1), 20, vocab_size=260)
+    assert json.loads((out / "draft_vocab.json").read_text())["token_ids"] == first
+    more_data = synthetic_sequences(30, 8, seed=2)
+    checkpoint_path_for(out).write_bytes(b"")  # a run that started: its set must not move
+    assert choose_training_draft_vocab(out, more_data, 20, vocab_size=260) == first
+    checkpoint_path_for(out).unlink()  # a fresh run on the new data chooses again
+    assert choose_training_draft_vocab(out, more_data, 20, vocab_size=260) != first
+    assert choose_training_draft_vocab(out, more_data, 0, vocab_size=260) is None
+    assert not (out / "draft_vocab.json").exists()
+
+
+def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
+    assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), "--draft-vocab", "-1"]) == 2
+    assert "--draft-vocab must be 0 (the full head) or a positive count, got -1" in capsys.readouterr().err
 
 
 def synthetic_sequences(count: int, hidden_in: int, seed: int = 0) -> list[dict]:

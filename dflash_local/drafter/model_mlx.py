@@ -228,9 +228,16 @@ class DraftHead:
 
 
 def _head_columns(head, ids: mx.array, hidden_size: int, dtype: mx.Dtype, chunk: int = 256):
-    """Outputs `ids` of a linear head of any kind (nn.Linear, quantized, a tied embedding's
-    `as_linear`) as a [H, K] matrix: the head applied to unit vector j gives row j (plus the
-    bias), exact in floating point. Returns (projection [H, K], bias [K] or None)."""
+    """Outputs `ids` of the target's head as (projection [H, K], bias [K] or None).
+
+    An `nn.Linear` is sliced. Any other head (quantized, a tied embedding's `as_linear`) is
+    applied to unit vectors: head(e_j) is row j of the projection plus the bias, exact without a
+    bias (with one, `(w + b) - b` rounds once)."""
+    if type(head) is nn.Linear:
+        bias = head.bias[ids] if "bias" in head else None
+        projection = head.weight[ids].T
+        mx.eval(projection, *([bias] if bias is not None else []))
+        return projection, bias
     bias = mx.take(head(mx.zeros((1, hidden_size), dtype=dtype))[0], ids)
     eye = mx.eye(hidden_size, dtype=dtype)
     rows = [mx.take(head(eye[start : start + chunk]), ids, axis=1) - bias

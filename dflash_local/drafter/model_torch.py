@@ -188,10 +188,11 @@ class DFlashDrafter(nn.Module):
         """Full-vocabulary logits (training, tests); drafting goes through `draft_token_ids`."""
         return self._shape_logits(self._borrowed[1](hidden))
 
-    def restrict_draft_vocab(self, token_ids: list[int], wrap=lambda linear: linear) -> None:
+    def restrict_draft_vocab(self, token_ids: list[int], wrap=None) -> None:
         """Draft from `token_ids` only: a head of just those rows of the target's head.
 
-        `wrap` may replace the new `nn.Linear` (the engine packs it for oneDNN).
+        `wrap` may replace the new `nn.Linear` (the engine packs it for oneDNN). Like the
+        borrowed parts, the head is not a submodule: build it after any `.to(device)`.
         """
         like = self.norm.weight
         ids = torch.tensor(token_ids, dtype=torch.long, device=like.device)
@@ -202,7 +203,8 @@ class DFlashDrafter(nn.Module):
             head.weight.copy_(weight)
             if bias is not None:
                 head.bias.copy_(bias)
-        self._draft_head = (wrap(head.requires_grad_(False)), ids)
+        head.requires_grad_(False)
+        self._draft_head = (wrap(head) if wrap else head, ids)
 
     def draft_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits over the draft vocabulary, and its token ids (None: the whole vocabulary)."""
@@ -306,9 +308,14 @@ class DraftSession:
 
 @torch.no_grad()
 def _head_rows(head, ids: torch.Tensor, hidden_size: int, like: torch.Tensor, chunk: int = 256):
-    """Rows `ids` of a linear head of any kind (nn.Linear, oneDNN-packed, tied): the head applied
-    to unit vector j is its column j (plus the bias), exact in floating point. Returns
-    (weight [K, H], bias [K] or None)."""
+    """Rows `ids` of the target's head: (weight [K, H], bias [K] or None).
+
+    An `nn.Linear` (tied heads included) is sliced. Any other head (oneDNN-packed: its weight is
+    gone) is applied to unit vectors: head(e_j) is its column j plus the bias, exact without a
+    bias (with one, `(w + b) - b` rounds once)."""
+    if type(head) is nn.Linear:
+        bias = None if head.bias is None else head.bias[ids].clone()
+        return head.weight[ids].clone(), bias
     zeros = torch.zeros(1, hidden_size, dtype=like.dtype, device=like.device)
     bias = head(zeros)[0, ids]
     eye = torch.eye(hidden_size, dtype=like.dtype, device=like.device)

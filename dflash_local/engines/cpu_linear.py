@@ -58,8 +58,7 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
     # names, not modules: each original is freed as soon as it is replaced (peak memory = the
     # model plus one layer, not two models)
     slots = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.device.type == "cpu"
-             and child.weight.dtype == torch.float32]
+             if _packable(child)]
     for parent, name in slots:
         child = getattr(parent, name)
         setattr(parent, name, PackedLinear(child, rows_hint, keep_weight=id(child.weight) in shared_ids))
@@ -71,10 +70,12 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
 
 def pack_linear(linear: nn.Linear, rows_hint: int) -> nn.Module:
     """One layer: packed if it can be (float32 on a CPU with oneDNN), else itself."""
-    if (packing_available() and type(linear) is nn.Linear and linear.weight.device.type == "cpu"
-            and linear.weight.dtype == torch.float32):
-        return PackedLinear(linear, rows_hint)
-    return linear
+    return PackedLinear(linear, rows_hint) if packing_available() and _packable(linear) else linear
+
+
+def _packable(module: nn.Module) -> bool:
+    return (type(module) is nn.Linear and module.weight.device.type == "cpu"
+            and module.weight.dtype == torch.float32)
 
 
 def pack_causal_lm(model: nn.Module, rows_hint: int = DEFAULT_ROWS_HINT) -> int:

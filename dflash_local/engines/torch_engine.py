@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2-core machines stall under load otherwise
@@ -162,8 +163,8 @@ class TorchEngine(LocalEngine):
                 pack_linears(self.drafter, rows_hint)
             self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
             if draft_ids:
-                self.drafter.restrict_draft_vocab(
-                    draft_ids, wrap=lambda linear: pack_linear(linear, rows_hint) if pack_cpu_linears else linear)
+                wrap = partial(pack_linear, rows_hint=rows_hint) if pack_cpu_linears else None
+                self.drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
         max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)

@@ -9,8 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from dflash_local.drafter.draft_vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
-from dflash_local.drafter.draft_vocab import choose_draft_vocab, count_tokens, write_draft_vocab
+from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
@@ -40,9 +39,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--init-from", type=Path, metavar="DIR",
                         help="start from this drafter's weights (a longer second run) instead of the target's layers")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
-    parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
+    parser.add_argument("--draft-vocab", type=int, default=draft_vocab.DEFAULT_SIZE, metavar="N",
                         help="train and draft over the N ids the target outputs most in the data "
-                             "(written as draft_vocab.json; the engines score only those); 0: the full head")
+                             "(written as draft_vocab.json; the engines score only those); 0: the "
+                             "full head; a resumed run keeps its set; not used by --kind ar")
     parser.add_argument("--bf16", action="store_true",
                         help="bfloat16 training autocast and regeneration: about 2x faster on CPUs "
                              "with avx512_bf16, and on CUDA")
@@ -68,6 +68,8 @@ def choose_mask_token(tokenizer, requested: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.draft_vocab < 0:
+        raise DFlashError(f"--draft-vocab must be 0 (the full head) or a positive count, got {args.draft_vocab}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,13 +119,10 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainSettings(block_size=args.block_size, gamma=_gamma(args.block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
-    if args.draft_vocab > 0:  # trained over the set it will draft from (and ~2x faster steps)
-        counts = count_tokens(s["tokens"][s["prompt_len"]:].tolist() for s in sequences)
-        draft_ids = choose_draft_vocab(counts, args.draft_vocab)
+    draft_ids = choose_training_draft_vocab(args.out, sequences, args.draft_vocab, config.vocab_size)
+    if draft_ids:  # trained over the set it will draft from (and cheaper steps)
         drafter.restrict_draft_vocab(draft_ids)
     report = train(drafter, sequences, args.out, settings)
-    if args.draft_vocab > 0:
-        write_draft_vocab(args.out, draft_ids, counts)
     report.update({
         "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None, "taps": list(taps), "mask_token_id": mask_id,
         "sequences": len(sequences), "regenerated_tokens": sum(len(s["tokens"]) - s["prompt_len"] for s in sequences),
@@ -134,6 +133,26 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["held_out"]))
     return 0
+
+
+def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, vocab_size: int) -> list[int] | None:
+    """The set to train over, written before the first step so every checkpoint carries it: on a
+    resumed run the one it started with (data added since must not change it mid-schedule); else
+    the `size` most frequent response ids of the training split (not the validation slice)."""
+    from dflash_local.train.trainer import checkpoint_path_for, split_validation
+
+    if size <= 0:
+        (out / draft_vocab.FILE_NAME).unlink(missing_ok=True)  # full-head weights: no stale set
+        return None
+    if checkpoint_path_for(out).exists():
+        kept = draft_vocab.load_draft_vocab(out, vocab_size)
+        if kept is not None:
+            return kept
+    counts = draft_vocab.count_response_tokens(split_validation(sequences)[1])
+    draft_ids = draft_vocab.choose_draft_vocab(counts, size)
+    out.mkdir(parents=True, exist_ok=True)
+    draft_vocab.write_draft_vocab(out, draft_ids, counts)
+    return draft_ids
 
 
 def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: float) -> int:

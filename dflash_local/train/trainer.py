@@ -120,9 +120,14 @@ def lr_at(step: int, total: int, settings: TrainSettings) -> float:
     return settings.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def checkpoint_path_for(out_dir: Path) -> Path:
+    """Beside the output directory, which stays a clean z-lab checkpoint."""
+    return out_dir.parent / f"{out_dir.name}.checkpoint.pt"
+
+
 def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings: TrainSettings) -> dict:
     """Runs (or resumes) training; writes out_dir (z-lab format) and out_dir/../checkpoint.pt."""
-    checkpoint_path = out_dir.parent / f"{out_dir.name}.checkpoint.pt"
+    checkpoint_path = checkpoint_path_for(out_dir)
     rng = random.Random(settings.seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
