@@ -35,9 +35,9 @@ def load(engine_name: str, draft_vocab: bool):
 
 def draft_pass_cost(engine, recalibrate: bool) -> str:
     """The calibration's draft pass (round minus verify) per width, in 1-token steps."""
-    cal = calibration.load_or_measure(engine, force=recalibrate).to_json()
-    step = cal["verify_seconds"][0]
-    extra = [(r - v) / step for r, v in zip(cal["round_seconds"], cal["verify_seconds"])]
+    costs = calibration.load_or_measure(engine, force=recalibrate).costs
+    step = costs.verify_only[0]
+    extra = [(r - v) / step for r, v in zip(costs.seconds, costs.verify_only)]
     return " ".join(f"w{w + 1}={x:.2f}" for w, x in enumerate(extra) if w + 1 in (2, 4, 8, 16))
 
 
@@ -47,10 +47,10 @@ def main() -> int:
     parser.add_argument("--datasets", default="embedded,humaneval")
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--block-size", default="auto")
+    parser.add_argument("--block-size", default="auto", type=lambda v: v if v == "auto" else int(v),
+                        help="auto or a fixed width")
     parser.add_argument("--recalibrate", action="store_true")
     args = parser.parse_args()
-    block_size = args.block_size if args.block_size == "auto" else int(args.block_size)
     engines = {"draft vocab": load(args.engine, True), "full head": load(args.engine, False)}
     for name, engine in engines.items():
         print(f"{name} ({engine.pair.draft_vocab_size or 'all'} ids): draft pass / step "
@@ -64,7 +64,7 @@ def main() -> int:
             params = GenerationParams(max_tokens=args.tokens, stop_token_ids=tuple(plain_engine.eos_token_ids))
             runs["plain"].append(run_ours(plain_engine, ids, replace(params, speculative=False)))
             for name, engine in engines.items():
-                runs[name].append(run_ours(engine, ids, replace(params, block_size=block_size)))
+                runs[name].append(run_ours(engine, ids, replace(params, block_size=args.block_size)))
             identical += all(runs[name][-1].token_ids == runs["plain"][-1].token_ids for name in engines)
         print(f"\n{dataset}: {identical}/{len(runs['plain'])} identical to plain")
         for name, method_runs in runs.items():

@@ -4,8 +4,8 @@ A drafter borrows the target's LM head, and on a CPU that head is most of a draf
 embedded pair: 49,152 rows, ~0.2 of a target step, against ~0.05 for the two draft layers). A
 target's own outputs use few of those rows (9,072 distinct ids in the first 748k response tokens
 SmolLM2 regenerated for its drafter; the 8,192 most frequent of all 909k cover 99.86%), so the
-drafter scores only those. Proposals stay exact-verified: a token outside the set is never proposed, the target
-takes it at the round's bonus position, the output does not change.
+drafter scores only those. Proposals stay exact-verified: a token outside the set is never
+proposed, the target takes it at the round's bonus position, the output does not change.
 
 The set lives beside the checkpoint as `draft_vocab.json` (written by our trainer from the
 regenerated data); z-lab's own loaders ignore the file, and a drafter without one uses the full

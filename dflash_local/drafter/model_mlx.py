@@ -147,15 +147,21 @@ class DFlashDrafter(nn.Module):
                                          self.norm.weight.dtype)
         self.draft_head = DraftHead(projection, bias, ids)
 
-    def draft_token_ids(self, hidden: mx.array) -> mx.array:
-        """Greedy proposals: argmax over the draft vocabulary (the whole one if unrestricted)."""
-        if self.draft_head is None:
-            return mx.argmax(self.logits(hidden), axis=-1)
+    def draft_logits(self, hidden: mx.array) -> tuple[mx.array, mx.array | None]:
+        """Logits over the draft vocabulary, and its token ids (None: the whole vocabulary)."""
         head = self.draft_head
+        if head is None:
+            return self.logits(hidden), None
         logits = hidden @ head.projection
         if head.bias is not None:
             logits = logits + head.bias
-        return mx.take(head.token_ids, mx.argmax(self._shape_logits(logits), axis=-1))
+        return self._shape_logits(logits), head.token_ids
+
+    def draft_token_ids(self, hidden: mx.array) -> mx.array:
+        """Greedy proposals: argmax over the draft vocabulary."""
+        logits, ids = self.draft_logits(hidden)
+        best = mx.argmax(logits, axis=-1)
+        return best if ids is None else mx.take(ids, best)
 
     def _shape_logits(self, logits: mx.array) -> mx.array:
         if self.config.output_multiplier is not None:

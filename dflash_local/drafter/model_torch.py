@@ -197,13 +197,9 @@ class DFlashDrafter(nn.Module):
         like = self.norm.weight
         ids = torch.tensor(token_ids, dtype=torch.long, device=like.device)
         weight, bias = _head_rows(self._borrowed[1], ids, self.config.hidden_size, like)
-        head = nn.Linear(self.config.hidden_size, len(token_ids), bias=bias is not None,
-                         dtype=like.dtype, device=like.device)
-        with torch.no_grad():
-            head.weight.copy_(weight)
-            if bias is not None:
-                head.bias.copy_(bias)
-        head.requires_grad_(False)
+        head = nn.Linear(self.config.hidden_size, len(token_ids), bias=False, device="meta")
+        head.weight = nn.Parameter(weight, requires_grad=False)
+        head.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._draft_head = (wrap(head) if wrap else head, ids)
 
     def draft_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
