@@ -313,3 +313,20 @@ def test_negative_prompt_variants_are_refused():
 
     with pytest.raises(DFlashError, match="prompt variants must be >= 0"):
         training_prompts(limit=10, variants=-1)
+
+
+def test_the_schedule_is_fitted_to_the_pace_after_the_slow_first_steps():
+    from dflash_local.train.trainer import StepBudget
+
+    now = [0.0]
+    budget = StepBudget(minutes=10, clock=lambda: now[0])
+    totals = []
+    for step in range(1, 40):
+        now[0] += 3.0 if step <= 5 else 0.5  # warm-up steps take 3 s, then 0.5 s each
+        totals.append(budget.total_after_step(step))
+    fitted = next(total for total in totals if total is not None)
+    measured_at = totals.index(fitted) + 1
+    assert measured_at == StepBudget.SKIP + StepBudget.MEASURE
+    # the rest of the 600 s budget at 0.5 s a step; fitting on the first five would give 200 steps
+    elapsed = 5 * 3.0 + (measured_at - 5) * 0.5
+    assert fitted == measured_at + int((600 - elapsed) / 0.5)

@@ -10,14 +10,13 @@ draft-model generation both load.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dflash_local.train.trainer import TrainSettings, lr_at
+from dflash_local.train.trainer import StepBudget, TrainSettings, lr_at, split_validation
 
 
 def ar_draft_from_target(target, layers: int):
@@ -68,17 +67,13 @@ def ar_loss(draft, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 def train_ar_draft(draft, sequences: list[dict], out_dir: Path, settings: TrainSettings,
                    batch_seqs: int = 8) -> dict:
     rng = random.Random(settings.seed)
-    held_out = sequences[: max(8, len(sequences) // 50)]  # the same split as the DFlash trainer
-    train_set = sequences[len(held_out):]
+    held_out, train_set = split_validation(sequences)  # the same split as the DFlash trainer
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     draft.train()
-    step, total, started = 0, settings.steps, time.perf_counter()
+    step, total, budget = 0, settings.steps, StepBudget(settings.train_minutes)
     bar = tqdm(total=total, desc="train-ar", unit="step")
     while total is None or step < total:
-        if total is None and step == 5:
-            total = max(10, int(settings.train_minutes * 60 / ((time.perf_counter() - started) / 5)))
-            bar.total = total
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total or 1000, settings)
         ids, labels = response_batch(rng.sample(train_set, batch_seqs))
@@ -89,6 +84,8 @@ def train_ar_draft(draft, sequences: list[dict], out_dir: Path, settings: TrainS
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         step += 1
+        if total is None:
+            total = bar.total = budget.total_after_step(step)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc=f"{acc:.2f}")
         bar.update(1)
     bar.close()
