@@ -1,7 +1,8 @@
 """Write draft_vocab.json for an existing drafter from the regenerated data it was trained on.
 
 `dflash-local train` writes it itself (`--draft-vocab N`); this is for a drafter trained before
-(it counts every response in --data: pass the data the drafter was trained on).
+(it counts the responses of --data's training split, as the trainer does: pass the data the
+drafter was trained on).
 Usage: .venv/bin/python scripts/write_draft_vocab.py --data runs/smol-regen --out models/smollm2-135m-dflash
 """
 
@@ -17,7 +18,7 @@ from dflash_local.drafter.draft_vocab import (
     count_response_tokens,
     write_draft_vocab,
 )
-from dflash_local.train.trainer import load_sequences
+from dflash_local.train.trainer import load_sequences, split_validation
 
 
 def main() -> int:
@@ -26,8 +27,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="the drafter directory")
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE)
     args = parser.parse_args()
-    sequences = load_sequences(args.data)
-    counts = count_response_tokens(sequences)
+    counts = count_response_tokens(split_validation(load_sequences(args.data))[1])
     path = write_draft_vocab(args.out, choose_draft_vocab(counts, args.size), counts)
     record = json.loads(path.read_text())
     print(f"{path}: {len(record['token_ids'])} ids, coverage {record['coverage']} of "

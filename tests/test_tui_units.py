@@ -215,3 +215,12 @@ def test_prompt_lookup_rounds_are_counted_and_shown_apart_from_fallback():
     assert (snap.lookup_rounds, snap.plain_rounds, snap.rounds) == (2, 1, 3)
     shown = speculation_text(snap).plain
     assert "prompt lookup 2/3 rounds" in shown and "plain fallback 1/3 rounds" in shown
+
+
+def test_the_apps_round_modes_are_the_ones_the_service_streams():
+    from dflash_chat import protocol
+
+    from dflash_local import block_policy
+
+    assert (protocol.MODE_SPECULATIVE, protocol.MODE_FALLBACK, protocol.MODE_PROBE, protocol.MODE_LOOKUP) == (
+        block_policy.SPECULATIVE, block_policy.FALLBACK, block_policy.PROBE, block_policy.LOOKUP)

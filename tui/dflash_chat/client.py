@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
+from dflash_chat.protocol import MODE_SPECULATIVE, ServiceError, StreamChunk, StreamUsage
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
@@ -116,7 +116,7 @@ def _chunk(choice: dict, dflash: dict) -> StreamChunk:
         token_ids=tuple(dflash.get("token_ids", ())), drafted=dflash.get("drafted", 0),
         accepted=dflash.get("accepted", 0), round=dflash.get("round", 0),
         block_size=dflash.get("block_size", 1), finish_reason=choice.get("finish_reason"),
-        accepted_chars=dflash.get("accepted_chars"), mode=dflash.get("mode", "speculative"))
+        accepted_chars=dflash.get("accepted_chars"), mode=dflash.get("mode", MODE_SPECULATIVE))
 
 
 def _http_error(status: int, body: str) -> ServiceError:

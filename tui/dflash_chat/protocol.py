@@ -9,6 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# a round's `mode` as the service streams it (the names of dflash_local/block_policy.py)
+MODE_SPECULATIVE = "speculative"
+MODE_FALLBACK = "plain-fallback"  # the block policy chose plain decoding: speculation was losing
+MODE_PROBE = "probe"  # one speculative round tried while falling back
+MODE_LOOKUP = "lookup"  # the round verified a prompt-lookup draft instead of the drafter's
+
 
 class ServiceError(Exception):
     """The service refused or failed a request; `message` is its explanation."""
@@ -32,7 +38,7 @@ class StreamChunk:
     block_size: int = 1
     finish_reason: str | None = None
     accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
-    mode: str = "speculative"  # "plain-fallback": the block policy chose plain; "lookup": a prompt-lookup draft
+    mode: str = MODE_SPECULATIVE
     received_at: float = field(default_factory=time.monotonic)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from dflash_chat.protocol import StreamChunk
+from dflash_chat.protocol import MODE_LOOKUP, MODE_SPECULATIVE, StreamChunk
 
 RATE_WINDOW_S = 1.0  # "tokens/s now" counts the tokens of the last second
 SAMPLE_EVERY_S = 0.25  # one sparkline point per quarter second
@@ -35,7 +35,7 @@ class SpeedSnapshot:
     final: bool = False
     plain_rounds: int = 0  # rounds the auto block policy ran plainly (speculation was losing)
     lookup_rounds: int = 0  # rounds that verified a prompt-lookup draft instead of the drafter's
-    mode: str = "speculative"  # the latest round's
+    mode: str = MODE_SPECULATIVE  # the latest round's
 
     @property
     def acceptance(self) -> float:
@@ -51,7 +51,7 @@ class LiveStats:
     accepted: int = 0
     committed_in_rounds: int = 0
     block_size: int = 1
-    mode: str = "speculative"
+    mode: str = MODE_SPECULATIVE
     plain_rounds: int = 0
     lookup_rounds: int = 0
     first_token_at: float | None = None
@@ -72,7 +72,7 @@ class LiveStats:
         if chunk.round > 0:
             self.mode = chunk.mode
             self.plain_rounds += self.speculative and chunk.block_size == 1
-            self.lookup_rounds += chunk.mode == "lookup"
+            self.lookup_rounds += chunk.mode == MODE_LOOKUP
             self.rounds += 1
             self.drafted += chunk.drafted
             self.accepted += chunk.accepted

@@ -9,6 +9,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Sparkline, Static
 
+from dflash_chat.protocol import MODE_FALLBACK, MODE_LOOKUP, MODE_PROBE
 from dflash_chat.stats import SpeedSnapshot
 from dflash_chat.widgets import widget_css
 
@@ -49,10 +50,10 @@ def speculation_text(snap: SpeedSnapshot) -> Text:
     text.append("speculative", style="bold green")
     text.append(f"  B={snap.block_size}\n")
     if snap.plain_rounds:  # the auto block policy fell back to plain decoding for these
-        style = "bold yellow" if snap.mode in ("plain-fallback", "probe") else ""
+        style = "bold yellow" if snap.mode in (MODE_FALLBACK, MODE_PROBE) else ""
         text.append(f"plain fallback {snap.plain_rounds}/{snap.rounds} rounds\n", style=style)
     if snap.lookup_rounds:  # rounds that copied from the context (lookup.py) instead of drafting
-        style = "bold cyan" if snap.mode == "lookup" else ""
+        style = "bold cyan" if snap.mode == MODE_LOOKUP else ""
         text.append(f"prompt lookup {snap.lookup_rounds}/{snap.rounds} rounds\n", style=style)
     text.append("tau ")
     text.append(f"{snap.tau:.2f}", style="bold")
