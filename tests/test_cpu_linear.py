@@ -9,12 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_local.engines.cpu_linear import (
-    PackedLinear,
-    bf16_packing_available,
-    pack_linears,
-    packing_available,
-)
+from dflash_local.engines.cpu_linear import PackedLinear, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
 
@@ -96,51 +91,4 @@ def test_an_untied_head_is_packed_and_released_and_speculative_still_equals_plai
     plain = tokens(speculative=False)
     assert len(plain) == 24
     for block_size in (2, 8):
-        assert tokens(block_size=block_size) == plain
-
-
-needs_bf16 = pytest.mark.skipif(not bf16_packing_available(), reason="this CPU has no native bfloat16")
-
-
-@needs_bf16
-def test_a_bfloat16_packed_linear_rounds_its_input_and_weight_and_nothing_else():
-    torch.manual_seed(3)
-    linear = nn.Linear(576, 1536, bias=True)
-    packed = PackedLinear(linear, rows_hint=16, compute_dtype=torch.bfloat16)
-    x = torch.randn(2, 5, 576)
-    out = packed(x)
-    assert out.dtype == torch.float32 and out.shape == (2, 5, 1536)
-    rounded = (x.bfloat16().float() @ linear.weight.detach().bfloat16().float().T
-               + linear.bias.detach().bfloat16().float())
-    torch.testing.assert_close(out, rounded, rtol=0, atol=2e-2)  # bf16 output rounding only
-    assert not torch.allclose(out, linear(x), rtol=0, atol=1e-4)  # it really computed in bf16
-    with pytest.raises(ValueError, match="float16"):
-        pack_linears(nn.Sequential(nn.Linear(4, 4)), rows_hint=4, compute_dtype=torch.float16)
-
-
-@needs_bf16
-def test_the_engine_drafts_in_bfloat16_and_speculative_still_equals_plain(tmp_path):
-    import tiny_models
-
-    from dflash_local import calibration
-    from dflash_local.engines.torch_engine import TorchEngine
-    from dflash_local.events import GenerationParams
-
-    target = tiny_models.make_target(tmp_path / "target")
-    drafter = tiny_models.make_drafter(tmp_path / "drafter", target, block_size=8)
-    engine, fp32 = TorchEngine(target, drafter), TorchEngine(target, drafter, draft_bf16=False)
-    layers = [m for m in engine.drafter.modules() if isinstance(m, PackedLinear)]
-    assert layers and all(m.compute_dtype == torch.bfloat16 for m in layers)
-    assert all(m.compute_dtype == torch.float32 for m in engine.model.modules() if isinstance(m, PackedLinear))
-    assert (engine.pair.drafter_compute, fp32.pair.drafter_compute) == ("bfloat16", "float32")
-    assert calibration.cache_path(calibration.calibration_key(engine)) != calibration.cache_path(
-        calibration.calibration_key(fp32))  # a cheaper draft pass: its own cost measurement
-    prompt_ids = engine.encode_chat([{"role": "user", "content": "def add(a, b):"}])
-
-    def tokens(**params):
-        events = engine.stream(prompt_ids, GenerationParams(max_tokens=24, stop_token_ids=(10_000,), **params))
-        return [t for event in events for t in event.token_ids]
-
-    plain = tokens(speculative=False)
-    for block_size in (2, 8, None):
         assert tokens(block_size=block_size) == plain

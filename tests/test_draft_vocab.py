@@ -217,7 +217,7 @@ def test_mlx_and_transformers_engines_agree_round_for_round_with_a_set(tmp_path,
     # drafts are right and both engines must accept exactly the same ones
     common = [token for token, _ in Counter(plain).most_common(2)]
     drafter = _with_vocab(tmp_path, pair, common)
-    engines = MLXEngine(pair.target, drafter), TorchEngine(pair.target, drafter, draft_bf16=False)
+    engines = MLXEngine(pair.target, drafter), TorchEngine(pair.target, drafter)
     assert [e.pair.draft_vocab_size for e in engines] == [2, 2]
     runs = []
     for engine in engines:

@@ -65,11 +65,7 @@ def test_speculative_equals_plain_on_the_shipped_pair(request, engine_name, prom
     assert drafted > 0  # the drafter really ran
 
 
-def test_both_engines_agree_round_for_round(embedded_target_dir, drafter_dir, mlx_engine):
-    from dflash_local.engines.torch_engine import TorchEngine
-
-    # float32 drafter linears, as MLX runs them (the default bfloat16 ones may propose otherwise)
-    torch_engine = TorchEngine(embedded_target_dir, drafter_dir, draft_bf16=False)
+def test_both_engines_agree_round_for_round(torch_engine, mlx_engine):
     prompt = PROMPTS[2]
     torch_ids, torch_events = tokens(torch_engine, prompt, block_size=8)
     mlx_ids, mlx_events = tokens(mlx_engine, prompt, block_size=8)

@@ -118,8 +118,7 @@ def engine_pair(request, tmp_path_factory):
     drafter_dir = _drafter_for(tmp_path, target_dir, seed=2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 intra-op threads on a busy 2-core box: ~100x slower steps
-    # float32 drafter linears on both sides: the same arithmetic, so the same proposals
-    yield MLXEngine(target_dir, drafter_dir), torch_engine.TorchEngine(target_dir, drafter_dir, draft_bf16=False)
+    yield MLXEngine(target_dir, drafter_dir), torch_engine.TorchEngine(target_dir, drafter_dir)
     torch.set_num_threads(threads)
 
 

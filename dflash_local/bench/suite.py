@@ -74,7 +74,6 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "target": engine.pair.target, "drafter": engine.pair.drafter,
         "drafter_block_size": engine.pair.block_size,
         "draft_vocab_size": engine.pair.draft_vocab_size,
-        "drafter_compute": engine.pair.drafter_compute,
         "context_length": engine.capabilities.max_context,
         "settings": {**settings.__dict__, "block_sizes": list(settings.block_sizes)},
         "calibration": calibrated.to_json() if calibrated else None,

@@ -27,18 +27,16 @@ class PairInfo:
     dtype: str = "float32"
     block_size: int = 1  # the drafter's trained block size (1 = no drafter)
     draft_vocab_size: int | None = None  # drafting scores this many ids (None: the whole vocabulary)
-    drafter_compute: str | None = None  # the drafter's matmuls run in this dtype (None: as stored)
 
     @classmethod
     def local(cls, engine: str, target_path, drafter_path, target_name: str | None,
               drafter_name: str | None, dtype: str, block_size: int,
-              draft_vocab_size: int | None = None, drafter_compute: str | None = None) -> PairInfo:
+              draft_vocab_size: int | None = None) -> PairInfo:
         """A pair loaded from local directories; names default to the paths."""
         return cls(engine=engine, target=target_name or str(target_path),
                    drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
                    target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
-                   dtype=dtype, block_size=block_size, draft_vocab_size=draft_vocab_size,
-                   drafter_compute=drafter_compute)
+                   dtype=dtype, block_size=block_size, draft_vocab_size=draft_vocab_size)
 
 
 class Engine(abc.ABC):

@@ -9,11 +9,6 @@ rows equal plain decoding's bit for bit in these layers). Measured: scripts/torc
 
 The reordered weight replaces the original (no second copy), except where the weight is shared
 with another module (a tied LM head keeps the embedding table alive anyway).
-
-A layer may also be packed to compute in bfloat16 (`compute_dtype`): the engine does that for the
-drafter, whose checkpoint weights are bfloat16 anyway, on CPUs with native bfloat16 (avx512_bf16,
-AMX): half the bytes for a memory-bound pass, 1.5-1.9x faster per layer here. Only the proposals
-can change, never the output: the target verifies them in float32.
 """
 
 from __future__ import annotations
@@ -31,45 +26,33 @@ def packing_available() -> bool:
             and hasattr(ops, "_linear_pointwise"))
 
 
-def bf16_packing_available() -> bool:
-    """Packing, and a CPU whose oneDNN runs bfloat16 natively (else it would be emulated: slower)."""
-    return packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 class PackedLinear(nn.Module):
-    """`nn.Linear` inference on a oneDNN-reordered weight (CPU, no autograd). Float32 inputs and
-    outputs; the product is computed in `compute_dtype` (float32, or bfloat16: see the module)."""
+    """`nn.Linear` inference on a oneDNN-reordered weight (float32, CPU, no autograd)."""
 
-    def __init__(self, linear: nn.Linear, rows_hint: int, keep_weight: bool = False,
-                 compute_dtype: torch.dtype = torch.float32):
+    def __init__(self, linear: nn.Linear, rows_hint: int, keep_weight: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.compute_dtype = compute_dtype
-        weight = linear.weight.detach().to(compute_dtype)
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
-        self.bias = (None if linear.bias is None
-                     else nn.Parameter(linear.bias.detach().to(compute_dtype), requires_grad=False))
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         if keep_weight:  # a tied head's weight is the embedding table: the same object, no copy
             self.weight = linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
+        rows = x.reshape(-1, self.in_features).contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        precision = "" if self.compute_dtype == torch.float32 else f", {str(self.compute_dtype)[6:]}"
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{precision}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
-def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, ...] = (),
-                 compute_dtype: torch.dtype = torch.float32) -> int:
+def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, ...] = ()) -> int:
     """Replace each float32 CPU `nn.Linear` under `model` in place; returns how many.
 
     `shared`: weights other modules also use (a tied embedding table); a layer holding one of
     them keeps it reachable as `.weight`.
     """
-    if not _can_pack(compute_dtype):
+    if not packing_available():
         return 0
     shared_ids = {id(w) for w in shared}
     # names, not modules: each original is freed as soon as it is replaced (peak memory = the
@@ -78,27 +61,16 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
              if _packable(child)]
     for parent, name in slots:
         child = getattr(parent, name)
-        setattr(parent, name, PackedLinear(child, rows_hint, keep_weight=id(child.weight) in shared_ids,
-                                           compute_dtype=compute_dtype))
+        setattr(parent, name, PackedLinear(child, rows_hint, keep_weight=id(child.weight) in shared_ids))
         del child
     if slots:
         _copy_out_of_checkpoint_map(model)
     return len(slots)
 
 
-def pack_linear(linear: nn.Linear, rows_hint: int, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
+def pack_linear(linear: nn.Linear, rows_hint: int) -> nn.Module:
     """One layer: packed if it can be (float32 on a CPU with oneDNN), else itself."""
-    if _can_pack(compute_dtype) and _packable(linear):
-        return PackedLinear(linear, rows_hint, compute_dtype=compute_dtype)
-    return linear
-
-
-def _can_pack(compute_dtype: torch.dtype) -> bool:
-    if compute_dtype == torch.bfloat16:
-        return bf16_packing_available()
-    if compute_dtype != torch.float32:
-        raise ValueError(f"packed linears compute in float32 or bfloat16, not {compute_dtype}")
-    return packing_available()
+    return PackedLinear(linear, rows_hint) if packing_available() and _packable(linear) else linear
 
 
 def _packable(module: nn.Module) -> bool:

@@ -176,7 +176,7 @@ class MLXEngine(LocalEngine):
         raw_config = _read_config(target_path)
         self.adapter = adapter_for(str(raw_config.get("model_type")))
         drafter_config = _check_pair(drafter_path, target_path)
-        # draft_vocab=False: the full head (scripts/drafter_ab.py compares)
+        # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)
         quantized = bool(raw_config.get("quantization") or raw_config.get("quantization_config"))

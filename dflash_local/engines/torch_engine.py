@@ -23,7 +23,6 @@ from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.cpu_linear import (
     DEFAULT_ROWS_HINT,
-    bf16_packing_available,
     pack_causal_lm,
     pack_linear,
     pack_linears,
@@ -139,7 +138,7 @@ class TorchEngine(LocalEngine):
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
                  draft_window: int | None = None, pack_cpu_linears: bool = True,
-                 draft_vocab: bool = True, draft_bf16: bool = True):
+                 draft_vocab: bool = True):
         dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
@@ -150,7 +149,7 @@ class TorchEngine(LocalEngine):
             reasons = check_compatible(drafter_config, load_target_info(target_path))
             if reasons:
                 raise IncompatiblePairError(reasons)
-            # draft_vocab=False: the full head (scripts/drafter_ab.py compares)
+            # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
@@ -158,25 +157,20 @@ class TorchEngine(LocalEngine):
             pack_causal_lm(self.model, rows_hint)
         self.drafter = None
         self.taps = None
-        drafter_compute = None
         if drafter_config is not None:
             self.drafter = load_drafter(drafter_path, dtype=torch_dtype, device=device)
-            # draft_bf16=False: float32 drafter linears (the agreement tests against MLX compare)
-            compute = (torch.bfloat16 if draft_bf16 and pack_cpu_linears and torch_dtype == torch.float32
-                       and device == "cpu" and bf16_packing_available() else torch.float32)
-            if pack_cpu_linears and pack_linears(self.drafter, rows_hint, compute_dtype=compute):
-                drafter_compute = str(compute).removeprefix("torch.")
+            if pack_cpu_linears:
+                pack_linears(self.drafter, rows_hint)
             self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
             if draft_ids:
-                wrap = partial(pack_linear, rows_hint=rows_hint, compute_dtype=compute) if pack_cpu_linears else None
+                wrap = partial(pack_linear, rows_hint=rows_hint) if pack_cpu_linears else None
                 self.drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
         max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
                               dtype, drafter_config.block_size if drafter_config else 1,
-                              draft_vocab_size=len(draft_ids) if draft_ids else None,
-                              drafter_compute=drafter_compute)
+                              draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
         )

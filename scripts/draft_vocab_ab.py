@@ -1,15 +1,11 @@
-"""Two ways of running the shipped drafter, side by side in one run.
+"""Drafting over the draft vocabulary vs the full head, side by side in one run.
 
-    .venv/bin/python scripts/drafter_ab.py [--compare draft-vocab|draft-bf16]
-        [--engine transformers|mlx] [--datasets embedded,humaneval] [--samples 6] [--tokens 128]
-        [--block-size auto] [--recalibrate]
+    .venv/bin/python scripts/draft_vocab_ab.py [--engine transformers|mlx] [--datasets embedded,humaneval]
+        [--samples 6] [--tokens 128] [--block-size auto] [--recalibrate]
 
---compare draft-vocab: drafting from `draft_vocab.json` vs the whole vocabulary (both engines).
---compare draft-bf16: the drafter's linears in bfloat16 (the default on CPUs with native
-bfloat16) vs float32 (Transformers engine only).
-Two engines over the same pair, each with its own calibration (their draft pass costs differ:
-printed first). Per prompt, interleaved: plain, then both speculative runs; every output must
-equal plain.
+Two engines over the same shipped pair, one drafting from `draft_vocab.json` and one from the
+whole vocabulary, each with its own calibration (its draft pass costs differ: printed first).
+Per prompt, interleaved: plain, then both speculative runs; every output must equal plain.
 """
 
 from __future__ import annotations
@@ -29,19 +25,12 @@ from dflash_local.events import GenerationParams
 DRAFTER = paths.shipped_models_dir() / "smollm2-135m-dflash"
 
 
-# per comparison: (name, engine options) of the default and of the alternative
-VARIANTS = {
-    "draft-vocab": (("draft vocab", {}), ("full head", {"draft_vocab": False})),
-    "draft-bf16": (("bf16 drafter", {}), ("fp32 drafter", {"draft_bf16": False})),
-}
-
-
-def load(engine_name: str, options: dict):
+def load(engine_name: str, draft_vocab: bool):
     if engine_name == "mlx":
         from dflash_local.engines.mlx_engine import MLXEngine
-        return MLXEngine(embedded_target_dir(), DRAFTER, **options)
+        return MLXEngine(embedded_target_dir(), DRAFTER, draft_vocab=draft_vocab)
     from dflash_local.engines.torch_engine import TorchEngine
-    return TorchEngine(embedded_target_dir(), DRAFTER, **options)
+    return TorchEngine(embedded_target_dir(), DRAFTER, draft_vocab=draft_vocab)
 
 
 def draft_pass_cost(engine, recalibrate: bool) -> str:
@@ -54,7 +43,6 @@ def draft_pass_cost(engine, recalibrate: bool) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compare", choices=sorted(VARIANTS), default="draft-vocab")
     parser.add_argument("--engine", choices=["transformers", "mlx"], default="transformers")
     parser.add_argument("--datasets", default="embedded,humaneval")
     parser.add_argument("--samples", type=int, default=6)
@@ -63,14 +51,11 @@ def main() -> int:
                         help="auto or a fixed width")
     parser.add_argument("--recalibrate", action="store_true")
     args = parser.parse_args()
-    if args.compare == "draft-bf16" and args.engine == "mlx":
-        parser.error("--compare draft-bf16 is a Transformers engine option (MLX drafts in float32)")
-    engines = {name: load(args.engine, options) for name, options in VARIANTS[args.compare]}
+    engines = {"draft vocab": load(args.engine, True), "full head": load(args.engine, False)}
     for name, engine in engines.items():
-        print(f"{name} ({engine.pair.draft_vocab_size or 'all'} ids, "
-              f"{engine.pair.drafter_compute or engine.pair.dtype}): draft pass / step "
+        print(f"{name} ({engine.pair.draft_vocab_size or 'all'} ids): draft pass / step "
               f"{draft_pass_cost(engine, args.recalibrate)}", flush=True)
-    plain_engine = next(iter(engines.values()))
+    plain_engine = engines["draft vocab"]
     for dataset in args.datasets.split(","):
         runs: dict[str, list] = {"plain": [], **{name: [] for name in engines}}
         identical = 0
