@@ -107,6 +107,26 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     assert "--draft-vocab must be 0 (the full head) or a positive count, got -1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--steps", "-3"], "--steps must be 0 (regenerate only) or a positive count, got -3"),
+    (["--train-minutes", "0"], "--train-minutes must be positive (or give --steps), got 0.0"),
+])
+def test_a_meaningless_training_length_is_refused(target, tmp_path, capsys, flags, message):
+    assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_warm_up_only_steepens_once_a_budgeted_runs_length_is_known():
+    from dflash_local.train.trainer import StepBudget, TrainSettings, lr_at
+
+    settings = TrainSettings(lr=1e-3)
+    measured = StepBudget.SKIP + StepBudget.MEASURE  # steps run before the length is known
+    for total in (30, 500, 5_000, 50_000):
+        before = [lr_at(step, None, settings) for step in range(measured)]
+        after = lr_at(measured, total, settings)
+        assert before == sorted(before) and before[-1] <= after, total  # no peak, then no drop
+
+
 def synthetic_sequences(count: int, hidden_in: int, seed: int = 0) -> list[dict]:
     rng = torch.Generator().manual_seed(seed)
     sequences = []

@@ -75,7 +75,7 @@ def train_ar_draft(draft, sequences: list[dict], out_dir: Path, settings: TrainS
     bar = tqdm(total=total, desc="train-ar", unit="step")
     while total is None or step < total:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total or 1000, settings)
+            group["lr"] = lr_at(step, total, settings)
         ids, labels = response_batch(rng.sample(train_set, batch_seqs))
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             loss, acc = ar_loss(draft, ids, labels)

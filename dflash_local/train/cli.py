@@ -70,6 +70,10 @@ def choose_mask_token(tokenizer, requested: str | None) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.draft_vocab < 0:
         raise DFlashError(f"--draft-vocab must be 0 (the full head) or a positive count, got {args.draft_vocab}")
+    if args.steps is not None and args.steps < 0:
+        raise DFlashError(f"--steps must be 0 (regenerate only) or a positive count, got {args.steps}")
+    if args.steps is None and not args.train_minutes > 0:
+        raise DFlashError(f"--train-minutes must be positive (or give --steps), got {args.train_minutes}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

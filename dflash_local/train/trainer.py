@@ -112,7 +112,14 @@ def _metrics(predicted: torch.Tensor, batch: Batch, block_size: int) -> dict:
     }
 
 
-def lr_at(step: int, total: int, settings: TrainSettings) -> float:
+# while a time-budgeted run measures its pace (StepBudget) its length is unknown: warm up as if
+# it were this long, more steps than any run here takes, so the ramp only steepens once the real
+# length is known (a short provisional length would peak early, then drop back into warm-up)
+PROVISIONAL_TOTAL = 100_000
+
+
+def lr_at(step: int, total: int | None, settings: TrainSettings) -> float:
+    total = total or PROVISIONAL_TOTAL
     warmup = max(1, int(total * settings.warmup_frac))
     if step < warmup:
         return settings.lr * (step + 1) / warmup
@@ -131,7 +138,7 @@ class StepBudget:
         self.budget_s, self.clock = minutes * 60, clock
         self.started = clock()
         self._steps = 0
-        self._mark = self.started
+        self._mark: float | None = None  # when step SKIP ended
 
     def total_after_step(self, step: int) -> int | None:
         """Call after every step while the total is unknown: the fitted total once measured."""
@@ -170,7 +177,7 @@ def train(drafter: DFlashDrafter, sequences: list[dict], out_dir: Path, settings
         batch = make_batch(rng.sample(train_set, settings.seqs_per_step), settings.anchors_per_seq,
                            settings.block_size, drafter.config.mask_token_id, settings.gamma, rng)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(state["step"], state["total"] or 1000, settings)
+            group["lr"] = lr_at(state["step"], state["total"], settings)
         with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             loss, metrics = batch_loss(drafter, batch)
         optimizer.zero_grad(set_to_none=True)
