@@ -6,6 +6,7 @@
 #
 #   scripts/bench_embedded.sh                  # both engines, 4 samples per dataset, 128 tokens
 #   ENGINES=transformers SAMPLES=10 scripts/bench_embedded.sh
+#   REPEATS=3 scripts/bench_embedded.sh      # every method 3 times per sample, fastest kept
 #
 # The AR draft peer is runs/smollm2-135m-ar when it exists (made by `dflash-local train --kind ar`,
 # see models/README.md); without it the table says the peer could not run.
@@ -16,11 +17,12 @@ SAMPLES="${SAMPLES:-4}"
 TOKENS="${TOKENS:-128}"
 BLOCKS="${BLOCKS:-auto,2,4,8}"
 LOOKUP="${LOOKUP:-both}"
+REPEATS="${REPEATS:-1}"
 AR_DRAFT="${AR_DRAFT:-runs/smollm2-135m-ar}"
 peer_args=(--peers)
 [ -d "$AR_DRAFT" ] && peer_args+=(--ar-draft "$AR_DRAFT")
 for engine in $ENGINES; do
   OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local bench --engine "$engine" \
     --dataset embedded,humaneval,adversarial --max-samples "$SAMPLES" --max-tokens "$TOKENS" \
-    --block-size "$BLOCKS" --lookup "$LOOKUP" --recalibrate "${peer_args[@]}" --out runs/bench
+    --block-size "$BLOCKS" --lookup "$LOOKUP" --repeats "$REPEATS" --recalibrate "${peer_args[@]}" --out runs/bench
 done

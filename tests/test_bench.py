@@ -10,9 +10,10 @@ import types
 import pytest
 from fixtures_tiny import tiny_pair
 
-from dflash_local.bench import datasets
+from dflash_local.bench import datasets, noise
 from dflash_local.bench.cli import block_sizes
-from dflash_local.bench.measure import histogram
+from dflash_local.bench.measure import RunFigures, fastest, histogram
+from dflash_local.bench.report import format_table
 from dflash_local.cli import main
 
 
@@ -89,6 +90,58 @@ def test_bench_mlx_engine_with_its_peer(tmp_path, home):
     methods = record["datasets"]["embedded"]["methods"]
     assert set(methods) == {"plain", "dflash auto", "mlx-lm generate"}
     assert record["versions"]["mlx"]
+
+
+def test_bench_repeats_keep_each_methods_fastest_try(tmp_path_factory, home, capsys):
+    pair = tiny_pair(tmp_path_factory, "qwen3")
+    out = home / "results"
+    assert bench(pair, out, "--dataset", "embedded", "--max-samples", "1", "--max-tokens", "8",
+                 "--repeats", "3") == 0
+    record, _ = only_record(out)
+    assert record["settings"]["repeats"] == 3
+    result = record["datasets"]["embedded"]
+    for run in result["samples"][0]["methods"].values():
+        assert len(run["decode_s_repeats"]) == 3
+        assert run["decode_s"] == min(run["decode_s_repeats"])
+    assert result["samples"][0]["identical_to_plain"] == {"dflash auto": True}
+    steal = result["cpu_steal_share"]
+    assert steal is None or 0.0 <= steal <= 1.0
+    table = capsys.readouterr().out
+    assert "fastest of 3 tries" in table
+
+    result["cpu_steal_share"] = 0.2  # a busy host: the table says so
+    assert "hypervisor took up to 20% of the CPU" in format_table(record)
+    record["settings"]["repeats"] = 1
+    assert "--repeats N" in format_table(record)
+    result["cpu_steal_share"] = 0.0
+    assert "hypervisor" not in format_table(record)
+
+
+def test_fastest_keeps_the_shortest_decode_and_every_time():
+    tries = [RunFigures(5, 9, 0.1, decode_s, token_ids=[n]) for n, decode_s in enumerate((2.0, 1.5, 3.0))]
+    best = fastest(tries)
+    assert best.token_ids == [1] and best.decode_s == 1.5
+    assert best.to_json()["decode_s_repeats"] == [2.0, 1.5, 3.0]
+    assert "decode_s_repeats" not in fastest(tries[:1]).to_json()
+
+
+def test_steal_share_from_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 7 0\ncpu0 1 2 3\n")
+    start = noise.cpu_ticks(stat)
+    assert start == (40, 1000)  # guest time (7) is inside user already: not added again
+    stat.write_text("cpu  200 0 100 1500 10 0 0 190 9 0\n")
+    assert noise.steal_share(start, noise.cpu_ticks(stat)) == 0.15  # 150 of 1000 ticks
+    assert noise.cpu_ticks(tmp_path / "missing") is None
+    stat.write_text("intr 1 2 3\n")
+    assert noise.cpu_ticks(stat) is None
+    assert noise.steal_share(start, None) is None
+    assert noise.steal_share(start, start) is None  # no time passed
+
+
+def test_repeats_below_one_is_one_line(capsys):
+    assert main(["bench", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1, got" in capsys.readouterr().err
 
 
 def one_line_error(capsys) -> str:

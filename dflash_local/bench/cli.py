@@ -41,6 +41,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="time every method N times per sample, interleaved, and keep the "
+                             "fastest try: removes most of a shared machine's noise, at N times "
+                             "the time (default 1)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure the block-width costs again instead of using the cache")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
@@ -57,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.cli import pair_names
     from dflash_local.engines import load_engine
 
-    if args.max_samples < 1 or args.max_tokens < 1:
-        raise DFlashError(f"--max-samples and --max-tokens must be >= 1, got "
-                          f"{args.max_samples} and {args.max_tokens}")
+    if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
+        raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
+                          f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
     names = [name.strip() for name in args.dataset.split(",") if name.strip()]
     unknown = [name for name in names if name not in DATASETS]
     if unknown or not names:
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",
         max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
-        recalibrate=args.recalibrate, lookup=args.lookup,
+        recalibrate=args.recalibrate, lookup=args.lookup, repeats=args.repeats,
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

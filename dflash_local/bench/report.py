@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from dflash_local.bench.noise import NOISY_STEAL_SHARE
 from dflash_local.block_policy import FALLBACK, LOOKUP, PROBE
 
 NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core: timings are suspect
@@ -38,17 +39,17 @@ def format_table(record: dict) -> str:
                              f"{summary['acceptance_histogram']}")
         if not plain:
             lines.append(f"{dataset:<12} (no plain runs)")
-    noisy = _noisy(record)
-    if noisy:
-        lines.append(noisy)
+    lines.extend(_noise_warnings(record))
     return "\n".join(lines)
 
 
 def _title(record: dict) -> str:
     machine = record["machine"]
+    repeats = record["settings"].get("repeats", 1)
     return (f"{record['engine']} · {record['target']} + {record['drafter']} · {record['dtype']} · "
             f"{machine['cpu_model']} ({machine['cores']} cores) · max_tokens "
-            f"{record['settings']['max_tokens']} · T={record['settings']['temperature']}")
+            f"{record['settings']['max_tokens']} · T={record['settings']['temperature']}"
+            + (f" · fastest of {repeats} tries" if repeats > 1 else ""))
 
 
 def _row(dataset: str, method: str, summary: dict, note: str) -> str:
@@ -76,14 +77,21 @@ def _note(method: str, summary: dict, result: dict) -> str:
     return ", ".join(notes)
 
 
-def _noisy(record: dict) -> str | None:
+def _noise_warnings(record: dict) -> list[str]:
+    warnings = []
     cores = record["machine"].get("cores") or 1
     loads = [load[0] for result in record["datasets"].values()
              for load in result["load_average"].values() if load]
     if loads and max(loads) > NOISY_LOAD_PER_CORE * cores:
-        return (f"warning: load average up to {max(loads):.1f} on {cores} cores during the run: "
-                "other processes shared the CPU, these timings are noisy")
-    return None
+        warnings.append(f"warning: load average up to {max(loads):.1f} on {cores} cores during "
+                        "the run: other processes shared the CPU, these timings are noisy")
+    steals = [result.get("cpu_steal_share") or 0.0 for result in record["datasets"].values()]
+    if steals and max(steals) > NOISY_STEAL_SHARE:
+        hint = "" if record["settings"].get("repeats", 1) > 1 else \
+            "; --repeats N keeps each method's fastest of N tries"
+        warnings.append(f"warning: the hypervisor took up to {100 * max(steals):.0f}% of the CPU "
+                        f"time during a dataset (steal): timings are noisy{hint}")
+    return warnings
 
 
 def plot(record: dict, path: Path) -> bool:

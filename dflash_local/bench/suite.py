@@ -2,7 +2,8 @@
 
 Per sample (and per turn of a multi-turn prompt) the order is plain, then each speculative
 configuration, then each peer, so slow drifts of a shared machine (load, heat, frequency) hit
-every method alike. One unrecorded warm-up of each method comes first. A later turn sees the
+every method alike; with `repeats` > 1 that round is run again and each method keeps its fastest
+try (noise/steal only ever adds time). One unrecorded warm-up of each method comes first. A later turn sees the
 earlier turns' answers as the speculative run wrote them (greedy: the plain answer too).
 """
 
@@ -17,7 +18,8 @@ from datetime import UTC, datetime
 
 from dflash_local import calibration
 from dflash_local.bench.datasets import BenchPrompt
-from dflash_local.bench.measure import RunFigures, run_ours, summarize
+from dflash_local.bench.measure import RunFigures, fastest, run_ours, summarize
+from dflash_local.bench.noise import cpu_ticks, steal_share
 from dflash_local.bench.peers import Peer, peers_for
 from dflash_local.events import GenerationParams
 
@@ -37,6 +39,7 @@ class BenchSettings:
     ar_draft: str | None = None
     seed: int = 0
     recalibrate: bool = False
+    repeats: int = 1  # tries of every method per sample, the fastest kept
 
 
 def method_name(block_size: int | str, lookup: bool = True) -> str:
@@ -97,7 +100,7 @@ def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
 
 def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, peers: list[Peer],
                  settings: BenchSettings, log) -> dict:
-    load_start = _load()
+    load_start, ticks_start = _load(), cpu_ticks()
     runs: dict[str, list[RunFigures]] = {method: [] for method in methods}
     samples, skipped = [], []
     spec_method = next((m for m in methods if m.startswith("dflash")), PLAIN)
@@ -112,7 +115,7 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
                     f"+ {settings.max_tokens} do not fit the context")
                 break
             params = _params(engine, settings, settings.seed + index, settings.max_tokens)
-            figures = _measure_sample(methods, prompt_ids, params)
+            figures = _measure_sample(methods, prompt_ids, params, settings.repeats)
             for method, run in figures.items():
                 runs[method].append(run)
             samples.append(_sample_record(item, turn, prompt_ids, figures))
@@ -127,12 +130,20 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
         "unavailable": {peer.name: peer.unavailable for peer in peers if peer.run is None},
         "skipped_too_long": skipped,
         "load_average": {"start": load_start, "end": _load()},
+        "cpu_steal_share": steal_share(ticks_start, cpu_ticks()),
         "samples": samples,
     }
 
 
-def _measure_sample(methods: dict, prompt_ids: list[int], params: GenerationParams) -> dict:
-    return {name: method(prompt_ids, params) for name, method in methods.items()}
+def _measure_sample(methods: dict, prompt_ids: list[int], params: GenerationParams,
+                    repeats: int = 1) -> dict:
+    """Every method on one prompt, `repeats` rounds in the interleaving order; the fastest
+    try of each method is kept."""
+    tries: dict[str, list[RunFigures]] = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, method in methods.items():
+            tries[name].append(method(prompt_ids, params))
+    return {name: fastest(runs) for name, runs in tries.items()}
 
 
 def _sample_record(item: BenchPrompt, turn: int, prompt_ids: list[int], figures: dict) -> dict:
