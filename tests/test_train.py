@@ -211,6 +211,46 @@ def test_blocks_see_only_context_before_their_anchor_and_their_own_block():
     assert batch.weights[0, 0] == 0  # the anchor itself is given, not learned
 
 
+def test_init_from_continues_the_drafters_shape_and_refuses_another(target, tmp_path, capsys):
+    from dflash_local.drafter.config import load_drafter_config
+
+    data = tmp_path / "data"
+    data.mkdir()
+    torch.save(synthetic_sequences(24, 128), data / "regen-00000.pt")  # 2 taps x hidden 64
+    common = ["--target", str(target), "--data", str(data), "--regen-minutes", "0", "--steps", "2",
+              "--draft-vocab", "0"]
+    first = tmp_path / "first"
+    assert main(["train", "--out", str(first), "--layers", "1", "--block-size", "4", "--taps", "0,2",
+                 *common]) == 0
+    second = tmp_path / "second"  # no shape options: the first drafter's shape, not the defaults
+    assert main(["train", "--out", str(second), "--init-from", str(first), *common]) == 0
+    assert load_drafter_config(second) == load_drafter_config(first)
+    assert json.loads((second / "training_report.json").read_text())["init_from"] == str(first)
+    capsys.readouterr()
+
+    assert main(["train", "--out", str(tmp_path / "third"), "--init-from", str(first),
+                 "--block-size", "8", "--taps", "0,2", *common]) == 2
+    err = capsys.readouterr().err
+    assert "is a different drafter: --block-size 8 (it has 4)" in err and "--taps" not in err
+
+    other = make_target(tmp_path / "other", layers=4, hidden=32)
+    assert main(["train", "--out", str(tmp_path / "fourth"), "--init-from", str(first),
+                 *common[2:], "--target", str(other)]) == 2
+    assert "hidden_size 64 != target hidden_size 32" in capsys.readouterr().err
+    assert main(["train", "--kind", "ar", "--out", str(tmp_path / "ar"), "--init-from", str(first),
+                 *common]) == 2
+    assert "--kind ar starts from the target" in capsys.readouterr().err
+    # data of other taps: refused by its width, and by its record where the data has one
+    assert main(["train", "--out", str(tmp_path / "fifth"), "--taps", "0,1,2", *common]) == 2
+    assert "are 128 wide; 3 taps of hidden size 64 (0,1,2) need 192" in capsys.readouterr().err
+    from dflash_local.train.regenerate import record_data_taps
+
+    record_data_taps(data, (0, 2), 64)
+    record_data_taps(data, (0, 2), 64)  # the same layers again: fine
+    assert main(["train", "--out", str(tmp_path / "sixth"), "--taps", "1,3", *common]) == 2
+    assert "holds taps of target layers [0, 2]" in capsys.readouterr().err
+
+
 def test_no_corpus_and_no_mask_row_are_clear_errors(tmp_path, embedded_target_dir):
     from tokenizers import Tokenizer, models
     from transformers import AutoTokenizer, PreTrainedTokenizerFast

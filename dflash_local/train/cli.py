@@ -13,6 +13,8 @@ from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
+DEFAULT_LAYERS = 2
+DEFAULT_BLOCK_SIZE = 16
 
 
 def add_parser(subparsers) -> None:
@@ -25,10 +27,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes)")
     parser.add_argument("--kind", choices=["dflash", "ar"], default="dflash",
                         help="ar: an autoregressive draft model from the same data (the bench peer)")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--taps", help="comma-separated target layer ids (default: z-lab's rule)")
-    parser.add_argument("--mask-token", help="token string or id used as MASK")
+    parser.add_argument("--layers", type=int,
+                        help=f"drafter layers (default {DEFAULT_LAYERS}, or --init-from's)")
+    parser.add_argument("--block-size", type=int,
+                        help=f"default {DEFAULT_BLOCK_SIZE}, or --init-from's")
+    parser.add_argument("--taps", help="comma-separated target layer ids (default: z-lab's rule, "
+                                       "or --init-from's)")
+    parser.add_argument("--mask-token", help="token string or id used as MASK (default: the "
+                                             "first of the usual mask tokens, or --init-from's)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch size")
     parser.add_argument("--prompts-limit", type=int, default=20000)
@@ -67,6 +73,59 @@ def choose_mask_token(tokenizer, requested: str | None) -> int:
     )
 
 
+def init_drafter_config(init_from: Path, target_dir: Path):
+    """The config of the drafter a run starts from, checked against this target."""
+    from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+    from dflash_local.errors import IncompatiblePairError
+
+    config = load_drafter_config(init_from)
+    reasons = check_compatible(config, load_target_info(target_dir))
+    if reasons:
+        raise IncompatiblePairError([f"--init-from {init_from}: {reason}" for reason in reasons])
+    return config
+
+
+def drafter_shape(args: argparse.Namespace, init, tokenizer, target_layers: int) -> tuple:
+    """(layers, block size, taps, mask id): what the options say, else the --init-from
+    drafter's, else the defaults."""
+    from dflash_local.drafter.config import default_target_layer_ids
+
+    layers = args.layers or (init.num_hidden_layers if init else DEFAULT_LAYERS)
+    block_size = args.block_size or (init.block_size if init else DEFAULT_BLOCK_SIZE)
+    if args.taps:
+        taps = tuple(int(t) for t in args.taps.split(","))
+    else:
+        taps = init.target_layer_ids if init else default_target_layer_ids(target_layers, layers)
+    if args.mask_token is None and init is not None:
+        mask_id = init.mask_token_id
+    else:
+        mask_id = choose_mask_token(tokenizer, args.mask_token)
+    return layers, block_size, tuple(taps), mask_id
+
+
+def check_same_shape(init_from: Path, init, shape: tuple) -> None:
+    """Weights carry over only to a drafter of the same shape: say which option differs."""
+    names = ("--layers", "--block-size", "--taps", "--mask-token (id)")
+    have = (init.num_hidden_layers, init.block_size, tuple(init.target_layer_ids), init.mask_token_id)
+    differ = [f"{name} {_shown(asked)} (it has {_shown(had)})"
+              for name, asked, had in zip(names, shape, have, strict=True) if asked != had]
+    if differ:
+        raise DFlashError(f"--init-from {init_from} is a different drafter: " + "; ".join(differ)
+                          + ". Drop these options to continue its shape, or train from the target")
+
+
+def check_taps_width(data_dir: Path, sequences: list[dict], taps: tuple, hidden_size: int) -> None:
+    width = sequences[0]["taps"].shape[-1]
+    if width != len(taps) * hidden_size:
+        raise DFlashError(f"the taps in {data_dir} are {width} wide; {len(taps)} taps of hidden "
+                          f"size {hidden_size} ({_shown(taps)}) need {len(taps) * hidden_size}: "
+                          "pass the --taps the data was regenerated with, or another --data")
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.draft_vocab < 0:
         raise DFlashError(f"--draft-vocab must be 0 (the full head) or a positive count, got {args.draft_vocab}")
@@ -74,15 +133,16 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--steps must be 0 (regenerate only) or a positive count, got {args.steps}")
     if args.steps is None and not args.train_minutes > 0:
         raise DFlashError(f"--train-minutes must be positive (or give --steps), got {args.train_minutes}")
+    if args.kind == "ar" and args.init_from:
+        raise DFlashError("--init-from continues a DFlash drafter; --kind ar starts from the target")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_local.drafter.config import default_target_layer_ids
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
     from dflash_local.train.prompts import training_prompts
-    from dflash_local.train.regenerate import regenerate
+    from dflash_local.train.regenerate import check_data_taps, regenerate
     from dflash_local.train.trainer import (
         TrainSettings,
         drafter_config_for,
@@ -93,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     target_dir = resolve_model(args.target)
+    init = init_drafter_config(args.init_from, target_dir) if args.init_from else None
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     target.requires_grad_(False)  # frozen: its embeddings and head are shared, never trained
-    layers = target.config.num_hidden_layers
-    taps = tuple(int(t) for t in args.taps.split(",")) if args.taps else default_target_layer_ids(layers, args.layers)
-    mask_id = choose_mask_token(tokenizer, args.mask_token)
+    shape = drafter_shape(args, init, tokenizer, target.config.num_hidden_layers)
+    if init is not None:
+        check_same_shape(args.init_from, init, shape)  # before minutes of loading data
+    layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
     train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants)
     started = time.perf_counter()
@@ -110,17 +172,19 @@ def run(args: argparse.Namespace) -> int:
                    max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
         del regen_model
     regen_minutes = (time.perf_counter() - started) / 60
-    sequences = load_sequences(data_dir)
     if args.kind == "ar":
-        return _train_ar(args, target, tokenizer, sequences, started)
-    config = drafter_config_for(target.config, args.layers, args.block_size, taps, mask_id)
+        return _train_ar(args, target, tokenizer, load_sequences(data_dir), started)
+    config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
+    check_data_taps(data_dir, taps, config.hidden_size)
+    sequences = load_sequences(data_dir)
+    check_taps_width(data_dir, sequences, taps, config.hidden_size)
     drafter = DFlashDrafter(config).to(args.device)
     drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
     if args.init_from:
         drafter.load_state_dict(load_drafter(args.init_from).state_dict(), strict=True)
     else:
         init_from_target(drafter, target)
-    settings = TrainSettings(block_size=args.block_size, gamma=_gamma(args.block_size),
+    settings = TrainSettings(block_size=block_size, gamma=_gamma(block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
     draft_ids = choose_training_draft_vocab(args.out, sequences, args.draft_vocab, config.vocab_size)
@@ -164,7 +228,7 @@ def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: f
     from dflash_local.train.ar_draft import ar_draft_from_target, train_ar_draft
     from dflash_local.train.trainer import TrainSettings
 
-    draft = ar_draft_from_target(target, args.layers).to(args.device)
+    draft = ar_draft_from_target(target, args.layers or DEFAULT_LAYERS).to(args.device)
     settings = TrainSettings(steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
     report = train_ar_draft(draft, sequences, args.out, settings)

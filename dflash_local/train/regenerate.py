@@ -16,6 +16,9 @@ from tqdm import tqdm
 from transformers import StaticCache
 
 from dflash_local.engines.torch_engine import TapCollector
+from dflash_local.errors import DFlashError
+
+DATA_INFO = "regen.json"  # which target layers the taps of this directory's shards come from
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> list[list[int]]:
@@ -82,6 +85,7 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
     so a killed run resumes, and a longer prompt list adds to the same directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    record_data_taps(out_dir, tap_ids, model.config.get_text_config().hidden_size)
     done, next_index = _done_prompts(out_dir)
     encoded = sorted((p for p in encode_prompts(tokenizer, prompts, max_prompt_tokens) if tuple(p) not in done), key=len)
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
@@ -109,6 +113,29 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
             bar.set_postfix(tok_s=f"{produced / elapsed:.0f}")
             bar.update(1)
     return out_dir
+
+
+def record_data_taps(data_dir: Path, tap_ids, hidden_size: int) -> None:
+    """Say in the data directory which target layers its taps come from (once), and refuse to
+    add shards of other layers: training on them would be silently wrong."""
+    path = data_dir / DATA_INFO
+    if path.exists():
+        check_data_taps(data_dir, tap_ids, hidden_size)
+    else:
+        _atomic_write(path, json.dumps({"taps": list(tap_ids), "hidden_size": hidden_size}).encode())
+
+
+def check_data_taps(data_dir: Path, tap_ids, hidden_size: int) -> None:
+    """A clear error when the data directory records taps of other layers than these."""
+    path = data_dir / DATA_INFO
+    if not path.exists():  # data from before the record existed: the shape check still runs
+        return
+    recorded = json.loads(path.read_text())
+    if recorded.get("taps") != list(tap_ids) or recorded.get("hidden_size") != hidden_size:
+        raise DFlashError(
+            f"{data_dir} holds taps of target layers {recorded.get('taps')} (hidden size "
+            f"{recorded.get('hidden_size')}); this run uses layers {list(tap_ids)} (hidden size "
+            f"{hidden_size}): pass --taps to match, or another --data directory")
 
 
 def _write_shard(path: Path, sequences: list[dict]) -> None:
