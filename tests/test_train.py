@@ -109,9 +109,12 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--steps", "-3"], "--steps must be 0 (regenerate only) or a positive count, got -3"),
+    (["--taps", "1,x"], "--taps wants comma-separated layer numbers, got '1,x'"),
+    (["--taps", "0,4,9"], "--taps 4,9: the target's layers are 0..3"),
+    (["--block-size", "1"], "--layers must be >= 1 and --block-size >= 2, got None and 1"),
     (["--train-minutes", "0"], "--train-minutes must be positive (or give --steps), got 0.0"),
 ])
-def test_a_meaningless_training_length_is_refused(target, tmp_path, capsys, flags, message):
+def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
     assert message in capsys.readouterr().err
 
@@ -243,12 +246,22 @@ def test_init_from_continues_the_drafters_shape_and_refuses_another(target, tmp_
     # data of other taps: refused by its width, and by its record where the data has one
     assert main(["train", "--out", str(tmp_path / "fifth"), "--taps", "0,1,2", *common]) == 2
     assert "are 128 wide; 3 taps of hidden size 64 (0,1,2) need 192" in capsys.readouterr().err
-    from dflash_local.train.regenerate import record_data_taps
+    from dflash_local.train.regenerate import DATA_INFO, record_data_taps
 
-    record_data_taps(data, (0, 2), 64)
-    record_data_taps(data, (0, 2), 64)  # the same layers again: fine
-    assert main(["train", "--out", str(tmp_path / "sixth"), "--taps", "1,3", *common]) == 2
+    record_data_taps(data, (0, 2), 64)  # shards of unknown layers already there: no record
+    assert not (data / DATA_INFO).exists()
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    record_data_taps(recorded, (0, 2), 64)
+    record_data_taps(recorded, (0, 2), 64)  # the same layers again: fine
+    (recorded / "regen-00000.pt").write_bytes((data / "regen-00000.pt").read_bytes())
+    recorded_args = [*common[:2], "--data", str(recorded), *common[4:]]
+    assert main(["train", "--out", str(tmp_path / "sixth"), "--taps", "1,3", *recorded_args]) == 2
     assert "holds taps of target layers [0, 2]" in capsys.readouterr().err
+    # legacy data mixing two tap widths: refused, both widths named
+    torch.save(synthetic_sequences(8, 192, seed=1), data / "regen-00001.pt")
+    assert main(["train", "--out", str(tmp_path / "seventh"), *common]) == 2
+    assert "are 128, 192 wide" in capsys.readouterr().err
 
 
 def test_no_corpus_and_no_mask_row_are_clear_errors(tmp_path, embedded_target_dir):

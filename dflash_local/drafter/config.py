@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_local.errors import CheckpointError
+from dflash_local.errors import CheckpointError, IncompatiblePairError
 
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 SUPPORTED_VERSIONS = ("dflash",)  # DFlash 2 is parsed, then refused by check_compatible
@@ -269,3 +269,13 @@ def check_compatible(
             f"this target has {target.num_hidden_layers}"
         )
     return reasons
+
+
+def load_checked_drafter_config(drafter_path: str | Path, target_path: str | Path) -> DrafterConfig:
+    """The drafter's config, or IncompatiblePairError with every reason it cannot run with
+    this target."""
+    config = load_drafter_config(drafter_path)
+    reasons = check_compatible(config, load_target_info(target_path))
+    if reasons:
+        raise IncompatiblePairError(reasons)
+    return config

@@ -26,12 +26,12 @@ from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
-from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
-from dflash_local.errors import CheckpointError, IncompatiblePairError, InvalidRequestError
+from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities
 
 logger = logging.getLogger(__name__)
@@ -127,11 +127,7 @@ def _read_config(target_path: Path) -> dict:
 def _check_pair(drafter_path: Path | None, target_path: Path):
     if drafter_path is None:
         return None
-    drafter_config = load_drafter_config(drafter_path)
-    reasons = check_compatible(drafter_config, load_target_info(target_path))
-    if reasons:
-        raise IncompatiblePairError(reasons)
-    return drafter_config
+    return load_checked_drafter_config(drafter_path, target_path)
 
 
 def _cast_floating(model, dtype: mx.Dtype) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
@@ -27,7 +27,7 @@ from dflash_local.engines.cpu_linear import (
     pack_linear,
     pack_linears,
 )
-from dflash_local.errors import CheckpointError, IncompatiblePairError
+from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
 
@@ -143,12 +143,9 @@ class TorchEngine(LocalEngine):
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
         torch_dtype = DTYPES[dtype]
-        drafter_config = load_drafter_config(drafter_path) if drafter_path else None
+        drafter_config = load_checked_drafter_config(drafter_path, target_path) if drafter_path else None
         draft_ids = None
         if drafter_config is not None:
-            reasons = check_compatible(drafter_config, load_target_info(target_path))
-            if reasons:
-                raise IncompatiblePairError(reasons)
             # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_local.catalog import Catalog, load_catalog, locate
-from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
+from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.engines.base import Engine
 from dflash_local.errors import (
     DFlashError,
     EngineUnavailableError,
-    IncompatiblePairError,
     InvalidRequestError,
     ModelNotFoundError,
 )
@@ -216,6 +215,4 @@ def precheck_pair(target: str | Path, drafter: str | Path | None) -> None:
     """The config-level compatibility check, before the current pair is unloaded."""
     if drafter is None or not Path(target).is_dir() or not Path(drafter).is_dir():
         return
-    reasons = check_compatible(load_drafter_config(drafter), load_target_info(target))
-    if reasons:
-        raise IncompatiblePairError(reasons)
+    load_checked_drafter_config(drafter, target)

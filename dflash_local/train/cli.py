@@ -8,6 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
@@ -73,50 +74,71 @@ def choose_mask_token(tokenizer, requested: str | None) -> int:
     )
 
 
-def init_drafter_config(init_from: Path, target_dir: Path):
-    """The config of the drafter a run starts from, checked against this target."""
-    from dflash_local.drafter.config import check_compatible, load_drafter_config, load_target_info
-    from dflash_local.errors import IncompatiblePairError
+class DrafterShape(NamedTuple):
+    """What a drafter's weights are laid out for; `--init-from` carries over only to the same."""
 
-    config = load_drafter_config(init_from)
-    reasons = check_compatible(config, load_target_info(target_dir))
-    if reasons:
-        raise IncompatiblePairError([f"--init-from {init_from}: {reason}" for reason in reasons])
-    return config
+    layers: int
+    block_size: int
+    taps: tuple[int, ...]
+    mask_id: int
+
+    @classmethod
+    def of(cls, config) -> DrafterShape:
+        return cls(config.num_hidden_layers, config.block_size, tuple(config.target_layer_ids),
+                   config.mask_token_id)
 
 
-def drafter_shape(args: argparse.Namespace, init, tokenizer, target_layers: int) -> tuple:
-    """(layers, block size, taps, mask id): what the options say, else the --init-from
-    drafter's, else the defaults."""
+SHAPE_OPTIONS = DrafterShape("--layers", "--block-size", "--taps", "--mask-token (id)")
+
+
+def drafter_shape(args: argparse.Namespace, init, tokenizer, target_layers: int) -> DrafterShape:
+    """What the options say, else the --init-from drafter's shape, else the defaults."""
     from dflash_local.drafter.config import default_target_layer_ids
 
-    layers = args.layers or (init.num_hidden_layers if init else DEFAULT_LAYERS)
-    block_size = args.block_size or (init.block_size if init else DEFAULT_BLOCK_SIZE)
+    if (args.layers is not None and args.layers < 1) or (args.block_size is not None and args.block_size < 2):
+        raise DFlashError(f"--layers must be >= 1 and --block-size >= 2, got {args.layers} and "
+                          f"{args.block_size}")
+    start = DrafterShape.of(init) if init is not None else None
+    layers = args.layers or (start.layers if start else DEFAULT_LAYERS)
     if args.taps:
-        taps = tuple(int(t) for t in args.taps.split(","))
+        taps = _parse_taps(args.taps, target_layers)
     else:
-        taps = init.target_layer_ids if init else default_target_layer_ids(target_layers, layers)
-    if args.mask_token is None and init is not None:
-        mask_id = init.mask_token_id
-    else:
-        mask_id = choose_mask_token(tokenizer, args.mask_token)
-    return layers, block_size, tuple(taps), mask_id
+        taps = start.taps if start else tuple(default_target_layer_ids(target_layers, layers))
+    return DrafterShape(
+        layers=layers,
+        block_size=args.block_size or (start.block_size if start else DEFAULT_BLOCK_SIZE),
+        taps=taps,
+        mask_id=(start.mask_id if start and args.mask_token is None
+                 else choose_mask_token(tokenizer, args.mask_token)),
+    )
 
 
-def check_same_shape(init_from: Path, init, shape: tuple) -> None:
+def _parse_taps(text: str, target_layers: int) -> tuple[int, ...]:
+    try:
+        taps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise DFlashError(f"--taps wants comma-separated layer numbers, got {text!r}") from None
+    outside = [tap for tap in taps if not 0 <= tap < target_layers]
+    if outside:
+        raise DFlashError(f"--taps {_shown(tuple(outside))}: the target's layers are 0..{target_layers - 1}")
+    return taps
+
+
+def check_same_shape(init_from: Path, init, shape: DrafterShape) -> None:
     """Weights carry over only to a drafter of the same shape: say which option differs."""
-    names = ("--layers", "--block-size", "--taps", "--mask-token (id)")
-    have = (init.num_hidden_layers, init.block_size, tuple(init.target_layer_ids), init.mask_token_id)
     differ = [f"{name} {_shown(asked)} (it has {_shown(had)})"
-              for name, asked, had in zip(names, shape, have, strict=True) if asked != had]
+              for name, asked, had in zip(SHAPE_OPTIONS, shape, DrafterShape.of(init)) if asked != had]
     if differ:
         raise DFlashError(f"--init-from {init_from} is a different drafter: " + "; ".join(differ)
                           + ". Drop these options to continue its shape, or train from the target")
 
 
 def check_taps_width(data_dir: Path, sequences: list[dict], taps: tuple, hidden_size: int) -> None:
-    width = sequences[0]["taps"].shape[-1]
-    if width != len(taps) * hidden_size:
+    """Every sequence's taps as wide as these taps make them (data without a regen.json record
+    may mix shards of other taps)."""
+    widths = {sequence["taps"].shape[-1] for sequence in sequences}
+    if widths != {len(taps) * hidden_size}:
+        width = ", ".join(map(str, sorted(widths)))
         raise DFlashError(f"the taps in {data_dir} are {width} wide; {len(taps)} taps of hidden "
                           f"size {hidden_size} ({_shown(taps)}) need {len(taps) * hidden_size}: "
                           "pass the --taps the data was regenerated with, or another --data")
@@ -139,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dflash_local.drafter.config import load_checked_drafter_config
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
     from dflash_local.train.prompts import training_prompts
@@ -153,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     target_dir = resolve_model(args.target)
-    init = init_drafter_config(args.init_from, target_dir) if args.init_from else None
+    init = load_checked_drafter_config(args.init_from, target_dir) if args.init_from else None
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
     target.requires_grad_(False)  # frozen: its embeddings and head are shared, never trained

@@ -116,12 +116,13 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
 
 
 def record_data_taps(data_dir: Path, tap_ids, hidden_size: int) -> None:
-    """Say in the data directory which target layers its taps come from (once), and refuse to
-    add shards of other layers: training on them would be silently wrong."""
+    """Say in a new data directory which target layers its taps come from, and refuse to add
+    shards of other layers: training on them would be silently wrong. Shards from before the
+    record existed get none (their layers are unknown; training checks their width)."""
     path = data_dir / DATA_INFO
     if path.exists():
         check_data_taps(data_dir, tap_ids, hidden_size)
-    else:
+    elif not any(data_dir.glob("regen-*.pt")):
         _atomic_write(path, json.dumps({"taps": list(tap_ids), "hidden_size": hidden_size}).encode())
 
 
