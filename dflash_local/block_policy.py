@@ -234,6 +234,40 @@ class LookupPolicy:
         self.estimates[ngram].observe(width - 1, accepted)
 
 
+class TreeSizer:
+    """How many of a draft tree's nodes to verify (draft_tree.py): the prefix, best first, with
+    the most expected tokens per second.
+
+    A node is kept with about its path's probability under the drafter, times `scale`: the
+    ratio of drafts kept to drafts predicted so far in this generation (a drafter is rarely
+    calibrated, and less so on text unlike its training data), which starts from 1 as if
+    `prior_weight` drafts had been predicted and kept. The round's drafter pass is paid
+    whatever the size, at the width it was drafted."""
+
+    def __init__(self, costs: RoundCosts, prior_weight: float = 4.0):
+        self.costs = costs
+        self.prior_weight = prior_weight
+        self.kept = self.predicted = 0.0
+
+    @property
+    def scale(self) -> float:
+        return (self.kept + self.prior_weight) / (self.predicted + self.prior_weight)
+
+    def size(self, path_probs: Sequence[float], drafted_width: int) -> int:
+        """The number of nodes (>= 1) to verify; path_probs are non-increasing."""
+        probs = np.minimum(1.0, self.scale * np.asarray(path_probs, dtype=np.float64))
+        count = min(len(probs), self.costs.max_width - 1)
+        draft_s = self.costs.at(drafted_width) - self.costs.verify_only[drafted_width - 1]
+        expected = 1.0 + np.cumsum(probs[:count])
+        seconds = np.asarray(self.costs.verify_only[1 : count + 1]) + draft_s
+        return 1 + int(np.argmax(expected / seconds))
+
+    def observe(self, path_probs: Sequence[float], kept: int) -> None:
+        """A tree whose nodes had these path probabilities kept `kept` drafts."""
+        self.predicted += float(np.sum(path_probs))
+        self.kept += kept
+
+
 def _fit(prior: Sequence[float], length: int) -> list[float]:
     """The prior cut or padded (with its last value, or DEFAULT_PRIOR) to `length` positions."""
     values = [float(p) for p in prior[:length]]

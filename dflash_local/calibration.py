@@ -29,9 +29,12 @@ from pathlib import Path
 
 from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
+from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
+from dflash_local.speculative import can_tree
 
-CALIBRATION_VERSION = 5  # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile
+# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
+CALIBRATION_VERSION = 6
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -119,6 +122,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     a drafter pass).
     """
     runner, drafter = engine.make_runner(collect_taps=True), engine.make_drafter()
+    trees = can_tree(runner, drafter, GenerationParams())
     context_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
     _, taps = runner.prefill(context_ids)
     anchor_id = context_ids[-1]
@@ -132,10 +136,16 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
         order.shuffle(widths)
         for width in widths:
             start = time.perf_counter()
-            runner.verify([anchor_id, *filler[: width - 1]])
-            new_taps = runner.commit(1)
+            if trees and width > 2:  # the round the loop runs at this width (speculative.py)
+                runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
+                new_taps = runner.commit_path([0])
+            else:
+                runner.verify([anchor_id, *filler[: width - 1]])
+                new_taps = runner.commit(1)
             verified = time.perf_counter()
-            if width > 1:
+            if trees and width > 2:
+                drafter.propose_tree(anchor_id, new_taps, width - 1)
+            elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
             if repetition:
                 verify_s[width].append(verified - start)
@@ -158,8 +168,9 @@ def measure_prior(engine, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
     for text in PRIOR_PROMPTS:
         prompt_ids = engine.encode_chat([{"role": "user", "content": text}])
         for event in engine.stream(prompt_ids, params):
-            if event.round_index and event.drafted:
-                for position in range(min(event.accepted + 1, event.drafted)):
+            if event.round_index and event.draft_depth:
+                # a tree's rows beyond its depth are alternatives, not positions
+                for position in range(min(event.accepted + 1, event.draft_depth)):
                     trials[position] += 1
                     hits[position] += position < event.accepted
     return tuple(smoothed_rates(hits, trials))

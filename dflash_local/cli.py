@@ -70,6 +70,8 @@ def _add_generate(commands) -> None:
     gen.add_argument("--no-speculative", action="store_true", help="plain decoding (block size 1)")
     gen.add_argument("--no-lookup", action="store_true",
                      help="with --block-size auto: never verify prompt-lookup drafts, only the drafter's")
+    gen.add_argument("--no-tree", action="store_true",
+                     help="verify one chain of drafts per round, not a tree (greedy decoding only)")
     gen.add_argument("--no-thinking", action="store_true", help="chat template with thinking off")
     gen.add_argument("--raw", action="store_true", help="tokenize PROMPT as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -93,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
     params = GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, speculative=not args.no_speculative,
-        block_size=args.block_size, prompt_lookup=not args.no_lookup,
+        block_size=args.block_size, prompt_lookup=not args.no_lookup, tree=not args.no_tree,
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
     _quiet_frameworks()

@@ -19,6 +19,7 @@ class GenerationParams:
     block_size: int | str | None = None  # None = the drafter's own; "auto" = block_policy.py
     stop_token_ids: tuple[int, ...] = ()
     prompt_lookup: bool = True  # with block_size "auto": rounds may verify lookup.py drafts
+    tree: bool = True  # greedy drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -48,7 +49,8 @@ class StepEvent:
 
     token_ids: tuple[int, ...]
     text: str = ""
-    drafted: int = 0  # tokens the drafter proposed this round
+    drafted: int = 0  # tokens the drafter proposed this round (a tree's nodes)
+    draft_depth: int = 0  # the longest draft path (= drafted for a chain): the most it could keep
     accepted: int = 0  # of those, how many the target kept (the bonus token is not counted)
     round_index: int = 0  # 0 = prefill token, then 1, 2, ...
     elapsed_s: float = 0.0  # since the start of decoding (after prefill)

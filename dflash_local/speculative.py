@@ -16,7 +16,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from dflash_local.acceptance import greedy_accept, sample_from, sampled_accept, target_probs
-from dflash_local.block_policy import LOOKUP, SPECULATIVE, BlockPolicy, LookupPolicy, RoundCosts
+from dflash_local.block_policy import (
+    LOOKUP,
+    SPECULATIVE,
+    BlockPolicy,
+    LookupPolicy,
+    RoundCosts,
+    TreeSizer,
+)
+from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent
 from dflash_local.lookup import DEFAULT_MAX_NGRAM, NgramIndex
@@ -40,6 +48,20 @@ class TargetRunner(Protocol):
         """Concatenate tap chunks along the row axis (rows of plain rounds the drafter skipped)."""
 
 
+class TreeTargetRunner(TargetRunner, Protocol):
+    """A runner that can verify a draft tree (draft_tree.py); `supports_tree` says it can now."""
+
+    supports_tree: bool
+
+    def verify_tree(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
+        """Run the anchor and the tree's nodes (each at its depth's position, seeing only its
+        ancestors) on top of the cache. Returns logits [N+1, V]."""
+
+    def commit_path(self, rows: list[int]) -> Any:
+        """Keep these rows of the last verify (ascending, row 0 first) as the next positions,
+        drop the rest; return their taps."""
+
+
 class Drafter(Protocol):
     """One generation's view of the drafter: owns the draft context cache."""
 
@@ -50,6 +72,9 @@ class Drafter(Protocol):
 
         Returns the width-1 argmax proposals for block positions 1..width-1.
         """
+
+    def propose_tree(self, anchor_id: int, new_taps: Any, nodes: int) -> DraftTree:
+        """As `propose` with width nodes + 1, but the `nodes` most probable paths (draft_tree.py)."""
 
 
 def choose_width(block_size: int, remaining: int) -> int:
@@ -88,6 +113,8 @@ def generate(
         policy = BlockPolicy(RoundCosts.uncalibrated(block_size))
     mode = SPECULATIVE if block_size > 1 else "plain"
     lookup = _lookup_for(policy, params, prompt_ids)
+    trees = block_size > 2 and can_tree(runner, drafter, params)
+    sizer = TreeSizer(policy.costs) if trees and policy is not None else None
     rng = np.random.default_rng(params.seed)
     stop_ids = set(params.stop_token_ids)
 
@@ -113,21 +140,44 @@ def generate(
         else:
             width, mode = _next_width(policy, block_size, remaining, mode)
         draft_ids: list[int] = []
+        tree = None
         if block_size > 1:
             pending_taps.append(new_taps)
             if lookup_draft is not None:
                 draft_ids = list(lookup_draft.token_ids)
             elif width > 1:
-                draft_ids = drafter.propose(anchor_id, _joined(runner, pending_taps), width)
+                taps = _joined(runner, pending_taps)
                 pending_taps = []
-        logits = runner.verify([anchor_id, *draft_ids])
-        accepted_len, next_id = _accept(draft_ids, logits, params, rng)
+                if sizer is not None:  # auto: draft all it may, verify the best prefix
+                    drafted_width = max(1, min(policy.max_width, remaining))
+                    tree = drafter.propose_tree(anchor_id, taps, drafted_width - 1)
+                    tree = tree.prefix(sizer.size(tree.path_probs, drafted_width))
+                    width = len(tree.token_ids) + 1
+                elif trees and width > 2:  # a tree of one node is the chain
+                    tree = drafter.propose_tree(anchor_id, taps, width - 1)
+                else:
+                    draft_ids = drafter.propose(anchor_id, taps, width)
+        if tree is not None:
+            logits = runner.verify_tree(anchor_id, tree)
+            path, next_id = tree.walk(np.argmax(logits, axis=-1))
+            kept_ids = [tree.token_ids[node - 1] for node in path]
+            new_taps = runner.commit_path([0, *path])
+            drafted, depth = len(tree.token_ids), tree.depth
+            if sizer is not None:
+                sizer.observe(tree.path_probs, len(path))
+        else:
+            logits = runner.verify([anchor_id, *draft_ids])
+            accepted, next_id = _accept(draft_ids, logits, params, rng)
+            kept_ids = draft_ids[:accepted]
+            new_taps = runner.commit(accepted + 1)
+            drafted = depth = len(draft_ids)
+        accepted_len = len(kept_ids)
         if lookup_draft is not None:
             lookup.policy.observe(lookup_draft.ngram, width, accepted_len)
         elif policy is not None:
-            policy.observe(width, accepted_len)
-        new_taps = runner.commit(accepted_len + 1)
-        committed = [*draft_ids[:accepted_len], next_id]
+            # a tree is judged by its depth: the positions a kept path could reach
+            policy.observe(depth + 1 if width > 1 else 1, accepted_len)
+        committed = [*kept_ids, next_id]
         committed, finish = _apply_stops(committed, stop_ids)
         if lookup:
             lookup.index.extend(committed)
@@ -136,7 +186,7 @@ def generate(
             finish = "length"
         anchor_id = committed[-1]
         yield StepEvent(
-            token_ids=tuple(committed), drafted=len(draft_ids),
+            token_ids=tuple(committed), drafted=drafted, draft_depth=depth,
             accepted=min(accepted_len, len(committed)), round_index=round_index,
             elapsed_s=time.perf_counter() - decode_start, block_size=width,
             finish_reason=finish, mode=mode,
@@ -169,6 +219,12 @@ def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids
     if policy is None or not params.prompt_lookup:
         return None
     return _Lookup(prompt_ids, policy.costs)
+
+
+def can_tree(runner: TargetRunner, drafter: Drafter | None, params: GenerationParams) -> bool:
+    """Trees for greedy rounds when both sides can (sampling keeps the exact chain rule)."""
+    return (params.greedy and params.tree and getattr(runner, "supports_tree", False)
+            and hasattr(drafter, "propose_tree"))
 
 
 def _effective_block_size(drafter: Drafter | None, params: GenerationParams) -> int:

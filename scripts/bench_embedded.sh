@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The embedded pair's figures, side by side in one run per engine: plain, DFlash (auto with and
-# without prompt-lookup rounds, and fixed block sizes) and the peers (Transformers generate / prompt lookup / assisted with the AR draft;
+# without prompt-lookup rounds, fixed block sizes, each with tree drafts and with chains) and the
+# peers (Transformers generate / prompt lookup / assisted with the AR draft;
 # mlx-lm generate / draft model), on the held-out prompts, offline HumanEval and the adversarial
 # prompts. Writes JSON + PNG per engine under runs/bench/ and prints the tables.
 #
 #   scripts/bench_embedded.sh                  # both engines, 4 samples per dataset, 128 tokens
 #   ENGINES=transformers SAMPLES=10 scripts/bench_embedded.sh
 #   REPEATS=3 scripts/bench_embedded.sh      # every method 3 times per sample, fastest kept
+#   TREE=on LOOKUP=on scripts/bench_embedded.sh  # fewer methods: trees only, auto with lookup only
 #
 # The AR draft peer is runs/smollm2-135m-ar when it exists (made by `dflash-local train --kind ar`,
 # see models/README.md); without it the table says the peer could not run.
@@ -18,11 +20,12 @@ TOKENS="${TOKENS:-128}"
 BLOCKS="${BLOCKS:-auto,2,4,8}"
 LOOKUP="${LOOKUP:-both}"
 REPEATS="${REPEATS:-1}"
+TREE="${TREE:-both}"
 AR_DRAFT="${AR_DRAFT:-runs/smollm2-135m-ar}"
 peer_args=(--peers)
 [ -d "$AR_DRAFT" ] && peer_args+=(--ar-draft "$AR_DRAFT")
 for engine in $ENGINES; do
   OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local bench --engine "$engine" \
     --dataset embedded,humaneval,adversarial --max-samples "$SAMPLES" --max-tokens "$TOKENS" \
-    --block-size "$BLOCKS" --lookup "$LOOKUP" --repeats "$REPEATS" --recalibrate "${peer_args[@]}" --out runs/bench
+    --block-size "$BLOCKS" --lookup "$LOOKUP" --tree "$TREE" --repeats "$REPEATS" --recalibrate "${peer_args[@]}" --out runs/bench
 done

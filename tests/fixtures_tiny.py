@@ -80,6 +80,16 @@ class ScriptedDrafter:
         self.accepted_seen: list[int] = []  # drafts accepted in each previous round
 
     def propose(self, anchor_id: int, new_taps, width: int) -> list[int]:
+        self._take(new_taps)
+        if self.inner is not None:
+            self.inner.propose(anchor_id, new_taps, width)
+        drafts = list(self.script(self.context + [anchor_id], width - 1))
+        assert len(drafts) == width - 1
+        self._last_block = [anchor_id, *drafts]
+        return drafts
+
+    def _take(self, new_taps) -> None:
+        """Extend the context by the rows the target committed since the last block."""
         rows = new_taps.shape[1]
         if self._last_block is None:
             assert rows == len(self.prompt_ids), (rows, len(self.prompt_ids))
@@ -87,12 +97,36 @@ class ScriptedDrafter:
         else:
             self.context.extend(self._last_block[:rows])
             self.accepted_seen.append(rows - 1)
+
+
+class ScriptedTreeDrafter(ScriptedDrafter):
+    """Trees whose right path is never the first branch, so a kept path is never a prefix of the
+    verified rows: node 1 is a wrong token; node 2 starts the script's drafts (`follow`), a chain
+    of `chain` nodes under the anchor; the rest are wrong siblings along that chain."""
+
+    def __init__(self, prompt_ids, script: Script, chain: int, block_size: int = 16, inner=None,
+                 vocab: int = tiny_models.VOCAB):
+        super().__init__(prompt_ids, script, block_size, inner)
+        self.chain, self.vocab = chain, vocab
+
+    def propose_tree(self, anchor_id: int, new_taps, nodes: int):
+        from dflash_local.draft_tree import DraftTree
+
+        self._take(new_taps)
         if self.inner is not None:
-            self.inner.propose(anchor_id, new_taps, width)
-        drafts = list(self.script(self.context + [anchor_id], width - 1))
-        assert len(drafts) == width - 1
+            self.inner.propose_tree(anchor_id, new_taps, nodes)
+        length = min(self.chain, nodes - 1)
+        drafts = list(self.script(self.context + [anchor_id], length))
+        tokens = [(drafts[0] + 1) % self.vocab, *drafts]
+        parents = [0, 0, *range(2, length + 1)]
+        for node in range(2, 2 + length):  # a wrong sibling after each chain node, while room
+            if len(tokens) >= nodes or node - 1 >= length:
+                break
+            tokens.append((drafts[node - 1] + 2) % self.vocab)
+            parents.append(node)
         self._last_block = [anchor_id, *drafts]
-        return drafts
+        probs = tuple(0.9 ** i for i in range(1, len(tokens) + 1))
+        return DraftTree(tuple(tokens), tuple(parents), probs)
 
 
 def follow(continuation: list[int], prompt_len: int, right: int | None = None,

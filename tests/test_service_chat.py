@@ -93,6 +93,18 @@ def test_dflash_fields_are_consistent(client, speculative):
     assert totals["engine"] == "transformers" and totals["speculative"] is speculative
     assert totals["decode_tokens_per_s"] > 0 and totals["prefill_tokens_per_s"] > 0
     assert (totals["drafted"] > 0) is speculative
+    assert all(step["accepted"] <= step["draft_depth"] <= step["drafted"] for step in steps)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_tree_field_switches_tree_drafts(client, tree):
+    chunks = stream_chunks(client, PROMPTS[1], max_tokens=30,
+                           extra_body={"tree": tree, "block_size": 8})
+    steps = [c.model_extra["dflash"] for c in chunks if c.choices][1:]
+    full = [step for step in steps if step["block_size"] == 8]
+    assert full and all(step["drafted"] == 7 for step in full)
+    # the tiny random drafter is unsure everywhere: its 7 best paths spread, never one 7-deep chain
+    assert all((step["draft_depth"] < 7) is tree for step in full)
 
 
 @pytest.mark.parametrize("speculative", [True, False])

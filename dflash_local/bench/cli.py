@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--lookup", choices=["on", "off", "both"], default="on",
                         help="auto's prompt-lookup rounds; both: measure auto with and without "
                              "them side by side")
+    parser.add_argument("--tree", choices=["on", "off", "both"], default="on",
+                        help="greedy drafter rounds verify a tree of drafts (on) or one chain "
+                             "(off); both: measure every DFlash method both ways side by side")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
     parser.add_argument("--thinking", choices=["on", "off"], help="chat template thinking switch")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",
         max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
-        recalibrate=args.recalibrate, lookup=args.lookup, repeats=args.repeats,
+        recalibrate=args.recalibrate, lookup=args.lookup, tree=args.tree,
+        repeats=args.repeats,
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -31,6 +31,7 @@ WARMUP_TOKENS = 24
 class BenchSettings:
     block_sizes: tuple[int | str, ...] = ("auto",)  # each one is a measured speculative method
     lookup: str = "on"  # auto's prompt-lookup rounds: "on", "off", or "both" (two methods)
+    tree: str = "on"  # greedy drafter rounds verify trees: "on", "off", or "both" (two methods each)
     max_tokens: int = 256
     temperature: float = 0.0
     thinking: bool | None = None
@@ -42,10 +43,11 @@ class BenchSettings:
     repeats: int = 1  # tries of every method per sample, the fastest kept
 
 
-def method_name(block_size: int | str, lookup: bool = True) -> str:
-    if block_size != "auto":
-        return f"dflash B={block_size}"
-    return "dflash auto" if lookup else "dflash auto, no lookup"
+def method_name(block_size: int | str, lookup: bool = True, tree: bool = True) -> str:
+    name = "dflash auto" if block_size == "auto" else f"dflash B={block_size}"
+    if block_size == "auto" and not lookup:
+        name += ", no lookup"
+    return name if tree else name + ", chains"
 
 
 def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSettings,
@@ -88,12 +90,13 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
 def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
     """name -> callable(prompt_ids, params) -> RunFigures, in the interleaving order."""
     methods = {PLAIN: lambda ids, params: run_ours(engine, ids, replace(params, speculative=False))}
-    lookups = {"on": (True,), "off": (False,), "both": (True, False)}[settings.lookup]
+    switch = {"on": (True,), "off": (False,), "both": (True, False)}
     for block_size in settings.block_sizes:
-        for lookup in lookups if block_size == "auto" else (False,):
-            methods[method_name(block_size, lookup)] = (
-                lambda ids, params, b=block_size, look=lookup: run_ours(
-                    engine, ids, replace(params, block_size=b, prompt_lookup=look)))
+        for lookup in switch[settings.lookup] if block_size == "auto" else (False,):
+            for tree in switch[settings.tree]:
+                methods[method_name(block_size, lookup, tree)] = (
+                    lambda ids, params, b=block_size, look=lookup, t=tree: run_ours(
+                        engine, ids, replace(params, block_size=b, prompt_lookup=look, tree=t)))
     methods.update({peer.name: peer.run for peer in peers if peer.run is not None})
     return methods
 

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
 from dflash_local.errors import CheckpointError
 
@@ -218,10 +220,18 @@ class DraftSession:
         self.cache = model.new_cache(window)
 
     def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:
+        return self.model.draft_token_ids(self._draft(anchor_id, new_taps, width))[0].tolist()
+
+    def propose_tree(self, anchor_id: int, new_taps: mx.array, nodes: int) -> DraftTree:
+        logits, ids = self.model.draft_logits(self._draft(anchor_id, new_taps, nodes + 1))
+        logits = np.array(logits[0].astype(mx.float32))
+        return tree_from_logits(logits, None if ids is None else np.array(ids), nodes)
+
+    def _draft(self, anchor_id: int, new_taps: mx.array, width: int) -> mx.array:
+        """Hidden states of block positions 1..width-1, [1, width-1, H]."""
         block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
         new_taps = new_taps.astype(self.model.fc.weight.dtype)
-        hidden = self.model.draft(mx.array([block]), new_taps, self.cache)
-        return self.model.draft_token_ids(hidden[:, 1:])[0].tolist()
+        return self.model.draft(mx.array([block]), new_taps, self.cache)[:, 1:]
 
 
 @dataclass(frozen=True)

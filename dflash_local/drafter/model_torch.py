@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_checkpoint_json
 from dflash_local.errors import CheckpointError
 
@@ -296,10 +297,19 @@ class DraftSession:
 
     @torch.inference_mode()
     def propose(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> list[int]:
+        return self.model.draft_token_ids(self._draft(anchor_id, new_taps, width))[0].tolist()
+
+    @torch.inference_mode()
+    def propose_tree(self, anchor_id: int, new_taps: torch.Tensor, nodes: int) -> DraftTree:
+        logits, ids = self.model.draft_logits(self._draft(anchor_id, new_taps, nodes + 1))
+        return tree_from_logits(logits[0].float().cpu().numpy(),
+                                None if ids is None else ids.cpu().numpy(), nodes)
+
+    def _draft(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> torch.Tensor:
+        """Hidden states of block positions 1..width-1, [1, width-1, H]."""
         block = [anchor_id] + [self.model.config.mask_token_id] * (width - 1)
         block_ids = torch.tensor([block], device=self._device)
-        hidden = self.model.draft(block_ids, new_taps.to(self._dtype), self.cache)
-        return self.model.draft_token_ids(hidden[:, 1:])[0].tolist()
+        return self.model.draft(block_ids, new_taps.to(self._dtype), self.cache)[:, 1:]
 
 
 @torch.no_grad()

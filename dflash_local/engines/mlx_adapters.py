@@ -32,6 +32,10 @@ class TargetAdapter:
 
     model_types: tuple[str, ...] = ()
 
+    def can_verify_trees(self, model) -> bool:
+        """Whether `run` with one mask for every layer is exact: all layers full attention."""
+        return True
+
     def language_model(self, model):
         """The object holding `model` (the decoder stack) and `lm_head`."""
         return model
@@ -65,16 +69,18 @@ class TargetAdapter:
         return [create_attention_mask(h, cache[0])] * len(inner.layers)
 
     def run(self, model, token_ids: mx.array, cache: list, tap_ids: frozenset[int],
-            record_recurrent: bool = False) -> LayerRun:
+            record_recurrent: bool = False, mask: mx.array | None = None) -> LayerRun:
+        """`mask`: one mask for every layer (a tree verify) instead of the family's own."""
         inner = self.text_model(model)
         h = self.embed(inner, token_ids)
         run = LayerRun(hidden=h)
-        for index, (layer, layer_cache, mask) in enumerate(
-            zip(inner.layers, cache, self.masks(inner, h, cache), strict=True)
+        masks = self.masks(inner, h, cache) if mask is None else [mask] * len(inner.layers)
+        for index, (layer, layer_cache, layer_mask) in enumerate(
+            zip(inner.layers, cache, masks, strict=True)
         ):
             if record_recurrent and self.is_recurrent(layer):
                 run.recurrent_inputs[index] = h
-            h = layer(h, mask, layer_cache)
+            h = layer(h, layer_mask, layer_cache)
             if index in tap_ids:
                 run.taps[index] = h
         run.hidden = inner.norm(h)
@@ -88,6 +94,9 @@ class Qwen3Adapter(TargetAdapter):
 class LlamaAdapter(TargetAdapter):
     model_types = ("llama", "mistral")
 
+    def can_verify_trees(self, model) -> bool:
+        return self.text_model(model).swa_idx is None
+
     def masks(self, inner, h, cache):
         full = create_attention_mask(h, cache[inner.fa_idx])
         if inner.swa_idx is None:
@@ -100,6 +109,9 @@ class Qwen35Adapter(TargetAdapter):
     """Hybrid: GatedDeltaNet layers (ArraysCache, not trimmable) and full-attention layers."""
 
     model_types = ("qwen3_5", "qwen3_5_moe")
+
+    def can_verify_trees(self, model) -> bool:
+        return False
 
     def language_model(self, model):
         return model.language_model
@@ -121,6 +133,9 @@ class Qwen35Adapter(TargetAdapter):
 class Gemma3Adapter(TargetAdapter):
     model_types = ("gemma3", "gemma3_text")
 
+    def can_verify_trees(self, model) -> bool:
+        return False
+
     def language_model(self, model):
         return model.language_model if model.model_type == "gemma3" else model
 
@@ -139,6 +154,9 @@ class Gemma4Adapter(TargetAdapter):
     """Per-layer input embeddings and KV sharing: the loop mirrors Gemma4TextModel.__call__."""
 
     model_types = ("gemma4", "gemma4_text")
+
+    def can_verify_trees(self, model) -> bool:
+        return False
 
     def language_model(self, model):
         return model.language_model if model.model_type == "gemma4" else model

@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
+from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
@@ -63,14 +64,17 @@ class MLXTargetRunner:
         self._layers = adapter.text_model(model).layers
         self._recurrent = [i for i, layer in enumerate(self._layers) if adapter.is_recurrent(layer)]
         self._verified: _Verified | None = None
+        self.supports_tree = not self._recurrent and adapter.can_verify_trees(model)
 
     def _run(self, token_ids: list[int], record_recurrent: bool = False):
         run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
                                frozenset(self.tap_ids or ()), record_recurrent)
-        taps = None
-        if self.tap_ids is not None:
-            taps = mx.concatenate([run.taps[i] for i in self.tap_ids], axis=-1)
-        return run, taps
+        return run, self._taps(run)
+
+    def _taps(self, run):
+        if self.tap_ids is None:
+            return None
+        return mx.concatenate([run.taps[i] for i in self.tap_ids], axis=-1)
 
     def prefill(self, prompt_ids: list[int]):
         if not prompt_ids:
@@ -91,6 +95,41 @@ class MLXTargetRunner:
         mx.eval(logits, taps)
         self._verified = _Verified(len(block_ids), taps, run.recurrent_inputs, states)
         return np.array(logits[0])
+
+    def verify_tree(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
+        """The rows go through the layers as a batch of one-token sequences, each at the
+        position of its depth (RoPE takes one offset per batch row); _TreeCache hands every
+        row the whole cache plus all the tree's rows, and the mask leaves it its ancestors."""
+        past = self.cache[0].offset
+        rows = len(tree.token_ids) + 1
+        positions = mx.array(tree.depths) + past
+        mask = mx.concatenate([mx.ones((rows, past), dtype=mx.bool_), mx.array(tree.ancestor_mask())],
+                              axis=1)[:, None, None, :]
+        caches = [_TreeCache(layer_cache, positions) for layer_cache in self.cache]
+        run = self.adapter.run(self.model, mx.array([[anchor_id, *tree.token_ids]]).T, caches,
+                               frozenset(self.tap_ids or ()), mask=mask)
+        hidden = run.hidden.transpose(1, 0, 2)  # [1, rows, H], as a chain verify's
+        taps = self._taps(run)
+        taps = taps.transpose(1, 0, 2) if taps is not None else None
+        logits = self.adapter.logits(self.model, hidden).astype(mx.float32)
+        mx.eval(logits, taps)
+        self._verified = _Verified(rows, taps, {}, {})
+        return np.array(logits[0])
+
+    def commit_path(self, rows: list[int]):
+        """Move the kept rows' keys and values to the positions after the cache; `commit`
+        then trims the rest."""
+        if rows != list(range(len(rows))):
+            past = self.cache[0].offset - self._verified.width
+            index = mx.array(rows) + past
+            for layer_cache in self.cache:
+                for name in ("keys", "values"):
+                    stored = getattr(layer_cache, name)
+                    stored[:, :, past : past + len(rows)] = stored[:, :, index]
+            mx.eval([layer_cache.state for layer_cache in self.cache])
+            if self._verified.taps is not None:
+                self._verified.taps = self._verified.taps[:, mx.array(rows)]
+        return self.commit(len(rows))
 
     def commit(self, kept_rows: int):
         verified, self._verified = self._verified, None
@@ -115,6 +154,22 @@ class MLXTargetRunner:
             layer_input = verified.recurrent_inputs[index][:, :kept_rows]
             self.adapter.replay_recurrent(self._layers[index], layer_input, layer_cache)
         mx.eval([self.cache[i].state for i in self._recurrent])
+
+
+class _TreeCache:
+    """One layer's KV cache as a tree verify sees it: the tree's rows arrive as a batch of
+    single rows (keys [rows, kv_heads, 1, D]); they are stored as the next positions of the
+    real cache, and every row gets the whole cache back (broadcast, not copied)."""
+
+    def __init__(self, cache, positions: mx.array):
+        self.cache = cache
+        self.offset = positions  # RoPE: each batch row at its own position
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        rows = keys.shape[0]
+        keys, values = self.cache.update_and_fetch(keys.transpose(2, 1, 0, 3), values.transpose(2, 1, 0, 3))
+        return (mx.broadcast_to(keys, (rows, *keys.shape[1:])),
+                mx.broadcast_to(values, (rows, *values.shape[1:])))
 
 
 def _read_config(target_path: Path) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
@@ -85,18 +86,19 @@ class TorchTargetRunner:
         self.model = model
         self.taps = taps
         self.max_context = max_context
+        self.supports_tree = supports_tree(model.config)
         self.cache = DynamicCache(config=model.config)
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._length = 0
         self._pending_taps: torch.Tensor | None = None
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int], logits_to_keep: int):
+    def _forward(self, ids: list[int], logits_to_keep: int, **tree_inputs):
         if self.taps is not None:
             self.taps.enabled = True
         input_ids = torch.tensor([ids], device=self.model.device)
         out = self.model(input_ids, use_cache=True, logits_to_keep=logits_to_keep,
-                         **{self._cache_kwarg: self.cache})
+                         **{self._cache_kwarg: self.cache}, **tree_inputs)
         taps = self.taps.take() if self.taps is not None else None
         return out.logits[0].float().cpu().numpy(), taps
 
@@ -117,8 +119,46 @@ class TorchTargetRunner:
         taps = self._pending_taps
         return taps[:, :kept_rows] if taps is not None else None
 
+    def verify_tree(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
+        """Rows at the positions of their depths; each sees the cache and its own ancestors
+        (a 4D mask, which Transformers passes to attention as it is)."""
+        device = self.model.device
+        past = self._length
+        rows = len(tree.token_ids) + 1
+        mask = torch.ones(1, 1, rows, past + rows, dtype=torch.bool, device=device)
+        mask[0, 0, :, past:] = torch.from_numpy(tree.ancestor_mask())
+        positions = torch.tensor([tree.depths], device=device) + past
+        logits, self._pending_taps = self._forward(
+            [anchor_id, *tree.token_ids], logits_to_keep=0, attention_mask=mask,
+            position_ids=positions, cache_position=torch.arange(past, past + rows, device=device))
+        return logits
+
+    @torch.inference_mode()
+    def commit_path(self, rows: list[int]):
+        """Move the kept rows' keys, values and taps to the front of the last verify's rows;
+        `commit` then keeps them and drops the rest."""
+        if rows != list(range(len(rows))):
+            index = torch.tensor(rows, device=self.model.device)
+            past = self._length
+            for layer in self.cache.layers:
+                for tensor in (layer.keys, layer.values):
+                    tensor[:, :, past : past + len(rows)] = tensor.index_select(2, index + past)
+            if self._pending_taps is not None:
+                self._pending_taps = self._pending_taps[:, index]
+        return self.commit(len(rows))
+
     def join_taps(self, chunks: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(chunks, dim=1)
+
+
+def supports_tree(config) -> bool:
+    """Tree verification passes one mask for every layer: only where every layer is full causal
+    attention (no sliding windows, no recurrent layers)."""
+    text = getattr(config, "text_config", None) or config
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        return set(layer_types) == {"full_attention"}
+    return not getattr(text, "sliding_window", None)
 
 
 def _load_target(target_path: Path, dtype: torch.dtype, device: str):

@@ -21,7 +21,7 @@ def sse(payload: dict | str) -> bytes:
 
 def step_dflash(event: StepEvent) -> dict:
     return {"token_ids": list(event.token_ids), "drafted": event.drafted,
-            "accepted": event.accepted, "accepted_chars": event.accepted_chars,
+            "draft_depth": event.draft_depth, "accepted": event.accepted, "accepted_chars": event.accepted_chars,
             "round": event.round_index, "block_size": event.block_size, "mode": event.mode}
 
 

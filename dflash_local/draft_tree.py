@@ -1,0 +1,123 @@
+"""Tree drafts: several candidate continuations verified in one target pass (greedy decoding).
+
+A DFlash drafter scores every block position in one pass, and each position's distribution does
+not depend on the tokens drafted before it. A chain keeps the top token at each position; a tree
+with the same number of rows spends them where the drafter is unsure: its nodes are the most
+probable paths through the top-k tokens of the positions (a path's probability is the product of
+the drafter's probabilities along it), best first, so every node's parent comes before it.
+
+The target runs the anchor and the nodes in one pass, each node at the position of its depth and
+seeing only the context, the anchor and its own ancestors (`ancestor_mask`). The target keeps the
+longest path whose every token is its own greedy choice after the tokens before it, plus one
+token of its own (`walk`): exactly what it would have produced alone. Sampling keeps chains
+(acceptance.sampled_accept is the exact rule for one draft per position).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+TOP_K = 4  # candidates per position: beyond the 4th the drafter's hits are too rare to pay a row
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Nodes 1..N below the anchor (node 0, the token the round starts from)."""
+
+    token_ids: tuple[int, ...]  # node i's token is token_ids[i - 1]
+    parents: tuple[int, ...]  # node i's parent is parents[i - 1] (< i; 0 = the anchor)
+    path_probs: tuple[float, ...] = ()  # the drafter's probability of node i's path (built trees)
+
+    @classmethod
+    def chain(cls, token_ids) -> DraftTree:
+        return cls(tuple(int(t) for t in token_ids), tuple(range(len(token_ids))))
+
+    def prefix(self, nodes: int) -> DraftTree:
+        """The first `nodes` nodes: a tree again (every parent comes before its children)."""
+        return DraftTree(self.token_ids[:nodes], self.parents[:nodes], self.path_probs[:nodes])
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of every row, the anchor's (0) included: its position after the anchor."""
+        depths = [0]
+        for parent in self.parents:
+            depths.append(depths[parent] + 1)
+        return tuple(depths)
+
+    @property
+    def depth(self) -> int:
+        """The longest path: at most this many drafts can be kept."""
+        return max(self.depths)
+
+    def ancestor_mask(self) -> np.ndarray:
+        """[N+1, N+1] bool: row i may attend to row j (j is i or an ancestor of i)."""
+        size = len(self.token_ids) + 1
+        mask = np.eye(size, dtype=bool)
+        for node, parent in enumerate(self.parents, start=1):
+            mask[node] |= mask[parent]
+        return mask
+
+    def walk(self, target_choice: np.ndarray) -> tuple[list[int], int]:
+        """Greedy acceptance. target_choice[i] = the target's argmax after row i.
+
+        Returns (the kept path's nodes, in order; the target's token after the last of them).
+        """
+        children: dict[tuple[int, int], int] = {
+            (parent, token): node
+            for node, (parent, token) in enumerate(zip(self.parents, self.token_ids), start=1)
+        }
+        path, node = [], 0
+        while (node_next := children.get((node, int(target_choice[node])))) is not None:
+            path.append(node_next)
+            node = node_next
+        return path, int(target_choice[node])
+
+
+def build_tree(top_ids: np.ndarray, top_logprobs: np.ndarray, nodes: int) -> DraftTree:
+    """The `nodes` most probable paths, best first.
+
+    top_ids / top_logprobs: [D, K], the drafter's K best tokens at each of D positions after the
+    anchor (best first) and their log-probabilities.
+    """
+    depth_limit, k = top_ids.shape
+    # (minus log-probability of the path, tie-breaking order, parent node, depth, rank)
+    heap = [(-float(top_logprobs[0, rank]), rank, 0, 0, rank) for rank in range(k)]
+    heapq.heapify(heap)
+    token_ids: list[int] = []
+    parents: list[int] = []
+    path_probs: list[float] = []
+    pushed = k
+    while heap and len(token_ids) < nodes:
+        cost, _, parent, depth, rank = heapq.heappop(heap)
+        token_ids.append(int(top_ids[depth, rank]))
+        parents.append(parent)
+        path_probs.append(float(np.exp(-cost)))
+        node = len(token_ids)
+        if depth + 1 < depth_limit:
+            for child_rank in range(k):
+                child_cost = cost - float(top_logprobs[depth + 1, child_rank])
+                heapq.heappush(heap, (child_cost, pushed, node, depth + 1, child_rank))
+                pushed += 1
+    return DraftTree(tuple(token_ids), tuple(parents), tuple(path_probs))
+
+
+def tree_from_logits(logits: np.ndarray, vocab_ids: np.ndarray | None, nodes: int,
+                     top_k: int = TOP_K) -> DraftTree:
+    """A tree of `nodes` drafts from the drafter's logits [D, V'] over positions 1..D.
+
+    vocab_ids maps a column to its token id (a restricted draft vocabulary); None: column = id.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    top_k = min(top_k, logits.shape[1])
+    columns = np.argpartition(-logits, top_k - 1, axis=1)[:, :top_k]
+    picked = np.take_along_axis(logits, columns, axis=1)
+    order = np.argsort(-picked, axis=1, kind="stable")
+    columns = np.take_along_axis(columns, order, axis=1)
+    top = np.take_along_axis(logits, columns, axis=1)
+    peak = logits.max(axis=1, keepdims=True)
+    log_norm = peak + np.log(np.exp(logits - peak).sum(axis=1, keepdims=True))
+    ids = columns if vocab_ids is None else np.asarray(vocab_ids)[columns]
+    return build_tree(ids, top - log_norm, nodes)

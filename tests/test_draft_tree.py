@@ -1,0 +1,187 @@
+"""Tree drafts (draft_tree.py): building, masks and greedy walks on plain numbers; then each
+engine's tree verify against its own fresh prefills (every node's logits are those of the path
+to it, and a kept path leaves the cache as if only it had been run); then whole generations with
+trees whose right path is never the first branch, token for token against plain decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fixtures_tiny import ScriptedTreeDrafter, collect, follow, tiny_engine, tiny_pair
+
+from dflash_local.block_policy import RoundCosts, TreeSizer
+from dflash_local.draft_tree import DraftTree, build_tree, tree_from_logits
+from dflash_local.drafter.model_torch import DraftSession
+from dflash_local.events import GenerationParams
+
+PROMPT = [5, 17, 99, 42, 7, 250, 31, 8, 64, 120, 11, 9]
+ANCHOR = 77
+# node: 1 -> 3, 2 -> 140 (both under the anchor), 3 -> 200 under 1, 4 -> 6 under 2, 5 -> 9 under 4
+TREE = DraftTree((3, 140, 200, 6, 9), (0, 0, 1, 2, 4))
+PATHS = {0: [], 1: [3], 2: [140], 3: [3, 200], 4: [140, 6], 5: [140, 6, 9]}
+NEVER = 10_000
+
+
+def test_depths_mask_and_walk():
+    assert TREE.depths == (0, 1, 1, 2, 2, 3) and TREE.depth == 3
+    mask = TREE.ancestor_mask()
+    for node, path in PATHS.items():
+        expected = {0, node} | {n for n, p in PATHS.items() if p and p == path[: len(p)]}
+        assert set(np.flatnonzero(mask[node])) == expected, node
+    # the target's argmax after each row: it wants 140 after the anchor, then 6, then 9, then 55
+    choice = np.array([140, 1, 6, 1, 9, 55])
+    assert TREE.walk(choice) == ([2, 4, 5], 55)
+    assert TREE.walk(np.array([8, 0, 0, 0, 0, 0])) == ([], 8)  # nothing kept: the bonus only
+    assert TREE.walk(np.array([3, 12, 0, 0, 0, 0])) == ([1], 12)  # the first branch, then a miss
+
+
+def test_build_tree_takes_the_most_probable_paths_best_first():
+    probs = np.array([[0.6, 0.3, 0.1], [0.9, 0.05, 0.05], [0.5, 0.4, 0.1]])
+    ids = np.array([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    tree = build_tree(ids, np.log(probs), nodes=5)
+    # paths: 10 (.6), 10-20 (.54), 11 (.3), 10-20-30 (.27), 11-20 (.27) ...
+    assert tree.token_ids == (10, 20, 11, 30, 20)
+    assert tree.parents == (0, 1, 0, 2, 3)
+    np.testing.assert_allclose(tree.path_probs, [0.6, 0.54, 0.3, 0.27, 0.27])
+    assert all(parent < node for node, parent in enumerate(tree.parents, start=1))
+    assert tree.prefix(3) == DraftTree((10, 20, 11), (0, 1, 0), tree.path_probs[:3])
+    chain = build_tree(ids[:, :1], np.log(probs[:, :1]), nodes=3)
+    assert chain.token_ids == (10, 20, 30) and chain.parents == (0, 1, 2)
+
+
+def test_tree_from_logits_maps_draft_vocabulary_columns_to_ids():
+    logits = np.array([[0.0, 5.0, 1.0], [3.0, 0.0, 2.5]])
+    vocab_ids = np.array([7, 70, 700])
+    tree = tree_from_logits(logits, vocab_ids, nodes=2, top_k=8)  # top_k beyond V' is cut
+    assert tree.token_ids == (70, 7)
+    assert tree.parents == (0, 1)
+    first = np.exp(5.0) / np.exp(logits[0]).sum()
+    np.testing.assert_allclose(tree.path_probs[0], first)
+    assert tree_from_logits(logits, None, nodes=1).token_ids == (1,)
+
+
+def test_tree_sizer_spends_rows_where_they_pay():
+    # each row costs 15% of a plain step; the drafter pass 5%
+    costs = RoundCosts(tuple(1.05 + 0.15 * w for w in range(16)), tuple(1.0 + 0.15 * w for w in range(16)))
+    sizer = TreeSizer(costs)
+    assert sizer.size([0.9, 0.8, 0.7, 0.6, 0.5], drafted_width=6) == 5  # likely hits pay their row
+    assert sizer.size([0.9, 0.8, 0.05, 0.01], drafted_width=5) == 2  # unlikely ones do not
+    assert sizer.size([0.01, 0.005], drafted_width=3) == 1  # the least a round verifies
+    # a drafter that keeps far fewer drafts than it predicts is believed less
+    for _ in range(10):
+        sizer.observe([0.9, 0.8, 0.7], kept=0)
+    assert sizer.scale < 0.2
+    assert sizer.size([0.9, 0.8, 0.7, 0.6, 0.5], drafted_width=6) == 1
+    for _ in range(40):
+        sizer.observe([0.5, 0.4], kept=2)  # ... and more when it keeps more
+    assert sizer.scale > 1.0
+
+
+def _torch_runner(tmp_path_factory, family):
+    return tiny_engine(tiny_pair(tmp_path_factory, family)).make_runner(collect_taps=True)
+
+
+def _mlx_runner(family):
+    pytest.importorskip("mlx_lm")
+    from mlx_tiny import build_model
+
+    from dflash_local.engines.mlx_adapters import adapter_for
+    from dflash_local.engines.mlx_engine import MLXTargetRunner
+
+    model, config = build_model(family)
+    return MLXTargetRunner(model, adapter_for(config["model_type"]), (1, 2), max_context=1024)
+
+
+RUNNERS = [("torch", "qwen3"), ("torch", "llama"), ("mlx", "qwen3"), ("mlx", "llama")]
+
+
+def _runner(kind, family, tmp_path_factory):
+    return _torch_runner(tmp_path_factory, family) if kind == "torch" else _mlx_runner(family)
+
+
+@pytest.mark.parametrize(("kind", "family"), RUNNERS)
+def test_tree_verify_scores_every_node_as_its_own_path(kind, family, tmp_path_factory):
+    runner = _runner(kind, family, tmp_path_factory)
+    assert runner.supports_tree
+    runner.prefill(PROMPT)
+    logits = runner.verify_tree(ANCHOR, TREE)
+    assert logits.shape[0] == len(TREE.token_ids) + 1
+    for node, path in PATHS.items():
+        fresh = _runner(kind, family, tmp_path_factory)
+        fresh.prefill(PROMPT)
+        expected = fresh.verify([ANCHOR, *path])[-1]
+        np.testing.assert_allclose(logits[node], expected, atol=1e-4, rtol=1e-4, err_msg=str(node))
+
+
+@pytest.mark.parametrize(("kind", "family"), RUNNERS)
+@pytest.mark.parametrize("node", [0, 3, 5])
+def test_kept_path_leaves_the_cache_of_a_fresh_prefill(kind, family, node, tmp_path_factory):
+    runner = _runner(kind, family, tmp_path_factory)
+    runner.prefill(PROMPT)
+    runner.verify_tree(ANCHOR, TREE)
+    rows = [0] + [n for n in sorted(PATHS) if n and PATHS[n] == PATHS[node][: len(PATHS[n])]]
+    taps = runner.commit_path(rows)
+    kept = [ANCHOR, *PATHS[node]]
+    fresh = _runner(kind, family, tmp_path_factory)
+    _, fresh_taps = fresh.prefill(PROMPT + kept)
+    np.testing.assert_allclose(np.array(taps), np.array(fresh_taps[:, len(PROMPT):]), atol=1e-4)
+    follow_up = [12, 13, 14]
+    np.testing.assert_allclose(runner.verify(follow_up), fresh.verify(follow_up), atol=1e-4)
+
+
+def test_trees_only_where_one_mask_fits_every_layer():
+    pytest.importorskip("mlx_lm")
+    for family, expected in [("llama_sliding", False), ("qwen3_5", False), ("gemma3_text", False),
+                             ("gemma4_text", False), ("qwen3_moe", True)]:
+        assert _mlx_runner(family).supports_tree is expected, family
+    from transformers import LlamaConfig, Qwen3Config
+
+    from dflash_local.engines.torch_engine import supports_tree
+
+    assert supports_tree(LlamaConfig())
+    assert supports_tree(Qwen3Config())  # sliding_window is set but no layer uses it
+    assert not supports_tree(Qwen3Config(use_sliding_window=True, max_window_layers=1))
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def engine(request, tmp_path_factory):
+    return tiny_engine(tiny_pair(tmp_path_factory, request.param))
+
+
+@pytest.mark.parametrize(("right", "block_size"), [(None, 8), (2, 8), (0, 4), (5, 16)])
+def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatch, right, block_size):
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time, in a"}])
+    plain, _ = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=24, stop_token_ids=(NEVER,), speculative=False)))
+    drafters = []
+
+    def make_drafter():
+        inner = DraftSession(engine.drafter)
+        drafters.append(ScriptedTreeDrafter(prompt_ids, follow(plain, len(prompt_ids), right=right),
+                                            chain=block_size - 2, inner=inner))
+        return drafters[-1]
+
+    monkeypatch.setattr(engine, "make_drafter", make_drafter)
+    tokens, events = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=24, stop_token_ids=(NEVER,), block_size=block_size)))
+    assert tokens == plain
+    full = [event for event in events[1:] if event.block_size == block_size]
+    assert len(full) >= 2
+    keep = block_size - 2 if right is None else min(right, block_size - 2)
+    assert all(event.drafted == block_size - 1 for event in full)
+    assert [event.accepted for event in full] == [keep] * len(full)
+    assert all(event.draft_depth == block_size - 2 for event in full)
+    chains, chain_events = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=24, stop_token_ids=(NEVER,), block_size=block_size, tree=False)))
+    assert chains == plain
+    assert all(event.draft_depth == event.drafted for event in chain_events[1:])  # chains only
+
+
+def test_sampling_keeps_chains(engine):
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "hello world"}])
+    _, events = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=16, temperature=0.8, seed=3, block_size=8, stop_token_ids=(NEVER,))))
+    assert all(event.draft_depth == event.drafted == event.block_size - 1 for event in events[1:])
+    _, greedy = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=16, block_size=8, stop_token_ids=(NEVER,))))
+    assert any(event.draft_depth < event.drafted for event in greedy[1:])
