@@ -95,7 +95,8 @@ def generate(
     picks each round's width, 1 included (plain fallback), and with params.prompt_lookup a round
     may verify a prompt-lookup draft instead (lookup.py) when that is expected to be faster: the
     taps of rounds without a drafter pass wait in `pending_taps` and reach the drafter, joined,
-    with its next block.
+    with its next block. Greedy drafter rounds verify a draft tree (draft_tree.py) where the
+    runner and drafter can, sized by a TreeSizer under "auto" and of width - 1 nodes otherwise.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else.
     """
@@ -158,18 +159,12 @@ def generate(
                 else:
                     draft_ids = drafter.propose(anchor_id, taps, width)
         if tree is not None:
-            logits = runner.verify_tree(anchor_id, tree)
-            path, next_id = tree.walk(np.argmax(logits, axis=-1))
-            kept_ids = [tree.token_ids[node - 1] for node in path]
-            new_taps = runner.commit_path([0, *path])
+            kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree)
             drafted, depth = len(tree.token_ids), tree.depth
             if sizer is not None:
-                sizer.observe(tree.path_probs, len(path))
+                sizer.observe(tree.path_probs, len(kept_ids))
         else:
-            logits = runner.verify([anchor_id, *draft_ids])
-            accepted, next_id = _accept(draft_ids, logits, params, rng)
-            kept_ids = draft_ids[:accepted]
-            new_taps = runner.commit(accepted + 1)
+            kept_ids, next_id, new_taps = _verify_chain(runner, anchor_id, draft_ids, params, rng)
             drafted = depth = len(draft_ids)
         accepted_len = len(kept_ids)
         if lookup_draft is not None:
@@ -212,6 +207,22 @@ class _Lookup:
         if width < 2 or speed <= block_policy.best_tokens_per_s(limit):
             return None
         return replace(draft, token_ids=draft.token_ids[: width - 1])
+
+
+def _verify_tree(runner: TreeTargetRunner, anchor_id: int, tree: DraftTree):
+    """(the kept drafts, the target's next token, the kept rows' taps) of a tree round."""
+    logits = runner.verify_tree(anchor_id, tree)
+    path, next_id = tree.walk(np.argmax(logits, axis=-1))
+    new_taps = runner.commit_path([0, *path])
+    return [tree.token_ids[node - 1] for node in path], next_id, new_taps
+
+
+def _verify_chain(runner: TargetRunner, anchor_id: int, draft_ids: list[int],
+                  params: GenerationParams, rng: np.random.Generator):
+    """The same for a chain (a plain step when there are no drafts): greedy or sampled."""
+    logits = runner.verify([anchor_id, *draft_ids])
+    accepted, next_id = _accept(draft_ids, logits, params, rng)
+    return draft_ids[:accepted], next_id, runner.commit(accepted + 1)
 
 
 def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids: list[int]):
