@@ -5,8 +5,9 @@ and caches the result as JSON under data_dir()/calibration/, one file per machin
 pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts:
 - costs: runner.verify + commit (+ drafter.propose when w > 1; both kept, a prompt-lookup
   round pays only the first; a tree round where the loop would run one, speculative.can_tree)
-  for widths 1..B on a short context, the widths shuffled within each repetition, the median per width, then made
-  non-decreasing in w (a wider verify never costs less; what says otherwise is noise);
+  for widths 1..B on a short context, the widths shuffled within each repetition, the lower
+  quartile per width, then made non-decreasing in w (a wider verify never costs less; what
+  says otherwise is noise);
 - prior: per-position acceptance of a short full-width generation on two fixed prompts, the
   starting point that block_policy.py moves away from as a generation goes.
 """

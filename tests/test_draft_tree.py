@@ -100,11 +100,28 @@ def _mlx_runner(family):
     return MLXTargetRunner(model, adapter_for(config["model_type"]), (1, 2), max_context=1024)
 
 
-RUNNERS = [("torch", "qwen3"), ("torch", "llama"), ("mlx", "qwen3"), ("mlx", "llama"),
-           ("mlx", "qwen3_moe")]
+RUNNERS = [("torch", "qwen3"), ("torch", "llama"), ("torch-eager", "llama"), ("mlx", "qwen3"),
+           ("mlx", "llama"), ("mlx", "qwen3_moe")]
+
+
+@functools.cache
+def _eager_model(target):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(target, attn_implementation="eager").eval()
+
+
+def _eager_runner(tmp_path_factory, family):
+    """Eager attention adds the mask to the scores: a boolean mask would be silently wrong."""
+    from dflash_local.engines.torch_engine import TapCollector, TorchTargetRunner
+
+    model = _eager_model(tiny_pair(tmp_path_factory, family).target)
+    return TorchTargetRunner(model, TapCollector(model, (1, 2)), max_context=1024)
 
 
 def _runner(kind, family, tmp_path_factory):
+    if kind == "torch-eager":
+        return _eager_runner(tmp_path_factory, family)
     return _torch_runner(tmp_path_factory, family) if kind == "torch" else _mlx_runner(family)
 
 
@@ -150,6 +167,9 @@ def test_trees_only_where_one_mask_fits_every_layer():
     assert supports_tree(LlamaConfig())
     assert supports_tree(Qwen3Config())  # sliding_window is set but no layer uses it
     assert not supports_tree(Qwen3Config(use_sliding_window=True, max_window_layers=1))
+    flash = LlamaConfig()
+    flash._attn_implementation_internal = "flash_attention_2"  # no CUDA here: set, not loaded
+    assert flash._attn_implementation == "flash_attention_2" and not supports_tree(flash)
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])

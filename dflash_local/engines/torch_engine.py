@@ -125,8 +125,11 @@ class TorchTargetRunner:
         device = self.model.device
         past = self._length
         rows = len(tree.token_ids) + 1
-        mask = torch.ones(1, 1, rows, past + rows, dtype=torch.bool, device=device)
-        mask[0, 0, :, past:] = torch.from_numpy(tree.ancestor_mask())
+        # additive (0 = may attend): eager attention adds the mask to the scores, sdpa takes either
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(1, 1, rows, past + rows, dtype=dtype, device=device)
+        hidden = torch.from_numpy(~tree.ancestor_mask()).to(device)
+        mask[0, 0, :, past:].masked_fill_(hidden, torch.finfo(dtype).min)
         positions = torch.tensor([tree.depths], device=device) + past
         logits, self._pending_taps = self._forward(
             [anchor_id, *tree.token_ids], logits_to_keep=0, attention_mask=mask,
@@ -153,7 +156,9 @@ class TorchTargetRunner:
 
 def supports_tree(config) -> bool:
     """Tree verification passes one mask for every layer: only where every layer is full causal
-    attention (no sliding windows, no recurrent layers)."""
+    attention (no sliding windows, no recurrent layers) whose kernel takes a 4D mask as it is."""
+    if getattr(config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
+        return False  # flash attention kernels take no arbitrary mask
     text = getattr(config, "text_config", None) or config
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None:
