@@ -171,7 +171,7 @@ def generate(
             lookup.policy.observe(lookup_draft.ngram, width, accepted_len)
         elif policy is not None:
             # a tree is judged by its depth: the positions a kept path could reach
-            policy.observe(depth + 1 if width > 1 else 1, accepted_len)
+            policy.observe(depth + 1, accepted_len)
         committed = [*kept_ids, next_id]
         committed, finish = _apply_stops(committed, stop_ids)
         if lookup:

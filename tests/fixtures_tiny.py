@@ -14,6 +14,8 @@ from pathlib import Path
 import tiny_models
 import torch
 
+from dflash_local.draft_tree import DraftTree
+
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two threads
 # make each small matmul wait for a busy core: one thread was ~30x faster under load here.
 torch.set_num_threads(1)
@@ -109,9 +111,7 @@ class ScriptedTreeDrafter(ScriptedDrafter):
         super().__init__(prompt_ids, script, block_size, inner)
         self.chain, self.vocab = chain, vocab
 
-    def propose_tree(self, anchor_id: int, new_taps, nodes: int):
-        from dflash_local.draft_tree import DraftTree
-
+    def propose_tree(self, anchor_id: int, new_taps, nodes: int) -> DraftTree:
         self._take(new_taps)
         if self.inner is not None:
             self.inner.propose_tree(anchor_id, new_taps, nodes)

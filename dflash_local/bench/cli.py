@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
                           f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
+    if args.tree == "both" and args.temperature > 0:
+        raise DFlashError("--tree both would measure the same chains twice: at --temperature > 0 "
+                          "sampling verifies chains only (trees are greedy)")
     names = [name.strip() for name in args.dataset.split(",") if name.strip()]
     unknown = [name for name in names if name not in DATASETS]
     if unknown or not names:
