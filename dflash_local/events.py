@@ -81,6 +81,7 @@ class GenerationStats:
     completion_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
+    draft_depth: int = 0  # drafts a kept path could have reached (a tree's siblings not counted)
     accepted: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -95,6 +96,7 @@ class GenerationStats:
         else:
             self.rounds += 1
             self.drafted += event.drafted
+            self.draft_depth += event.draft_depth or event.drafted  # engines without trees: a chain
             self.accepted += event.accepted
             self.accepted_per_round.append(len(event.token_ids))
         self.decode_s = event.elapsed_s

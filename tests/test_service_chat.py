@@ -105,6 +105,9 @@ def test_tree_field_switches_tree_drafts(client, tree):
     assert full and all(step["drafted"] == 7 for step in full)
     # the tiny random drafter is unsure everywhere: its 7 best paths spread, never one 7-deep chain
     assert all((step["draft_depth"] < 7) is tree for step in full)
+    totals = chunks[-1].usage.model_extra["dflash"]
+    assert totals["draft_depth"] == sum(step["draft_depth"] for step in steps)
+    assert (totals["draft_depth"] < totals["drafted"]) is tree
 
 
 @pytest.mark.parametrize("speculative", [True, False])

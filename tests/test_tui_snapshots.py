@@ -49,7 +49,7 @@ async def with_speed(pilot) -> None:
     panel = pilot.app.chat_screen.query_one(SpeedPanel)
     panel.snapshot = SpeedSnapshot(
         speculative=True, tokens=24, tokens_per_s_now=91.0, tokens_per_s=87.5,
-        samples=(40.0, 80.0, 95.0, 90.0, 88.0, 91.0), tau=4.0, rounds=6, drafted=42, accepted=18,
+        samples=(40.0, 80.0, 95.0, 90.0, 88.0, 91.0), tau=4.0, rounds=6, drafted=42, reachable=42, accepted=18,
         per_round=((1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (8, 1)), prefill_s=0.031,
         block_size=8, engine="transformers", final=True)
     panel.pair = "tiny (transformers, drafter)"

@@ -199,6 +199,29 @@ def test_plain_fallback_rounds_are_counted_and_shown():
     assert "plain fallback 1/2 rounds" in speculation_text(snap).plain
 
 
+def test_tree_rounds_count_acceptance_out_of_the_reachable_drafts():
+    from dflash_chat.protocol import StreamChunk
+    from dflash_chat.stats import LiveStats
+    from dflash_chat.widgets.speed_panel import speculation_text
+
+    stats = LiveStats(speculative=True)
+    stats.add(StreamChunk("a", token_ids=(1,), round=0))
+    # a tree of 15 nodes whose longest path is 6 deep kept 3; a chain of 7 (no draft_depth sent) kept 1
+    stats.add(StreamChunk("bcde", token_ids=(2, 3, 4, 5), drafted=15, draft_depth=6, accepted=3, round=1,
+                          block_size=16))
+    stats.add(StreamChunk("fg", token_ids=(6, 7), drafted=7, accepted=1, round=2, block_size=8))
+    snap = stats.snapshot()
+    assert (snap.drafted, snap.reachable, snap.accepted) == (22, 13, 4)
+    assert snap.acceptance == pytest.approx(4 / 13)
+    shown = speculation_text(snap).plain
+    assert "accepted 4/13 drafted (31%)" in shown and "22 tree nodes verified" in shown
+    stats.finish({"drafted": 22, "draft_depth": 13, "accepted": 4, "rounds": 2})
+    assert stats.snapshot().acceptance == pytest.approx(4 / 13)  # the service's totals, same rule
+    stats.finish({"drafted": 7, "accepted": 1, "rounds": 1})  # a service that sends no depth
+    chains = stats.snapshot()
+    assert chains.reachable == 7 and "tree nodes" not in speculation_text(chains).plain
+
+
 def test_prompt_lookup_rounds_are_counted_and_shown_apart_from_fallback():
     from dflash_chat.protocol import StreamChunk
     from dflash_chat.stats import LiveStats

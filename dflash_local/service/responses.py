@@ -3,7 +3,9 @@
 Per chunk, `dflash` says what that step committed: `token_ids`, of which the first `accepted`
 came from the drafter (the rest is the target's bonus/correction token), `drafted` proposals,
 the `round` (0 = the prefill's token) and the `block_size` used. The final usage's `dflash`
-holds the generation's totals: tau, tokens/s, drafted/accepted, the accepted-per-round histogram.
+holds the generation's totals: tau, tokens/s, drafted/accepted, the accepted-per-round histogram;
+with tree drafts `drafted` counts every node and `draft_depth` only the longest paths' drafts,
+the most that could have been accepted.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def usage(stats: GenerationStats, engine: str, block_size: int, speculative: boo
             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
             "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 2),
             "drafted": stats.drafted,
+            "draft_depth": stats.draft_depth,
             "accepted": stats.accepted,
             "rounds": stats.rounds,
             "accepted_per_round": accepted_histogram(stats),

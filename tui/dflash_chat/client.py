@@ -114,6 +114,7 @@ def _chunk(choice: dict, dflash: dict) -> StreamChunk:
     return StreamChunk(
         text=(choice.get("delta") or {}).get("content") or "",
         token_ids=tuple(dflash.get("token_ids", ())), drafted=dflash.get("drafted", 0),
+        draft_depth=dflash.get("draft_depth", 0),
         accepted=dflash.get("accepted", 0), round=dflash.get("round", 0),
         block_size=dflash.get("block_size", 1), finish_reason=choice.get("finish_reason"),
         accepted_chars=dflash.get("accepted_chars"), mode=dflash.get("mode", MODE_SPECULATIVE))

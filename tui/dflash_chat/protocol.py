@@ -33,6 +33,7 @@ class StreamChunk:
     text: str
     token_ids: tuple[int, ...] = ()
     drafted: int = 0
+    draft_depth: int = 0  # a tree's longest path (= drafted for a chain): the most it could keep
     accepted: int = 0  # the first `accepted` of token_ids were the drafter's
     round: int = 0  # 0 = the prefill's token
     block_size: int = 1

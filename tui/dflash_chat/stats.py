@@ -26,7 +26,8 @@ class SpeedSnapshot:
     samples: tuple[float, ...] = ()
     tau: float = 0.0
     rounds: int = 0
-    drafted: int = 0
+    drafted: int = 0  # every draft verified, a tree's siblings included
+    reachable: int = 0  # the drafts a kept path could reach: what acceptance is out of
     accepted: int = 0
     per_round: tuple[tuple[int, int], ...] = ()  # (tokens committed in a round, rounds)
     prefill_s: float | None = None
@@ -39,7 +40,7 @@ class SpeedSnapshot:
 
     @property
     def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.accepted / self.reachable if self.reachable else 0.0
 
 
 @dataclass
@@ -48,6 +49,7 @@ class LiveStats:
     tokens: int = 0
     rounds: int = 0
     drafted: int = 0
+    reachable: int = 0
     accepted: int = 0
     committed_in_rounds: int = 0
     block_size: int = 1
@@ -75,6 +77,7 @@ class LiveStats:
             self.lookup_rounds += chunk.mode == MODE_LOOKUP
             self.rounds += 1
             self.drafted += chunk.drafted
+            self.reachable += chunk.draft_depth or chunk.drafted  # a chain: every draft
             self.accepted += chunk.accepted
             self.committed_in_rounds += count
             self.per_round[count] += 1
@@ -108,6 +111,7 @@ class LiveStats:
                 tokens_per_s=final.get("decode_tokens_per_s", 0.0),
                 samples=tuple(self._samples), tau=final.get("tau", 0.0),
                 rounds=final.get("rounds", self.rounds), drafted=final.get("drafted", 0),
+                reachable=final.get("draft_depth", final.get("drafted", 0)),
                 accepted=final.get("accepted", 0), per_round=per_round,
                 prefill_s=final.get("prefill_s"), block_size=final.get("block_size", 1),
                 engine=final.get("engine", ""), final=True, plain_rounds=self.plain_rounds,
@@ -115,8 +119,9 @@ class LiveStats:
         return SpeedSnapshot(
             speculative=self.speculative, tokens=self.tokens, tokens_per_s_now=self._rate_now(),
             tokens_per_s=self._rate_overall(), samples=tuple(self._samples), tau=self.tau,
-            rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
-            per_round=tuple(sorted(self.per_round.items())), block_size=self.block_size,
+            rounds=self.rounds, drafted=self.drafted, reachable=self.reachable,
+            accepted=self.accepted, per_round=tuple(sorted(self.per_round.items())),
+            block_size=self.block_size,
             plain_rounds=self.plain_rounds, lookup_rounds=self.lookup_rounds, mode=self.mode)
 
     @property

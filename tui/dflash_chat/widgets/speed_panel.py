@@ -58,7 +58,9 @@ def speculation_text(snap: SpeedSnapshot) -> Text:
     text.append("tau ")
     text.append(f"{snap.tau:.2f}", style="bold")
     text.append(f" per round ({snap.rounds} rounds)\n")
-    text.append(f"accepted {snap.accepted}/{snap.drafted} drafted ({snap.acceptance:.0%})\n")
+    text.append(f"accepted {snap.accepted}/{snap.reachable} drafted ({snap.acceptance:.0%})\n")
+    if snap.drafted > snap.reachable:  # tree drafts: siblings verified beside the kept paths
+        text.append(f"{snap.drafted} tree nodes verified\n")
     return text
 
 
