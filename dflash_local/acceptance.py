@@ -7,13 +7,21 @@ own token. Sampling with an argmax proposal (one-hot q): for draft token d at ro
     on rejection sample from norm(max(0, p - q)) = p without d, renormalised
     if every draft is accepted, the bonus comes from p at the last row.
 
-This is exact rejection sampling: the output distribution is the target's own.
+This is exact rejection sampling: the output distribution is the target's own. A draft tree
+(draft_tree.py) generalises it (`sampled_walk`): at a node whose children carry the distinct
+tokens c_1..c_m, go to child c_i with probability p(c_i), else stop with a token from p without
+c_1..c_m, renormalised. Every emitted token is then drawn from the target's p after the tokens
+before it (a draw from p, kept as a child where it is one), and for one child it is the rule
+above, random draws included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
 
 
@@ -64,11 +72,33 @@ def sampled_accept(
 
     Returns (accepted_len, next_token) by the one-hot-q rejection rule in the module docstring.
     """
-    for row, draft_id in enumerate(draft_ids):
-        p_draft = probs[row, draft_id]
-        if rng.random() < p_draft:
-            continue
-        residual = probs[row].copy()
-        residual[draft_id] = 0.0
-        return row, sample_from(residual / residual.sum(), rng)
-    return len(draft_ids), sample_from(probs[len(draft_ids)], rng)
+    path, next_id = sampled_walk(DraftTree.chain(draft_ids), lambda row: probs[row], rng)
+    return len(path), next_id
+
+
+def sampled_walk(tree: DraftTree, probs_at: Callable[[int], np.ndarray],
+                 rng: np.random.Generator) -> tuple[list[int], int]:
+    """The tree rule of the module docstring. probs_at(row) = the target's probabilities after
+    row `row` (0 = the anchor; asked only for the rows the walk reaches).
+
+    Returns (the kept path's nodes, in order; the token after the last of them)."""
+    path, node = [], 0
+    while True:
+        probs = probs_at(node)
+        children = tree.children_of(node)
+        draw = rng.random() if children else 1.0  # a leaf draws nothing: the bonus comes from p
+        mass = 0.0
+        for token_id, child in children:
+            mass += probs[token_id]
+            if draw < mass:
+                break
+        else:
+            residual = probs.copy()
+            residual[[token_id for token_id, _ in children]] = 0.0
+            total = residual.sum()
+            if total > 0:
+                return path, sample_from(residual / total, rng)
+            # p lies on the children alone and rounding left the draw past their sum
+            token_id, child = max(children, key=lambda pair: probs[pair[0]])
+        path.append(child)
+        node = child

@@ -71,7 +71,7 @@ def _add_generate(commands) -> None:
     gen.add_argument("--no-lookup", action="store_true",
                      help="with --block-size auto: never verify prompt-lookup drafts, only the drafter's")
     gen.add_argument("--no-tree", action="store_true",
-                     help="verify one chain of drafts per round, not a tree (greedy decoding only)")
+                     help="verify one chain of drafts per round, not a tree")
     gen.add_argument("--no-thinking", action="store_true", help="chat template with thinking off")
     gen.add_argument("--raw", action="store_true", help="tokenize PROMPT as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -1,4 +1,4 @@
-"""Tree drafts: several candidate continuations verified in one target pass (greedy decoding).
+"""Tree drafts: several candidate continuations verified in one target pass.
 
 A DFlash drafter scores every block position in one pass, and each position's distribution does
 not depend on the tokens drafted before it. A chain keeps the top token at each position; a tree
@@ -9,8 +9,8 @@ the drafter's probabilities along it), best first, so every node's parent comes 
 The target runs the anchor and the nodes in one pass, each node at the position of its depth and
 seeing only the context, the anchor and its own ancestors (`ancestor_mask`). The target keeps the
 longest path whose every token is its own greedy choice after the tokens before it, plus one
-token of its own (`walk`): exactly what it would have produced alone. Sampling keeps chains
-(acceptance.sampled_accept is the exact rule for one draft per position).
+token of its own (`walk`): exactly what it would have produced alone. Sampling walks the tree
+by acceptance.sampled_walk, which keeps every token a draw from the target's distribution.
 """
 
 from __future__ import annotations
@@ -61,20 +61,30 @@ class DraftTree:
             mask[node] |= mask[parent]
         return mask
 
+    @functools.cached_property
+    def _children(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        children: list[list[tuple[int, int]]] = [[] for _ in range(len(self.token_ids) + 1)]
+        for node, (parent, token) in enumerate(zip(self.parents, self.token_ids), start=1):
+            children[parent].append((token, node))
+        return tuple(tuple(pairs) for pairs in children)
+
+    def children_of(self, node: int) -> tuple[tuple[int, int], ...]:
+        """(token, child node) of each child of `node`, in node order."""
+        return self._children[node]
+
     def walk(self, target_choice: np.ndarray) -> tuple[list[int], int]:
         """Greedy acceptance. target_choice[i] = the target's argmax after row i.
 
         Returns (the kept path's nodes, in order; the target's token after the last of them).
         """
-        children: dict[tuple[int, int], int] = {
-            (parent, token): node
-            for node, (parent, token) in enumerate(zip(self.parents, self.token_ids), start=1)
-        }
         path, node = [], 0
-        while (node_next := children.get((node, int(target_choice[node])))) is not None:
-            path.append(node_next)
-            node = node_next
-        return path, int(target_choice[node])
+        while True:
+            wanted = int(target_choice[node])
+            child = next((child for token, child in self.children_of(node) if token == wanted), None)
+            if child is None:
+                return path, wanted
+            path.append(child)
+            node = child
 
 
 def build_tree(top_ids: np.ndarray, top_logprobs: np.ndarray, nodes: int) -> DraftTree:

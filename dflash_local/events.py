@@ -19,7 +19,7 @@ class GenerationParams:
     block_size: int | str | None = None  # None = the drafter's own; "auto" = block_policy.py
     stop_token_ids: tuple[int, ...] = ()
     prompt_lookup: bool = True  # with block_size "auto": rounds may verify lookup.py drafts
-    tree: bool = True  # greedy drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
+    tree: bool = True  # drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -15,7 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dflash_local.acceptance import greedy_accept, sample_from, sampled_accept, target_probs
+from dflash_local.acceptance import (
+    greedy_accept,
+    sample_from,
+    sampled_accept,
+    sampled_walk,
+    target_probs,
+)
 from dflash_local.block_policy import (
     LOOKUP,
     SPECULATIVE,
@@ -95,8 +101,8 @@ def generate(
     picks each round's width, 1 included (plain fallback), and with params.prompt_lookup a round
     may verify a prompt-lookup draft instead (lookup.py) when that is expected to be faster: the
     taps of rounds without a drafter pass wait in `pending_taps` and reach the drafter, joined,
-    with its next block. Greedy drafter rounds verify a draft tree (draft_tree.py) where the
-    runner and drafter can, sized by a TreeSizer under "auto" and of width - 1 nodes otherwise.
+    with its next block. Drafter rounds verify a draft tree (draft_tree.py) where the runner and
+    drafter can, sized by a TreeSizer under "auto" and of width - 1 nodes otherwise.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else.
     """
@@ -159,7 +165,7 @@ def generate(
                 else:
                     draft_ids = drafter.propose(anchor_id, taps, width)
         if tree is not None:
-            kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree)
+            kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree, params, rng)
             drafted, depth = len(tree.token_ids), tree.depth
             if sizer is not None:
                 sizer.observe(tree.path_probs, len(kept_ids))
@@ -209,10 +215,14 @@ class _Lookup:
         return replace(draft, token_ids=draft.token_ids[: width - 1])
 
 
-def _verify_tree(runner: TreeTargetRunner, anchor_id: int, tree: DraftTree):
+def _verify_tree(runner: TreeTargetRunner, anchor_id: int, tree: DraftTree,
+                 params: GenerationParams, rng: np.random.Generator):
     """(the kept drafts, the target's next token, the kept rows' taps) of a tree round."""
     logits = runner.verify_tree(anchor_id, tree)
-    path, next_id = tree.walk(np.argmax(logits, axis=-1))
+    if params.greedy:
+        path, next_id = tree.walk(np.argmax(logits, axis=-1))
+    else:  # only the rows the walk reaches are turned into probabilities
+        path, next_id = sampled_walk(tree, lambda row: target_probs(logits[row : row + 1], params)[0], rng)
     new_taps = runner.commit_path([0, *path])
     return [tree.token_ids[node - 1] for node in path], next_id, new_taps
 
@@ -233,8 +243,8 @@ def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids
 
 
 def can_tree(runner: TargetRunner, drafter: Drafter | None, params: GenerationParams) -> bool:
-    """Trees for greedy rounds when both sides can (sampling keeps the exact chain rule)."""
-    return (params.greedy and params.tree and getattr(runner, "supports_tree", False)
+    """Trees when both sides can and the request does not ask for chains."""
+    return (params.tree and getattr(runner, "supports_tree", False)
             and hasattr(drafter, "propose_tree"))
 
 

@@ -6,6 +6,7 @@ trees whose right path is never the first branch, token for token against plain 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -206,11 +207,10 @@ def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatc
     assert all(event.draft_depth == event.drafted for event in chain_events[1:])  # chains only
 
 
-def test_sampling_keeps_chains(engine):
+def test_sampling_verifies_trees_unless_asked_for_chains(engine):
     prompt_ids = engine.encode_chat([{"role": "user", "content": "hello world"}])
-    _, events = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=16, temperature=0.8, seed=3, block_size=8, stop_token_ids=(NEVER,))))
-    assert all(event.draft_depth == event.drafted == event.block_size - 1 for event in events[1:])
-    _, greedy = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=16, block_size=8, stop_token_ids=(NEVER,))))
-    assert any(event.draft_depth < event.drafted for event in greedy[1:])
+    sampled = GenerationParams(max_tokens=16, temperature=0.8, seed=3, block_size=8, stop_token_ids=(NEVER,))
+    _, events = collect(engine.stream(prompt_ids, sampled))
+    assert any(event.draft_depth < event.drafted for event in events[1:])
+    _, chains = collect(engine.stream(prompt_ids, replace(sampled, tree=False)))
+    assert all(event.draft_depth == event.drafted == event.block_size - 1 for event in chains[1:])

@@ -6,6 +6,7 @@ a deliberately wrong rule and must reject it. Seeds are fixed: the outcome is de
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -14,7 +15,8 @@ import torch
 from fixtures_tiny import ScriptedDrafter, tiny_engine, tiny_pair
 
 from dflash_local import speculative
-from dflash_local.acceptance import sample_from, sampled_accept, target_probs
+from dflash_local.acceptance import sample_from, sampled_accept, sampled_walk, target_probs
+from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
 
 
@@ -119,6 +121,63 @@ def test_second_token_follows_p_after_an_accepted_first():
     assert total_variation(seconds, ROWS[1]) < TOLERANCE * 1.5  # ~11,000 draws here
     wrong = [t[1] for t in emitted(resample_from_p, draft_ids, ROWS, SEEDS) if len(t) > 1]
     assert total_variation(wrong, ROWS[1]) > TOLERANCE * 1.5
+
+
+# a tree over ROWS' vocabulary: under the anchor tokens 1, 2, 3 (nodes 1-3), under node 2 the
+# tokens 0 and 3 (nodes 4, 5); the walk's rows are ROWS[0] at the anchor, ROWS[1] below node 2
+TREE = DraftTree((1, 2, 3, 0, 3), (0, 0, 0, 2, 2))
+TREE_ROWS = {0: ROWS[0], 1: ROWS[2], 2: ROWS[1], 3: ROWS[2], 4: ROWS[2], 5: ROWS[2]}
+
+
+def tree_emitted(walk, seeds: int) -> list[list[int]]:
+    out = []
+    for seed in range(seeds):
+        path, next_id = walk(TREE, TREE_ROWS.__getitem__, np.random.default_rng(seed))
+        out.append([*(TREE.token_ids[node - 1] for node in path), next_id])
+    return out
+
+
+def walk_drawing_per_child(tree, probs_at, rng):
+    """Wrong: a fresh draw for each child (child c_i kept with (1 - p(c_1))...p(c_i), not p(c_i))."""
+    path, node = [], 0
+    while True:
+        probs, children = probs_at(node), tree.children_of(node)
+        child = next((c for token, c in children if rng.random() < probs[token]), None)
+        if child is None:
+            residual = probs.copy()
+            residual[[token for token, _ in children]] = 0.0
+            return path, sample_from(residual / residual.sum(), rng)
+        path.append(child)
+        node = child
+
+
+def test_tree_walk_draws_every_token_from_p():
+    tokens = tree_emitted(sampled_walk, SEEDS)
+    assert total_variation([t[0] for t in tokens], ROWS[0]) < TOLERANCE
+    below_2 = [t[1] for t in tokens if t[0] == 2]  # ~4,000 draws after node 2
+    assert total_variation(below_2, ROWS[1]) < TOLERANCE * 2.5
+    assert {t[0] for t in tokens if len(t) > 1} == {1, 2, 3}  # every child is walked into
+    wrong = tree_emitted(walk_drawing_per_child, SEEDS)
+    assert total_variation([t[0] for t in wrong], ROWS[0]) > TOLERANCE
+
+
+def one_draft_rule(draft_ids, probs, rng):
+    """The module docstring's chain rule written out: keep d with p(d), else draw from p without d."""
+    for row, draft_id in enumerate(draft_ids):
+        if rng.random() < probs[row, draft_id]:
+            continue
+        residual = probs[row].copy()
+        residual[draft_id] = 0.0
+        return row, sample_from(residual / residual.sum(), rng)
+    return len(draft_ids), sample_from(probs[len(draft_ids)], rng)
+
+
+@pytest.mark.parametrize("draft_ids", [[1, 2], [4, 0], [2, 3]])
+def test_a_chain_walk_is_the_one_draft_rule_draw_for_draw(draft_ids):
+    # so a seeded sampled generation with chains gives the same tokens as before trees
+    for seed in range(300):
+        assert sampled_accept(draft_ids, ROWS, np.random.default_rng(seed)) == one_draft_rule(
+            draft_ids, ROWS, np.random.default_rng(seed))
 
 
 def test_a_draft_outside_the_filtered_support_is_always_rejected():
@@ -232,3 +291,102 @@ def test_plain_sampling_and_a_wrong_rule_against_the_same_check(engine, monkeypa
     monkeypatch.setattr(speculative, "sampled_accept", accept_always)
     wrong = sample_runs(engine, prompt_ids, params, tables, seeds=150)
     assert chi_square_p_value(wrong, joint) < 1e-6
+
+
+# --- end to end with tree drafts ---
+
+class RecordingRunner:
+    """The real runner, remembering what it committed so a scripted drafter can follow."""
+
+    def __init__(self, runner, prompt_ids):
+        self.runner, self.committed = runner, list(prompt_ids)
+        self.branches = 0  # tree rounds that kept a path through a node other than a first child
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def verify(self, block_ids):
+        self._rows = list(block_ids)
+        return self.runner.verify(block_ids)
+
+    def commit(self, kept_rows):
+        self.committed += self._rows[:kept_rows]
+        return self.runner.commit(kept_rows)
+
+    def verify_tree(self, anchor_id, tree):
+        self._rows, self._tree = [anchor_id, *tree.token_ids], tree
+        return self.runner.verify_tree(anchor_id, tree)
+
+    def commit_path(self, rows):
+        self.committed += [self._rows[row] for row in rows]
+        firsts = {children[0][1] for children in map(self._tree.children_of, range(len(self._rows)))
+                  if children}
+        self.branches += any(row not in firsts for row in rows[1:])
+        return self.runner.commit_path(rows)
+
+
+class TableTreeDrafter:
+    """Trees of the target's two likeliest tokens after each path (from the exact tables), best
+    first by their probability under the target: accepted often, through either branch, and
+    the third token of a top-3 filter is left to the residual draw."""
+
+    block_size = 4
+
+    def __init__(self, runner: RecordingRunner, prompt_len: int, tables: dict):
+        self.runner, self.prompt_len, self.tables = runner, prompt_len, tables
+
+    def propose(self, anchor_id, new_taps, width):
+        return greedy_script(self.prompt_len, self.tables)(self._sequence(anchor_id), width - 1)
+
+    def propose_tree(self, anchor_id, new_taps, nodes):
+        generated = tuple(self._sequence(anchor_id)[self.prompt_len:])
+        token_ids, parents, heap = [], [], []  # heap: (minus path probability, order, parent, path)
+
+        def push_children(node, path, prob):
+            probs = self.tables.get(generated + path)
+            for token in ([] if probs is None else np.argsort(-probs)[:2]):
+                if probs[token] > 0:
+                    heapq.heappush(heap, (-prob * probs[token], len(heap) + len(token_ids), node,
+                                          (*path, int(token))))
+
+        push_children(0, (), 1.0)
+        while heap and len(token_ids) < nodes:
+            minus_prob, _, parent, path = heapq.heappop(heap)
+            token_ids.append(path[-1])
+            parents.append(parent)
+            push_children(len(token_ids), path, -minus_prob)
+        return DraftTree(tuple(token_ids), tuple(parents))
+
+    def _sequence(self, anchor_id):
+        return [*self.runner.committed, anchor_id]
+
+
+def tree_runs(engine, prompt_ids, params, tables, seeds) -> tuple[list[tuple], int]:
+    """(the first MEASURED tokens of each seed's run, how many runs kept a non-first branch)."""
+    firsts, branches, trees = [], 0, 0
+    for seed in range(seeds):
+        # one token more than the chain runs: round 1 verifies 3 nodes, room for a branch
+        seeded = GenerationParams(**{**params.__dict__, "seed": seed, "max_tokens": MAX_TOKENS + 1,
+                                     "stop_token_ids": (10_000,)})
+        runner = RecordingRunner(engine.make_runner(collect_taps=True), prompt_ids)
+        drafter = TableTreeDrafter(runner, len(prompt_ids), tables)
+        events = list(speculative.generate(runner, drafter, prompt_ids, seeded))
+        trees += any(event.draft_depth < event.drafted for event in events[1:])
+        firsts.append(tuple(token for event in events for token in event.token_ids)[:MEASURED])
+        branches += runner.branches > 0
+    assert trees > seeds // 2  # most runs verified a real tree, not a chain
+    return firsts, branches
+
+
+def test_tree_drafts_keep_sampling_exact(engine, monkeypatch):
+    prompt_ids = engine.encode_chat([{"role": "user", "content": PROMPT_TEXT}])
+    params = sample_params(top_k=3)  # 27 cells: a chi-square with power at 300 draws
+    joint, tables = exact_joint(engine, prompt_ids, params)
+    speculated, branches = tree_runs(engine, prompt_ids, params, tables, seeds=300)
+    assert chi_square_p_value(speculated, joint) > PASS_P_VALUE
+    assert branches > 30  # paths through second children were kept, not just first ones
+
+    monkeypatch.setattr(speculative, "sampled_walk", walk_drawing_per_child)
+    wrong, _ = tree_runs(engine, prompt_ids, params, tables, seeds=300)
+    assert chi_square_p_value(wrong, joint) < 1e-6
+

@@ -31,7 +31,7 @@ WARMUP_TOKENS = 24
 class BenchSettings:
     block_sizes: tuple[int | str, ...] = ("auto",)  # each one is a measured speculative method
     lookup: str = "on"  # auto's prompt-lookup rounds: "on", "off", or "both" (two methods)
-    tree: str = "on"  # greedy drafter rounds verify trees: "on", "off", or "both" (two methods each)
+    tree: str = "on"  # drafter rounds verify trees: "on", "off", or "both" (two methods each)
     max_tokens: int = 256
     temperature: float = 0.0
     thinking: bool | None = None

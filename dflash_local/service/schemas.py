@@ -59,7 +59,7 @@ class ChatCompletionRequest(StrictModel):
     speculative: bool | None = None
     block_size: BlockSize | None = None
     prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
-    tree: bool | None = None  # greedy: verify a tree of drafts per round (default on)
+    tree: bool | None = None  # verify a tree of drafts per round (default on)
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
