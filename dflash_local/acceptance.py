@@ -27,12 +27,8 @@ from dflash_local.events import GenerationParams
 
 def greedy_accept(draft_ids: list[int], target_argmax: np.ndarray) -> tuple[int, int]:
     """draft_ids: [W-1]; target_argmax: [W]. Returns (accepted_len, next_token)."""
-    accepted_len = 0
-    for draft_id, target_id in zip(draft_ids, target_argmax[:-1]):
-        if draft_id != int(target_id):
-            break
-        accepted_len += 1
-    return accepted_len, int(target_argmax[accepted_len])
+    path, next_id = DraftTree.chain(draft_ids).walk(target_argmax)
+    return len(path), next_id
 
 
 def target_probs(logits: np.ndarray, params: GenerationParams) -> np.ndarray:
