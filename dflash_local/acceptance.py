@@ -75,15 +75,17 @@ def sampled_accept(
 def sampled_walk(tree: DraftTree, probs_at: Callable[[int], np.ndarray],
                  rng: np.random.Generator) -> tuple[list[int], int]:
     """The tree rule of the module docstring. probs_at(row) = the target's probabilities after
-    row `row` (0 = the anchor; asked only for the rows the walk reaches).
+    row `row` (0 = the anchor; asked only for the rows the walk reaches). Siblings must hold
+    distinct tokens (build_tree's do: each position's top k), or p(c) would count twice.
 
     Returns (the kept path's nodes, in order; the token after the last of them)."""
     path, node = [], 0
     while True:
         probs = probs_at(node)
         children = tree.children_of(node)
-        draw = rng.random() if children else 1.0  # a leaf draws nothing: the bonus comes from p
-        mass = 0.0
+        if not children:  # the bonus token
+            return path, sample_from(probs, rng)
+        draw, mass = rng.random(), 0.0
         for token_id, child in children:
             mass += probs[token_id]
             if draw < mass:

@@ -313,7 +313,7 @@ def test_remote_stream_equals_the_local_engines_round_for_round(service, remote,
     params = GenerationParams(max_tokens=24, speculative=speculative)
     events = list(remote.stream_chat(MESSAGES, params))
     local = local_events(service[0], params)
-    fields = ("token_ids", "drafted", "accepted", "round_index", "block_size")
+    fields = ("token_ids", "drafted", "draft_depth", "accepted", "round_index", "block_size")
     assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
     assert "".join(e.text for e in events) == "".join(e.text for e in local)
     stats = remote.last_stats

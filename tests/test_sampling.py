@@ -172,12 +172,31 @@ def one_draft_rule(draft_ids, probs, rng):
     return len(draft_ids), sample_from(probs[len(draft_ids)], rng)
 
 
-@pytest.mark.parametrize("draft_ids", [[1, 2], [4, 0], [2, 3]])
+@pytest.mark.parametrize("draft_ids", [[1, 2], [4, 0], [2, 3], []])
 def test_a_chain_walk_is_the_one_draft_rule_draw_for_draw(draft_ids):
     # so a seeded sampled generation with chains gives the same tokens as before trees
     for seed in range(300):
         assert sampled_accept(draft_ids, ROWS, np.random.default_rng(seed)) == one_draft_rule(
             draft_ids, ROWS, np.random.default_rng(seed))
+
+
+class DrawPastTheSum:
+    """The largest draw random() can return: past the children's mass when rounding left it
+    under 1."""
+
+    def random(self):
+        return float(np.nextafter(1.0, 0.0))
+
+    def choice(self, size, p):
+        return 5  # the bonus token below the kept child (rows there are ROWS[0])
+
+
+def test_a_draw_past_children_holding_all_of_p_keeps_the_likeliest_child():
+    probs = np.array([0.0, 0.1, 0.2, 0.7 - 1e-16, 0.0])  # a top-3 cut: p lies on tokens 1, 2, 3
+    tree = DraftTree((1, 2, 3), (0, 0, 0))
+    assert probs[[1, 2, 3]].sum() <= DrawPastTheSum().random()
+    rows = {0: probs, 3: ROWS[0]}  # the walk asks for the anchor's row and the kept child's only
+    assert sampled_walk(tree, rows.__getitem__, DrawPastTheSum()) == ([3], 5)
 
 
 def test_a_draft_outside_the_filtered_support_is_always_rejected():

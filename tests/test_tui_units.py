@@ -215,6 +215,9 @@ def test_tree_rounds_count_acceptance_out_of_the_reachable_drafts():
     assert snap.acceptance == pytest.approx(4 / 13)
     shown = speculation_text(snap).plain
     assert "accepted 4/13 drafted (31%)" in shown and "22 tree nodes verified" in shown
+    from dflash_chat.widgets.race_lane import lane_figures
+
+    assert "accepted 4/13" in lane_figures(snap)  # the race lanes count the same way
     stats.finish({"drafted": 22, "draft_depth": 13, "accepted": 4, "rounds": 2})
     assert stats.snapshot().acceptance == pytest.approx(4 / 13)  # the service's totals, same rule
     stats.finish({"drafted": 7, "accepted": 1, "rounds": 1})  # a service that sends no depth

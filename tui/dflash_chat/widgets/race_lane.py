@@ -16,7 +16,7 @@ def lane_figures(snap: SpeedSnapshot) -> str:
     figures = [f"{snap.tokens} tokens", f"{snap.tokens_per_s:.1f} tok/s"]
     if snap.speculative:
         figures.append(f"tau {snap.tau:.2f}")
-        figures.append(f"accepted {snap.accepted}/{snap.drafted}")
+        figures.append(f"accepted {snap.accepted}/{snap.reachable}")
     return " | ".join(figures) + (" (final)" if snap.final else "")
 
 
