@@ -1,7 +1,8 @@
-"""Pure acceptance rules of the speculative loop, on numpy arrays.
+"""Pure acceptance rules of the speculative loop, on numpy arrays; a round's drafts are a
+DraftTree (draft_tree.py), a chain being the tree with one child per node.
 
-Greedy: keep the longest prefix where the draft equals the target's argmax, then the target's
-own token. Sampling with an argmax proposal (one-hot q): for draft token d at row j,
+Greedy (DraftTree.walk): keep the longest path whose every token is the target's argmax, then
+the target's own token. Sampling with an argmax proposal (one-hot q): for draft token d at row j,
 
     accept with probability min(1, p(d) / q(d)) = p(d)            (q(d) = 1)
     on rejection sample from norm(max(0, p - q)) = p without d, renormalised
@@ -23,12 +24,6 @@ import numpy as np
 
 from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
-
-
-def greedy_accept(draft_ids: list[int], target_argmax: np.ndarray) -> tuple[int, int]:
-    """draft_ids: [W-1]; target_argmax: [W]. Returns (accepted_len, next_token)."""
-    path, next_id = DraftTree.chain(draft_ids).walk(target_argmax)
-    return len(path), next_id
 
 
 def target_probs(logits: np.ndarray, params: GenerationParams) -> np.ndarray:
@@ -59,17 +54,6 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(rng.choice(probs.shape[-1], p=probs))
-
-
-def sampled_accept(
-    draft_ids: list[int], probs: np.ndarray, rng: np.random.Generator
-) -> tuple[int, int]:
-    """draft_ids: [W-1] argmax proposals; probs: [W, V] target probabilities.
-
-    Returns (accepted_len, next_token) by the one-hot-q rejection rule in the module docstring.
-    """
-    path, next_id = sampled_walk(DraftTree.chain(draft_ids), lambda row: probs[row], rng)
-    return len(path), next_id
 
 
 def sampled_walk(tree: DraftTree, probs_at: Callable[[int], np.ndarray],

@@ -96,7 +96,7 @@ class GenerationStats:
         else:
             self.rounds += 1
             self.drafted += event.drafted
-            self.draft_depth += event.draft_depth or event.drafted  # engines without trees: a chain
+            self.draft_depth += event.draft_depth
             self.accepted += event.accepted
             self.accepted_per_round.append(len(event.token_ids))
         self.decode_s = event.elapsed_s

@@ -15,13 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dflash_local.acceptance import (
-    greedy_accept,
-    sample_from,
-    sampled_accept,
-    sampled_walk,
-    target_probs,
-)
+from dflash_local.acceptance import sample_from, sampled_walk, target_probs
 from dflash_local.block_policy import (
     LOOKUP,
     SPECULATIVE,
@@ -219,20 +213,25 @@ def _verify_tree(runner: TreeTargetRunner, anchor_id: int, tree: DraftTree,
                  params: GenerationParams, rng: np.random.Generator):
     """(the kept drafts, the target's next token, the kept rows' taps) of a tree round."""
     logits = runner.verify_tree(anchor_id, tree)
-    if params.greedy:
-        path, next_id = tree.walk(np.argmax(logits, axis=-1))
-    else:  # only the rows the walk reaches are turned into probabilities
-        path, next_id = sampled_walk(tree, lambda row: target_probs(logits[row : row + 1], params)[0], rng)
+    path, next_id = _walk(tree, logits, params, rng)
     new_taps = runner.commit_path([0, *path])
     return [tree.token_ids[node - 1] for node in path], next_id, new_taps
 
 
 def _verify_chain(runner: TargetRunner, anchor_id: int, draft_ids: list[int],
                   params: GenerationParams, rng: np.random.Generator):
-    """The same for a chain (a plain step when there are no drafts): greedy or sampled."""
+    """The same for a chain (a plain step when there are no drafts)."""
     logits = runner.verify([anchor_id, *draft_ids])
-    accepted, next_id = _accept(draft_ids, logits, params, rng)
-    return draft_ids[:accepted], next_id, runner.commit(accepted + 1)
+    path, next_id = _walk(DraftTree.chain(draft_ids), logits, params, rng)
+    return draft_ids[: len(path)], next_id, runner.commit(len(path) + 1)
+
+
+def _walk(tree: DraftTree, logits: np.ndarray, params: GenerationParams, rng: np.random.Generator):
+    """(the kept path, the next token) by the greedy or the sampled rule (acceptance.py)."""
+    if params.greedy:
+        return tree.walk(np.argmax(logits, axis=-1))
+    # only the rows the walk reaches are turned into probabilities
+    return sampled_walk(tree, lambda row: target_probs(logits[row : row + 1], params)[0], rng)
 
 
 def _lookup_for(policy: BlockPolicy | None, params: GenerationParams, prompt_ids: list[int]):
@@ -272,14 +271,6 @@ def _pick(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator
     if params.greedy:
         return int(np.argmax(logits[-1]))
     return sample_from(target_probs(logits[-1:], params)[0], rng)
-
-
-def _accept(
-    draft_ids: list[int], logits: np.ndarray, params: GenerationParams, rng: np.random.Generator
-) -> tuple[int, int]:
-    if params.greedy:
-        return greedy_accept(draft_ids, np.argmax(logits, axis=-1))
-    return sampled_accept(draft_ids, target_probs(logits, params), rng)
 
 
 def _apply_stops(committed: list[int], stop_ids: set[int]) -> tuple[list[int], str | None]:

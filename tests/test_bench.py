@@ -142,6 +142,8 @@ def test_steal_share_from_proc_stat(tmp_path):
 def test_bad_bench_options_are_one_line(capsys):
     assert main(["bench", "--repeats", "0"]) == 2
     assert "--repeats must be >= 1, got" in capsys.readouterr().err
+    assert main(["bench", "--temperature", "-1"]) == 2  # before any model loads
+    assert "temperature must be in [0, 100], got -1.0" in capsys.readouterr().err
 
 
 def one_line_error(capsys) -> str:

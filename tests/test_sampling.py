@@ -15,7 +15,7 @@ import torch
 from fixtures_tiny import ScriptedDrafter, tiny_engine, tiny_pair
 
 from dflash_local import speculative
-from dflash_local.acceptance import sample_from, sampled_accept, sampled_walk, target_probs
+from dflash_local.acceptance import sample_from, sampled_walk, target_probs
 from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
 
@@ -69,6 +69,12 @@ def test_filters_match_zlab_reference():
 
 # --- the acceptance rule, on synthetic distributions ---
 
+def walk_chain(draft_ids, probs, rng):
+    """The rule under test on a chain of drafts: sampled_walk on DraftTree.chain."""
+    path, next_id = sampled_walk(DraftTree.chain(draft_ids), probs.__getitem__, rng)
+    return len(path), next_id
+
+
 def accept_always(draft_ids, probs, rng):
     """Wrong: keeps every draft."""
     return len(draft_ids), sample_from(probs[len(draft_ids)], rng)
@@ -80,6 +86,15 @@ def resample_from_p(draft_ids, probs, rng):
         if rng.random() >= probs[row, draft_id]:
             return row, sample_from(probs[row], rng)
     return len(draft_ids), sample_from(probs[len(draft_ids)], rng)
+
+
+def walk_accepting_always(tree, probs_at, rng):
+    """accept_always as the loop calls it: down the first child of every node."""
+    path, node = [], 0
+    while children := tree.children_of(node):
+        node = children[0][1]
+        path.append(node)
+    return path, sample_from(probs_at(node), rng)
 
 
 def emitted(rule, draft_ids, probs, seeds: int) -> list[list[int]]:
@@ -108,7 +123,7 @@ ROWS = np.array([
 
 @pytest.mark.parametrize("draft_ids", [[1, 2], [4, 0], [2, 3]], ids=["likely", "unlikely", "mid"])
 def test_first_token_follows_p(draft_ids):
-    tokens = emitted(sampled_accept, draft_ids, ROWS, SEEDS)
+    tokens = emitted(walk_chain, draft_ids, ROWS, SEEDS)
     assert total_variation([t[0] for t in tokens], ROWS[0]) < TOLERANCE
     for wrong in (accept_always, resample_from_p):
         wrong_tokens = emitted(wrong, draft_ids, ROWS, SEEDS)
@@ -117,7 +132,7 @@ def test_first_token_follows_p(draft_ids):
 
 def test_second_token_follows_p_after_an_accepted_first():
     draft_ids = [1, 2]
-    seconds = [t[1] for t in emitted(sampled_accept, draft_ids, ROWS, SEEDS) if len(t) > 1]
+    seconds = [t[1] for t in emitted(walk_chain, draft_ids, ROWS, SEEDS) if len(t) > 1]
     assert total_variation(seconds, ROWS[1]) < TOLERANCE * 1.5  # ~11,000 draws here
     wrong = [t[1] for t in emitted(resample_from_p, draft_ids, ROWS, SEEDS) if len(t) > 1]
     assert total_variation(wrong, ROWS[1]) > TOLERANCE * 1.5
@@ -176,7 +191,7 @@ def one_draft_rule(draft_ids, probs, rng):
 def test_a_chain_walk_is_the_one_draft_rule_draw_for_draw(draft_ids):
     # so a seeded sampled generation with chains gives the same tokens as before trees
     for seed in range(300):
-        assert sampled_accept(draft_ids, ROWS, np.random.default_rng(seed)) == one_draft_rule(
+        assert walk_chain(draft_ids, ROWS, np.random.default_rng(seed)) == one_draft_rule(
             draft_ids, ROWS, np.random.default_rng(seed))
 
 
@@ -202,7 +217,7 @@ def test_a_draw_past_children_holding_all_of_p_keeps_the_likeliest_child():
 def test_a_draft_outside_the_filtered_support_is_always_rejected():
     probs = np.array([[0.0, 0.7, 0.3], [0.2, 0.3, 0.5]])
     for seed in range(50):
-        accepted_len, next_id = sampled_accept([0], probs, np.random.default_rng(seed))
+        accepted_len, next_id = walk_chain([0], probs, np.random.default_rng(seed))
         assert accepted_len == 0 and next_id in (1, 2)
 
 
@@ -307,7 +322,7 @@ def test_plain_sampling_and_a_wrong_rule_against_the_same_check(engine, monkeypa
     plain = sample_runs(engine, prompt_ids, params, tables, seeds=300, speculate=False)
     assert chi_square_p_value(plain, joint) > PASS_P_VALUE
 
-    monkeypatch.setattr(speculative, "sampled_accept", accept_always)
+    monkeypatch.setattr(speculative, "sampled_walk", walk_accepting_always)
     wrong = sample_runs(engine, prompt_ids, params, tables, seeds=150)
     assert chi_square_p_value(wrong, joint) < 1e-6
 

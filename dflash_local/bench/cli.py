@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.errors import DFlashError
-from dflash_local.events import block_size_arg
+from dflash_local.events import GenerationParams, block_size_arg
 from dflash_local.precision import DTYPE_CHOICES
 
 
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
                           f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
+    GenerationParams(temperature=args.temperature)  # its range check, before any model loads
     names = [name.strip() for name in args.dataset.split(",") if name.strip()]
     unknown = [name for name in names if name not in DATASETS]
     if unknown or not names:

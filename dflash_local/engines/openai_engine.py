@@ -379,7 +379,7 @@ class EventBuilder:
             self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
         return StepEvent(
             token_ids=ids, text=text, drafted=drafted, accepted=accepted, round_index=round_index,
-            draft_depth=int((step or {}).get("draft_depth") or 0),  # 0: a chain, counted as drafted
+            draft_depth=int((step or {}).get("draft_depth", drafted)),  # no depth: a chain
             elapsed_s=now - self.first_at, prefill_s=self.first_at - self.started,
             prompt_tokens=int(usage.get("prompt_tokens") or (step or {}).get("prompt_tokens") or 0),
             block_size=step["block_size"] if step else self.block_size, finish_reason=finish,
