@@ -102,6 +102,21 @@ def test_a_resumed_run_keeps_its_draft_vocabulary_and_zero_removes_a_stale_one(t
     assert not (out / "draft_vocab.json").exists()
 
 
+def test_continuing_a_drafter_keeps_its_draft_vocabulary_when_the_size_matches(tmp_path):
+    from dflash_local.train.cli import choose_training_draft_vocab
+
+    first = tmp_path / "first"
+    inherited = choose_training_draft_vocab(first, synthetic_sequences(30, 8, seed=1), 20, vocab_size=260)
+    new_data = synthetic_sequences(30, 8, seed=2)
+    assert choose_training_draft_vocab(tmp_path / "fresh", new_data, 20, vocab_size=260) != inherited
+    second = tmp_path / "second"
+    assert choose_training_draft_vocab(second, new_data, 20, vocab_size=260, init_from=first) == inherited
+    assert json.loads((second / "draft_vocab.json").read_text())["token_ids"] == inherited
+    # another size asked for: chosen from the data, as without --init-from
+    assert len(choose_training_draft_vocab(tmp_path / "third", new_data, 12, vocab_size=260,
+                                           init_from=first)) == 12
+
+
 def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), "--draft-vocab", "-1"]) == 2
     assert "--draft-vocab must be 0 (the full head) or a positive count, got -1" in capsys.readouterr().err

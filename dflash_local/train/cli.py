@@ -6,6 +6,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -49,7 +50,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--draft-vocab", type=int, default=draft_vocab.DEFAULT_SIZE, metavar="N",
                         help="train and draft over the N ids the target outputs most in the data "
                              "(written as draft_vocab.json; the engines score only those); 0: the "
-                             "full head; a resumed run keeps its set; not used by --kind ar")
+                             "full head; a resumed run keeps its set, and so does one continuing an "
+                             "--init-from drafter that has a set of this size; not used by --kind ar")
     parser.add_argument("--bf16", action="store_true",
                         help="bfloat16 training autocast and regeneration: about 2x faster on CPUs "
                              "with avx512_bf16, and on CUDA")
@@ -210,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainSettings(block_size=block_size, gamma=_gamma(block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
-    draft_ids = choose_training_draft_vocab(args.out, sequences, args.draft_vocab, config.vocab_size)
+    draft_ids = choose_training_draft_vocab(args.out, sequences, args.draft_vocab, config.vocab_size,
+                                            init_from=args.init_from)
     if draft_ids:  # trained over the set it will draft from (and cheaper steps)
         drafter.restrict_draft_vocab(draft_ids)
     report = train(drafter, sequences, args.out, settings)
@@ -226,10 +229,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, vocab_size: int) -> list[int] | None:
+def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, vocab_size: int,
+                                init_from: Path | None = None) -> list[int] | None:
     """The set to train over, written before the first step so every checkpoint carries it: on a
-    resumed run the one it started with (data added since must not change it mid-schedule); else
-    the `size` most frequent response ids of the training split (not the validation slice)."""
+    resumed run the one it started with (data added since must not change it mid-schedule); when
+    continuing a drafter (`init_from`) that drafts over a set of this size, its set (it was
+    trained over it, on more data than a continuation may bring); else the `size` most frequent
+    response ids of the training split (not the validation slice)."""
     from dflash_local.train.trainer import checkpoint_path_for, split_validation
 
     if size <= 0:
@@ -239,6 +245,11 @@ def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, voc
         kept = draft_vocab.load_draft_vocab(out, vocab_size)
         if kept is not None:
             return kept
+    inherited = draft_vocab.load_draft_vocab(init_from, vocab_size) if init_from else None
+    if inherited is not None and len(inherited) == size:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(init_from / draft_vocab.FILE_NAME, out / draft_vocab.FILE_NAME)
+        return inherited
     counts = draft_vocab.count_response_tokens(split_validation(sequences)[1])
     draft_ids = draft_vocab.choose_draft_vocab(counts, size)
     out.mkdir(parents=True, exist_ok=True)
