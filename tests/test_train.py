@@ -383,6 +383,19 @@ def test_prompt_variants_never_carry_a_held_out_docstring_into_training():
     assert docstring_prompts(limit=400) == [g[0] for g in _docstring_groups(None, 400, 0)]
 
 
+def test_later_prompt_variants_alone_are_what_they_add_to_the_earlier_list():
+    from dflash_local.train.prompts import training_prompts
+
+    earlier = training_prompts(limit=400, variants=1)
+    everything = training_prompts(limit=400, variants=3)
+    later = training_prompts(limit=400, variants=3, variants_from=2)
+    assert later and not set(later) & set(earlier)
+    assert later == [p for p in everything if p not in set(earlier)]  # same order
+    assert training_prompts(limit=400, variants=3, variants_from=0) == everything
+    with pytest.raises(DFlashError, match="prompt-variants-from must be between 0 and"):
+        training_prompts(limit=10, variants=1, variants_from=2)
+
+
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():
     from dflash_local.train.trainer import split_validation
 

@@ -42,6 +42,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prompts-limit", type=int, default=20000)
     parser.add_argument("--prompt-variants", type=int, default=0, metavar="N",
                         help="N more framings of each training docstring: more data from the same corpus")
+    parser.add_argument("--prompt-variants-from", type=int, default=0, metavar="K",
+                        help="only framings K..N (--prompt-variants N): fresh data for a continued "
+                             "drafter whose earlier framings were regenerated elsewhere")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", type=Path, metavar="DIR",
@@ -187,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         check_same_shape(args.init_from, init, shape)  # before minutes of loading data
     layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
-    train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants)
+    train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
+                                     variants_from=args.prompt_variants_from)
     started = time.perf_counter()
     if args.regen_minutes > 0:
         # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
