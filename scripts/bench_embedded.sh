@@ -10,6 +10,7 @@
 #   REPEATS=3 scripts/bench_embedded.sh      # every method 3 times per sample, fastest kept
 #   TREE=on LOOKUP=on scripts/bench_embedded.sh  # fewer methods: trees only, auto with lookup only
 #   TEMPERATURE=0.7 scripts/bench_embedded.sh   # sampling (outputs then differ run to run)
+#   DATASETS=embedded,humaneval TOKENS=256 scripts/bench_embedded.sh   # fewer datasets, longer outputs
 #
 # The AR draft peer is runs/smollm2-135m-ar when it exists (made by `dflash-local train --kind ar`,
 # see models/README.md); without it the table says the peer could not run.
@@ -23,11 +24,12 @@ LOOKUP="${LOOKUP:-both}"
 REPEATS="${REPEATS:-1}"
 TREE="${TREE:-both}"
 TEMPERATURE="${TEMPERATURE:-0}"
+DATASETS="${DATASETS:-embedded,humaneval,adversarial}"
 AR_DRAFT="${AR_DRAFT:-runs/smollm2-135m-ar}"
 peer_args=(--peers)
 [ -d "$AR_DRAFT" ] && peer_args+=(--ar-draft "$AR_DRAFT")
 for engine in $ENGINES; do
   OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local bench --engine "$engine" \
-    --dataset embedded,humaneval,adversarial --max-samples "$SAMPLES" --max-tokens "$TOKENS" \
+    --dataset "$DATASETS" --max-samples "$SAMPLES" --max-tokens "$TOKENS" \
     --block-size "$BLOCKS" --lookup "$LOOKUP" --tree "$TREE" --temperature "$TEMPERATURE" --repeats "$REPEATS" --recalibrate "${peer_args[@]}" --out runs/bench
 done
