@@ -22,8 +22,8 @@ from dflash_local.events import GenerationParams
 
 PROMPT_LOOKUP_TOKENS = 10  # the value Transformers' docs suggest
 MLX_DRAFT_TOKENS = 3
-NO_AR_DRAFT = ("n/a: no AR draft model (--ar-draft); none exists for this target yet "
-               "(the training recipe could make one)")
+NO_AR_DRAFT = ("n/a: no AR draft model given (--ar-draft DIR; `dflash-local train --kind ar` "
+               "makes one for this target)")
 
 
 @dataclass
