@@ -128,6 +128,9 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--taps", "0,4,9"], "--taps 4,9: the target's layers are 0..3"),
     (["--block-size", "1"], "--layers must be >= 1 and --block-size >= 2, got None and 1"),
     (["--train-minutes", "0"], "--train-minutes must be positive (or give --steps), got 0.0"),
+    (["--prompt-variants", "-1"], "prompt variants must be >= 0, got -1"),
+    (["--prompt-variants", "1", "--prompt-variants-from", "2"],
+     "--prompt-variants-from must be between 0 and --prompt-variants (1), got 2"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
+from dflash_local.train.prompts import check_variant_range, training_prompts
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
 DEFAULT_LAYERS = 2
@@ -162,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--train-minutes must be positive (or give --steps), got {args.train_minutes}")
     if args.kind == "ar" and args.init_from:
         raise DFlashError("--init-from continues a DFlash drafter; --kind ar starts from the target")
+    check_variant_range(args.prompt_variants, args.prompt_variants_from)  # before loading anything
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -169,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.drafter.config import load_checked_drafter_config
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
-    from dflash_local.train.prompts import training_prompts
     from dflash_local.train.regenerate import check_data_taps, regenerate
     from dflash_local.train.trainer import (
         TrainSettings,
@@ -190,10 +191,10 @@ def run(args: argparse.Namespace) -> int:
         check_same_shape(args.init_from, init, shape)  # before minutes of loading data
     layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
-    train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
-                                     variants_from=args.prompt_variants_from)
     started = time.perf_counter()
-    if args.regen_minutes > 0:
+    if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
+        train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
+                                         variants_from=args.prompt_variants_from)
         # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
         # differ from float32's where two logits tie within bf16 precision
         regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target

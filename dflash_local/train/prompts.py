@@ -183,16 +183,20 @@ def all_prompts(limit: int = 20000) -> list[str]:
     return CHAT_PROMPTS + docstring_prompts(limit=limit)
 
 
-def training_prompts(limit: int = 20000, variants: int = 0, variants_from: int = 0) -> list[str]:
-    """The training split, plus `variants` more framings per training docstring, without
-    duplicates and without any prompt that is also a held-out one. With `variants_from` K > 0,
-    only what framings K..`variants` add to that list (the earlier ones were regenerated into
-    another data directory already), in the same order."""
+def check_variant_range(variants: int, variants_from: int = 0) -> None:
     if variants < 0:
         raise DFlashError(f"prompt variants must be >= 0, got {variants}")
     if not 0 <= variants_from <= variants:
         raise DFlashError(f"--prompt-variants-from must be between 0 and --prompt-variants ({variants}), "
                           f"got {variants_from}")
+
+
+def training_prompts(limit: int = 20000, variants: int = 0, variants_from: int = 0) -> list[str]:
+    """The training split, plus `variants` more framings per training docstring, without
+    duplicates and without any prompt that is also a held-out one. With `variants_from` K > 0,
+    only what framings K..`variants` add to that list (the earlier ones were regenerated into
+    another data directory already), in the same order."""
+    check_variant_range(variants, variants_from)
     groups = _docstring_groups(None, limit, 0)  # the stdlib parsed once for both lists
     prompts = _training_prompts(groups, variants)
     if variants_from:
