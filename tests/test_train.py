@@ -131,6 +131,7 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--prompt-variants", "-1"], "prompt variants must be >= 0, got -1"),
     (["--prompt-variants", "1", "--prompt-variants-from", "2"],
      "--prompt-variants-from must be between 0 and --prompt-variants (1), got 2"),
+    (["--prompt-corpus", "/no/such/dir"], "--prompt-corpus /no/such/dir is not a directory"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -397,6 +398,48 @@ def test_later_prompt_variants_alone_are_what_they_add_to_the_earlier_list():
     assert training_prompts(limit=400, variants=3, variants_from=0) == everything
     with pytest.raises(DFlashError, match="prompt-variants-from must be between 0 and"):
         training_prompts(limit=10, variants=1, variants_from=2)
+
+
+def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tmp_path):
+    import random
+
+    from dflash_local.train.prompts import (
+        CHAT_PROMPTS,
+        DEFAULT_LIMIT,
+        FRAMINGS,
+        _docstring_groups,
+        _groups_from_file,
+        is_held_out,
+        training_prompts,
+    )
+
+    # a held-out stdlib function vendored into the corpus, where its first framing is not held out
+    corpus = tmp_path  # its name holds "test": only test folders inside a corpus are skipped
+    (corpus / "pkg").mkdir()
+    explain = FRAMINGS[0].format(code="")
+    vendored = None
+    for group in _docstring_groups(None, DEFAULT_LIMIT, 0):
+        code = next((p.removeprefix(explain) for p in group if p.startswith(explain)), None)
+        if not is_held_out(group[0]) or code is None:
+            continue
+        (corpus / "vendored.py").write_text(code + "\n")
+        copied = _groups_from_file(corpus / "vendored.py", random.Random(0))
+        if copied and set(copied[0]) == set(group) and not is_held_out(copied[0][0]):
+            vendored = group
+            break
+    assert vendored is not None
+    (corpus / "pkg" / "rows.py").write_text(
+        'def fetch_rows(table):\n'
+        '    """Fetch every row of the frobnicator table and return them as plain tuples."""\n'
+        '    return list(table)\n')
+    (corpus / "tests").mkdir()
+    (corpus / "tests" / "rows.py").write_text((corpus / "pkg" / "rows.py").read_text().replace("frob", "snark"))
+
+    prompts = training_prompts(corpus=corpus, variants=2)
+    assert len([p for p in prompts if "frobnicator" in p]) == 3  # its first framing and 2 more
+    assert not set(vendored) & set(prompts)  # no framing of the held-out docstring
+    assert not set(CHAT_PROMPTS) & set(prompts)  # the chat prompts belong to the stdlib's list
+    assert not [p for p in prompts if "snarknicator" in p]  # a corpus's tests are not docs
 
 
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():

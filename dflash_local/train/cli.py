@@ -46,6 +46,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prompt-variants-from", type=int, default=0, metavar="K",
                         help="only framings K..N (--prompt-variants N): fresh data for a continued "
                              "drafter whose earlier framings were regenerated elsewhere")
+    parser.add_argument("--prompt-corpus", type=Path, metavar="DIR",
+                        help="frame prompts around the docstrings of the Python sources in DIR "
+                             "(DIR/*.py, DIR/*/*.py) instead of the standard library's: fresh data "
+                             "for a continued drafter; held-out stdlib docstrings stay out")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", type=Path, metavar="DIR",
@@ -164,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "ar" and args.init_from:
         raise DFlashError("--init-from continues a DFlash drafter; --kind ar starts from the target")
     check_variant_range(args.prompt_variants, args.prompt_variants_from)  # before loading anything
+    if args.prompt_corpus is not None and not args.prompt_corpus.is_dir():
+        raise DFlashError(f"--prompt-corpus {args.prompt_corpus} is not a directory")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -194,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
         train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
-                                         variants_from=args.prompt_variants_from)
+                                         variants_from=args.prompt_variants_from,
+                                         corpus=args.prompt_corpus)
         # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
         # differ from float32's where two logits tie within bf16 precision
         regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target

@@ -4,6 +4,7 @@ docstrings (found through sysconfig) plus hand-written chat prompts. Split deter
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import random
 import sysconfig
@@ -94,6 +95,8 @@ CHAT_PROMPTS = [
     "How do I read a file line by line in Python?",
 ]
 
+DEFAULT_LIMIT = 20000  # docstrings: more than the stdlib has, so the held-out set is all of its share
+
 FRAMINGS = [
     "Explain what this Python code does:\n\n{code}",
     "Here is the documentation of a Python function. Explain it in simple words.\n\n{doc}",
@@ -123,6 +126,7 @@ def _variants(groups: list[list[str]], variants: int) -> list[str]:
     return [prompt for group in groups if not is_held_out(group[0]) for prompt in group[1 : 1 + variants]]
 
 
+@functools.lru_cache(maxsize=4)  # the stdlib takes seconds to parse; callers never mutate it
 def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str]]:
     """Per docstring: its first prompt (a seeded random framing), then the other framings."""
     root = root or stdlib_root()
@@ -132,7 +136,8 @@ def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str
     rng = random.Random(seed)
     groups = []
     for path in files:
-        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
+        folder = path.parent.relative_to(root).name  # "" at the top: the root's own name never counts
+        if "test" in folder or path.name.startswith("test"):
             continue
         groups.extend(_groups_from_file(path, rng))
         if len(groups) >= limit:
@@ -178,7 +183,7 @@ def split_prompts(prompts: list[str]) -> tuple[list[str], list[str]]:
     return train, held_out
 
 
-def all_prompts(limit: int = 20000) -> list[str]:
+def all_prompts(limit: int = DEFAULT_LIMIT) -> list[str]:
     """Chat prompts first (each several times would overfit; once is enough), then docstrings."""
     return CHAT_PROMPTS + docstring_prompts(limit=limit)
 
@@ -191,22 +196,38 @@ def check_variant_range(variants: int, variants_from: int = 0) -> None:
                           f"got {variants_from}")
 
 
-def training_prompts(limit: int = 20000, variants: int = 0, variants_from: int = 0) -> list[str]:
+def training_prompts(limit: int = DEFAULT_LIMIT, variants: int = 0, variants_from: int = 0,
+                     corpus: Path | None = None) -> list[str]:
     """The training split, plus `variants` more framings per training docstring, without
     duplicates and without any prompt that is also a held-out one. With `variants_from` K > 0,
     only what framings K..`variants` add to that list (the earlier ones were regenerated into
-    another data directory already), in the same order."""
+    another data directory already), in the same order.
+
+    `corpus`: another tree of Python sources (fresh data once the stdlib's framings are all
+    regenerated). Its docstrings only, no chat prompts; a docstring that shares a prompt with a
+    held-out stdlib docstring (a vendored copy) is dropped, so the benchmark's held-out set
+    stays unseen."""
     check_variant_range(variants, variants_from)
-    groups = _docstring_groups(None, limit, 0)  # the stdlib parsed once for both lists
-    prompts = _training_prompts(groups, variants)
+    if corpus is None:
+        groups, chat = _docstring_groups(None, limit, 0), CHAT_PROMPTS  # parsed once for both lists
+    else:
+        groups, chat = _unseen_groups(_docstring_groups(Path(corpus), limit, 0)), []
+    prompts = _training_prompts(groups, variants, chat)
     if variants_from:
-        already = set(_training_prompts(groups, variants_from - 1))
+        already = set(_training_prompts(groups, variants_from - 1, chat))
         prompts = [p for p in prompts if p not in already]
     return prompts
 
 
-def _training_prompts(groups: list[list[str]], variants: int) -> list[str]:
-    train, held_out = split_prompts(CHAT_PROMPTS + [group[0] for group in groups])
+def _unseen_groups(groups: list[list[str]]) -> list[list[str]]:
+    """Drop the groups sharing a prompt with a held-out stdlib docstring (the benchmark's set)."""
+    stdlib = _docstring_groups(None, DEFAULT_LIMIT, 0)
+    held_out = {prompt for group in stdlib if is_held_out(group[0]) for prompt in group}
+    return [group for group in groups if held_out.isdisjoint(group)]
+
+
+def _training_prompts(groups: list[list[str]], variants: int, chat: list[str]) -> list[str]:
+    train, held_out = split_prompts(chat + [group[0] for group in groups])
     excluded = set(held_out)
     prompts = dict.fromkeys(train)
     for prompt in _variants(groups, variants):
