@@ -50,6 +50,13 @@ def add_parser(subparsers) -> None:
                         help="frame prompts around the docstrings of the Python sources in DIR "
                              "(DIR/*.py, DIR/*/*.py) instead of the standard library's: fresh data "
                              "for a continued drafter; held-out stdlib docstrings stay out")
+    parser.add_argument("--tokens", type=Path, action="append", default=[], metavar="FILE",
+                        help="a token archive (--save-tokens) to put into --data first: one forward "
+                             "pass per sequence gives its taps back, instead of regenerating it "
+                             "(repeatable; prompts already in --data are skipped)")
+    parser.add_argument("--save-tokens", type=Path, metavar="FILE",
+                        help="after regenerating, save every sequence of --data without its taps "
+                             "(a few MB: the data moves to another machine, and --tokens restores it)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", type=Path, metavar="DIR",
@@ -168,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "ar" and args.init_from:
         raise DFlashError("--init-from continues a DFlash drafter; --kind ar starts from the target")
     check_variant_range(args.prompt_variants, args.prompt_variants_from)  # before loading anything
+    missing = [str(path) for path in args.tokens if not path.is_file()]
+    if missing:
+        raise DFlashError(f"--tokens: no such file: {', '.join(missing)}")
     if args.prompt_corpus is not None and not args.prompt_corpus.is_dir():
         raise DFlashError(f"--prompt-corpus {args.prompt_corpus} is not a directory")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -178,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
     from dflash_local.train.regenerate import check_data_taps, regenerate
+    from dflash_local.train.token_archive import load_tokens, retap, save_tokens
     from dflash_local.train.trainer import (
         TrainSettings,
         drafter_config_for,
@@ -198,22 +209,28 @@ def run(args: argparse.Namespace) -> int:
     layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
     started = time.perf_counter()
+    # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
+    # differ from float32's where two logits tie within bf16 precision
+    regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
+    archived = [load_tokens(path, tokenizer) for path in args.tokens]  # all checked before any work
+    for sequences in archived:
+        retap(regen_model, sequences, taps, data_dir)
     if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
         train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
                                          variants_from=args.prompt_variants_from,
                                          corpus=args.prompt_corpus)
-        # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
-        # differ from float32's where two logits tie within bf16 precision
-        regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
         regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
-        del regen_model
+    del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
-    if args.kind == "ar":
-        return _train_ar(args, target, tokenizer, load_sequences(data_dir), started)
     config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
-    check_data_taps(data_dir, taps, config.hidden_size)
+    if args.kind != "ar":
+        check_data_taps(data_dir, taps, config.hidden_size)
     sequences = load_sequences(data_dir)
+    if args.save_tokens is not None:
+        print(f"saved {len(sequences)} sequences to {save_tokens(sequences, args.save_tokens, tokenizer)}")
+    if args.kind == "ar":
+        return _train_ar(args, target, tokenizer, sequences, started)
     check_taps_width(data_dir, sequences, taps, config.hidden_size)
     drafter = DFlashDrafter(config).to(args.device)
     drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())

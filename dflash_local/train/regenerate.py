@@ -86,7 +86,7 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
     so a killed run resumes, and a longer prompt list adds to the same directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
     record_data_taps(out_dir, tap_ids, model.config.get_text_config().hidden_size)
-    done, next_index = _done_prompts(out_dir)
+    done, next_index = done_prompts(out_dir)
     encoded = sorted((p for p in encode_prompts(tokenizer, prompts, max_prompt_tokens) if tuple(p) not in done), key=len)
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     # interleave short and long batches so an early stop still covers every length
@@ -108,7 +108,7 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
                 sequences += generate_batch(model, taps, batches[batch_index], eos_ids,
                                             max_new_tokens, pad_id)
             produced += sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
-            _write_shard(out_dir / f"regen-{next_index + shard_number:05d}.pt", sequences)
+            write_shard(out_dir / f"regen-{next_index + shard_number:05d}.pt", sequences)
             elapsed = time.perf_counter() - start
             bar.set_postfix(tok_s=f"{produced / elapsed:.0f}")
             bar.update(1)
@@ -139,7 +139,7 @@ def check_data_taps(data_dir: Path, tap_ids, hidden_size: int) -> None:
             f"{hidden_size}): pass --taps to match, or another --data directory")
 
 
-def _write_shard(path: Path, sequences: list[dict]) -> None:
+def write_shard(path: Path, sequences: list[dict]) -> None:
     # the prompt index first: a shard without one is indexed on the next start, never lost
     _atomic_write(_index_path(path), json.dumps(_prompt_ids(sequences)).encode())
     tmp = path.with_suffix(".tmp")
@@ -147,7 +147,7 @@ def _write_shard(path: Path, sequences: list[dict]) -> None:
     tmp.rename(path)  # a killed run never leaves a shard that looks complete
 
 
-def _done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
+def done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
     """The prompts (token ids) the shards in out_dir hold, and the next free shard number."""
     done, next_index = set(), 0
     for shard in sorted(out_dir.glob("regen-*.pt")):
