@@ -17,7 +17,7 @@ from dflash_local.errors import CheckpointError
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
-    return make_target(tmp_path_factory.mktemp("archive") / "target", layers=4, hidden=64)
+    return make_target(tmp_path_factory.mktemp("archive") / "target", family="llama", layers=4, hidden=64)
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +34,17 @@ def by_prompt(sequences: list[dict]) -> dict:
 
 def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, tmp_path):
     from dflash_local.train.regenerate import regenerate
-    from dflash_local.train.token_archive import load_tokens, retap, save_tokens
+    from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
     from dflash_local.train.trainer import load_sequences
 
     model, tokenizer = loaded
+    fingerprint = target_fingerprint(model)
     prompts = [f"Say something about {word}." for word in ("rivers", "salt", "owls", "glass", "tea")]
     regenerate(model, tokenizer, prompts, (1, 3), tmp_path / "regen", batch_size=2, max_new_tokens=9)
     regenerated = load_sequences(tmp_path / "regen")
-    archive = save_tokens(regenerated, tmp_path / "data.npz", tokenizer)
+    archive = save_tokens(regenerated, tmp_path / "data.npz", tokenizer, fingerprint)
 
-    restored = load_tokens(archive, tokenizer)
+    restored = load_tokens(archive, tokenizer, fingerprint)
     assert retap(model, restored[:2], (1, 3), tmp_path / "moved", batch_size=2) == 2
     assert retap(model, restored, (1, 3), tmp_path / "moved", batch_size=3) == len(restored) - 2
     assert retap(model, restored, (1, 3), tmp_path / "moved") == 0  # nothing twice
@@ -52,6 +53,7 @@ def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, tmp
     for prompt, old in before.items():
         new = after[prompt]
         assert torch.equal(new["tokens"], old["tokens"]) and new["prompt_len"] == old["prompt_len"]
+        assert new["tokens"].dtype == old["tokens"].dtype == torch.int32  # the validation split hashes them
         assert new["taps"].shape == old["taps"].shape == (len(old["tokens"]) - 1, 2 * 64)
         # left-padded cached decoding vs one right-padded forward: the same states, to bf16
         torch.testing.assert_close(new["taps"].float(), old["taps"].float(), atol=0.05, rtol=0.02)
@@ -59,29 +61,41 @@ def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, tmp
     assert archive.stat().st_size < 4 * sum(len(s["tokens"]) for s in regenerated) + 2048
 
 
-def test_an_archive_of_another_tokenizer_or_a_damaged_one_is_refused(loaded, tmp_path):
-    from dflash_local.train.token_archive import load_tokens, save_tokens
+def test_an_archive_of_another_tokenizer_or_target_or_a_damaged_one_is_refused(loaded, tmp_path):
+    import numpy as np
 
-    _, tokenizer = loaded
+    from dflash_local.train.token_archive import load_tokens, save_tokens, target_fingerprint
+
+    model, tokenizer = loaded
+    ours = target_fingerprint(model)
     sequences = [{"tokens": torch.tensor([5, 6, 7, 8], dtype=torch.int32), "prompt_len": 2}]
-    archive = save_tokens(sequences, tmp_path / "a.npz", tokenizer)
-    assert [s["tokens"].tolist() for s in load_tokens(archive, tokenizer)] == [[5, 6, 7, 8]]
+    archive = save_tokens(sequences, tmp_path / "a.npz", tokenizer, ours)
+    assert [s["tokens"].tolist() for s in load_tokens(archive, tokenizer, ours)] == [[5, 6, 7, 8]]
 
     class OtherTokenizer:
         def get_vocab(self):
             return {**tokenizer.get_vocab(), "<extra>": 10_000}
 
-    with pytest.raises(CheckpointError, match="another tokenizer than this target's"):
-        load_tokens(archive, OtherTokenizer())
+    with pytest.raises(CheckpointError, match="another tokenizer .* than this target's"):
+        load_tokens(archive, OtherTokenizer(), ours)
+    with pytest.raises(CheckpointError, match=r"another target \(llama/4x64/vocab \d+\) than this one \(llama/12x"):
+        load_tokens(archive, tokenizer, ours.replace("/4x", "/12x"))
     damaged = tmp_path / "damaged.npz"
     damaged.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="is not a readable token archive"):
-        load_tokens(damaged, tokenizer)
+        load_tokens(damaged, tokenizer, ours)
+    np.save(tmp_path / "array.npy", np.arange(4))
+    with pytest.raises(CheckpointError, match="is not a readable token archive"):
+        load_tokens(tmp_path / "array.npy", tokenizer, ours)
+    with np.load(archive) as fields:
+        inconsistent = {**fields, "prompt_lens": np.array([4])}  # the whole sequence is prompt
+    np.savez(tmp_path / "bad.npz", **inconsistent)
+    with pytest.raises(CheckpointError, match="sequence 0 has a prompt of 4 tokens in 4"):
+        load_tokens(tmp_path / "bad.npz", tokenizer, ours)
     with pytest.raises(CheckpointError, match="no token archive at"):
-        load_tokens(tmp_path / "none.npz", tokenizer)
+        load_tokens(tmp_path / "none.npz", tokenizer, ours)
     with pytest.raises(CheckpointError, match="no regenerated sequences to save"):
-        save_tokens([], tmp_path / "empty.npz", tokenizer)
-    assert not (tmp_path / "empty.npz").exists()
+        save_tokens([], tmp_path / "empty.npz", tokenizer, ours)
 
 
 def test_the_cli_saves_the_data_and_trains_elsewhere_from_the_archive(target, tmp_path, capsys):

@@ -434,12 +434,18 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
         '    return list(table)\n')
     (corpus / "tests").mkdir()
     (corpus / "tests" / "rows.py").write_text((corpus / "pkg" / "rows.py").read_text().replace("frob", "snark"))
+    (corpus / "top.py").write_text((corpus / "pkg" / "rows.py").read_text().replace("frob", "blorp"))
 
     prompts = training_prompts(corpus=corpus, variants=2)
     assert len([p for p in prompts if "frobnicator" in p]) == 3  # its first framing and 2 more
     assert not set(vendored) & set(prompts)  # no framing of the held-out docstring
     assert not set(CHAT_PROMPTS) & set(prompts)  # the chat prompts belong to the stdlib's list
     assert not [p for p in prompts if "snarknicator" in p]  # a corpus's tests are not docs
+    assert [p for p in prompts if "blorpnicator" in p]  # the corpus's own folder name never counts
+    (tmp_path / "empty" / "tests").mkdir(parents=True)
+    (tmp_path / "empty" / "tests" / "rows.py").write_text((corpus / "tests" / "rows.py").read_text())
+    with pytest.raises(DFlashError, match="no usable docstring in"):
+        training_prompts(corpus=tmp_path / "empty")
 
 
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():

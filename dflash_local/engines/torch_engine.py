@@ -71,6 +71,12 @@ class TapCollector:
                 self.outputs[layer_id] = output[0] if isinstance(output, tuple) else output
         return capture
 
+    def remove(self) -> None:
+        """Unhook the layers (a model that outlives this collector must not keep its hooks)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
     def take(self) -> torch.Tensor:
         """[1, rows, taps*H]: tap i = output of decoder layer i (HF hidden_states[i + 1])."""
         taps = torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
-from dflash_local.train.prompts import check_variant_range, training_prompts
+from dflash_local.train.prompts import DEFAULT_LIMIT, check_variant_range, training_prompts
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
 DEFAULT_LAYERS = 2
@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
                                              "first of the usual mask tokens, or --init-from's)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch size")
-    parser.add_argument("--prompts-limit", type=int, default=20000)
+    parser.add_argument("--prompts-limit", type=int, default=DEFAULT_LIMIT)
     parser.add_argument("--prompt-variants", type=int, default=0, metavar="N",
                         help="N more framings of each training docstring: more data from the same corpus")
     parser.add_argument("--prompt-variants-from", type=int, default=0, metavar="K",
@@ -55,8 +55,9 @@ def add_parser(subparsers) -> None:
                              "pass per sequence gives its taps back, instead of regenerating it "
                              "(repeatable; prompts already in --data are skipped)")
     parser.add_argument("--save-tokens", type=Path, metavar="FILE",
-                        help="after regenerating, save every sequence of --data without its taps "
-                             "(a few MB: the data moves to another machine, and --tokens restores it)")
+                        help="after regenerating, save the sequences of --data that train uses, "
+                             "without their taps (a few MB: the data moves to another machine, "
+                             "and --tokens restores it)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", type=Path, metavar="DIR",
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
     from dflash_local.train.regenerate import check_data_taps, regenerate
-    from dflash_local.train.token_archive import load_tokens, retap, save_tokens
+    from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
     from dflash_local.train.trainer import (
         TrainSettings,
         drafter_config_for,
@@ -209,26 +210,29 @@ def run(args: argparse.Namespace) -> int:
     layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
     started = time.perf_counter()
-    # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
-    # differ from float32's where two logits tie within bf16 precision
-    regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
-    archived = [load_tokens(path, tokenizer) for path in args.tokens]  # all checked before any work
-    for sequences in archived:
-        retap(regen_model, sequences, taps, data_dir)
-    if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
-        train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
-                                         variants_from=args.prompt_variants_from,
-                                         corpus=args.prompt_corpus)
-        regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
-                   max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
-    del regen_model, archived
+    fingerprint = target_fingerprint(target)
+    archived = [load_tokens(path, tokenizer, fingerprint) for path in args.tokens]  # all checked first
+    if archived or args.regen_minutes > 0:
+        # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
+        # differ from float32's where two logits tie within bf16 precision
+        regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
+        for sequences in archived:
+            retap(regen_model, sequences, taps, data_dir)
+        if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
+            train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
+                                             variants_from=args.prompt_variants_from,
+                                             corpus=args.prompt_corpus)
+            regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
+        del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
     config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
     if args.kind != "ar":
         check_data_taps(data_dir, taps, config.hidden_size)
     sequences = load_sequences(data_dir)
     if args.save_tokens is not None:
-        print(f"saved {len(sequences)} sequences to {save_tokens(sequences, args.save_tokens, tokenizer)}")
+        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint)
+        print(f"saved {len(sequences)} sequences to {saved}")
     if args.kind == "ar":
         return _train_ar(args, target, tokenizer, sequences, started)
     check_taps_width(data_dir, sequences, taps, config.hidden_size)

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import random
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 from dflash_local.errors import DFlashError
@@ -110,24 +111,24 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def docstring_prompts(root: Path | None = None, limit: int = 20000, seed: int = 0) -> list[str]:
+def docstring_prompts(root: Path | None = None, limit: int = DEFAULT_LIMIT, seed: int = 0) -> list[str]:
     """Prompts framed around stdlib docstrings and short function sources: one per docstring."""
     return [group[0] for group in _docstring_groups(root, limit, seed)]
 
 
-def variant_prompts(variants: int, root: Path | None = None, limit: int = 20000, seed: int = 0) -> list[str]:
+def variant_prompts(variants: int, root: Path | None = None, limit: int = DEFAULT_LIMIT, seed: int = 0) -> list[str]:
     """Up to `variants` more framings of each docstring whose first prompt is a training prompt
     (a held-out docstring never reaches training in another framing). More data from the same
     corpus without changing the first prompts, their split, or the benchmark's held-out set."""
     return _variants(_docstring_groups(root, limit, seed), variants)
 
 
-def _variants(groups: list[list[str]], variants: int) -> list[str]:
+def _variants(groups: Sequence[Sequence[str]], variants: int) -> list[str]:
     return [prompt for group in groups if not is_held_out(group[0]) for prompt in group[1 : 1 + variants]]
 
 
-@functools.lru_cache(maxsize=4)  # the stdlib takes seconds to parse; callers never mutate it
-def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str]]:
+@functools.lru_cache(maxsize=4)  # the stdlib takes seconds to parse: once per process (immutable)
+def _docstring_groups(root: Path | None, limit: int, seed: int) -> tuple[tuple[str, ...], ...]:
     """Per docstring: its first prompt (a seeded random framing), then the other framings."""
     root = root or stdlib_root()
     files = sorted(p for p in root.glob("*.py")) + sorted(root.glob("*/*.py"))
@@ -139,17 +140,17 @@ def _docstring_groups(root: Path | None, limit: int, seed: int) -> list[list[str
         folder = path.parent.relative_to(root).name  # "" at the top: the root's own name never counts
         if "test" in folder or path.name.startswith("test"):
             continue
-        groups.extend(_groups_from_file(path, rng))
+        groups.extend(tuple(group) for group in _groups_from_file(path, rng))
         if len(groups) >= limit:
             break
-    return groups[:limit]
+    return tuple(groups[:limit])
 
 
 def _groups_from_file(path: Path, rng: random.Random) -> list[list[str]]:
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
-    except (SyntaxError, UnicodeDecodeError, ValueError):
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):  # unreadable: not a docstring source
         return []
     groups = []
     for node in ast.walk(tree):
@@ -212,6 +213,9 @@ def training_prompts(limit: int = DEFAULT_LIMIT, variants: int = 0, variants_fro
         groups, chat = _docstring_groups(None, limit, 0), CHAT_PROMPTS  # parsed once for both lists
     else:
         groups, chat = _unseen_groups(_docstring_groups(Path(corpus), limit, 0)), []
+        if not groups:
+            raise DFlashError(f"--prompt-corpus {corpus}: no usable docstring in {corpus}/*.py or "
+                              f"{corpus}/*/*.py (a public function or class, 40+ characters)")
     prompts = _training_prompts(groups, variants, chat)
     if variants_from:
         already = set(_training_prompts(groups, variants_from - 1, chat))
@@ -219,14 +223,14 @@ def training_prompts(limit: int = DEFAULT_LIMIT, variants: int = 0, variants_fro
     return prompts
 
 
-def _unseen_groups(groups: list[list[str]]) -> list[list[str]]:
+def _unseen_groups(groups: Sequence[Sequence[str]]) -> list[Sequence[str]]:
     """Drop the groups sharing a prompt with a held-out stdlib docstring (the benchmark's set)."""
     stdlib = _docstring_groups(None, DEFAULT_LIMIT, 0)
     held_out = {prompt for group in stdlib if is_held_out(group[0]) for prompt in group}
     return [group for group in groups if held_out.isdisjoint(group)]
 
 
-def _training_prompts(groups: list[list[str]], variants: int, chat: list[str]) -> list[str]:
+def _training_prompts(groups: Sequence[Sequence[str]], variants: int, chat: list[str]) -> list[str]:
     train, held_out = split_prompts(chat + [group[0] for group in groups])
     excluded = set(held_out)
     prompts = dict.fromkeys(train)

@@ -99,19 +99,22 @@ def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], o
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     start = time.perf_counter()
     produced = 0
-    with tqdm(total=len(shards), desc="regenerate", unit="shard") as bar:
-        for shard_number, shard in enumerate(shards):
-            if max_minutes is not None and time.perf_counter() - start > max_minutes * 60:
-                break
-            sequences = []
-            for batch_index in shard:
-                sequences += generate_batch(model, taps, batches[batch_index], eos_ids,
-                                            max_new_tokens, pad_id)
-            produced += sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
-            write_shard(out_dir / f"regen-{next_index + shard_number:05d}.pt", sequences)
-            elapsed = time.perf_counter() - start
-            bar.set_postfix(tok_s=f"{produced / elapsed:.0f}")
-            bar.update(1)
+    try:
+        with tqdm(total=len(shards), desc="regenerate", unit="shard") as bar:
+            for shard_number, shard in enumerate(shards):
+                if max_minutes is not None and time.perf_counter() - start > max_minutes * 60:
+                    break
+                sequences = []
+                for batch_index in shard:
+                    sequences += generate_batch(model, taps, batches[batch_index], eos_ids,
+                                                max_new_tokens, pad_id)
+                produced += sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
+                write_shard(out_dir / f"regen-{next_index + shard_number:05d}.pt", sequences)
+                elapsed = time.perf_counter() - start
+                bar.set_postfix(tok_s=f"{produced / elapsed:.0f}")
+                bar.update(1)
+    finally:
+        taps.remove()  # the model outlives this run (a --bf16-less run trains with it next)
     return out_dir
 
 

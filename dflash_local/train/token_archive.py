@@ -14,6 +14,7 @@ import json
 import os
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -33,19 +34,29 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
 
-def save_tokens(sequences: list[dict], path: Path, tokenizer) -> Path:
-    """Write the sequences' token ids and prompt lengths (compressed npz, atomically)."""
+def target_fingerprint(model) -> str:
+    """Which target produced the responses: targets sharing a tokenizer (SmolLM2 135M, 360M,
+    1.7B) answer differently, and a drafter learns the answers of the one it drafts for."""
+    config = model.config.get_text_config()
+    return (f"{config.model_type}/{config.num_hidden_layers}x{config.hidden_size}"
+            f"/vocab {config.vocab_size}")
+
+
+def save_tokens(sequences: list[dict], path: Path, tokenizer, target: str) -> Path:
+    """Write the sequences' token ids and prompt lengths (compressed npz, atomically).
+    `target`: target_fingerprint of the model that regenerated them."""
     if not sequences:
         raise CheckpointError("no regenerated sequences to save")
     tokens = np.concatenate([s["tokens"].numpy() for s in sequences])
     dtype = np.uint16 if int(tokens.max()) < 2**16 else np.uint32
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # numpy appends ".npz" to a name without it: the partial name must end so to be the file written
     partial = path.with_name(f"{path.stem}.partial{os.getpid()}.npz")
     try:
         np.savez_compressed(
             partial, format=np.int64(FORMAT), tokenizer=np.array(tokenizer_fingerprint(tokenizer)),
-            tokens=tokens.astype(dtype),
+            target=np.array(target), tokens=tokens.astype(dtype),
             lengths=np.array([len(s["tokens"]) for s in sequences], dtype=np.int64),
             prompt_lens=np.array([s["prompt_len"] for s in sequences], dtype=np.int64))
         os.replace(partial, path)  # a full disk or a kill never leaves a half archive
@@ -54,33 +65,58 @@ def save_tokens(sequences: list[dict], path: Path, tokenizer) -> Path:
     return path
 
 
-def load_tokens(path: Path, tokenizer) -> list[dict]:
-    """The archive's sequences ({"tokens", "prompt_len"}); a clear error for another tokenizer
-    or a damaged file."""
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            fields = {name: archive[name] for name in ("format", "tokenizer", "tokens", "lengths", "prompt_lens")}
-    except FileNotFoundError:
-        raise CheckpointError(f"no token archive at {path}") from None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path} is not a readable token archive ({exc})") from None
+FIELDS = ("format", "tokenizer", "target", "tokens", "lengths", "prompt_lens")
+
+
+def load_tokens(path: Path, tokenizer, target: str) -> list[dict]:
+    """The archive's sequences ({"tokens", "prompt_len"}); a clear error for an archive of
+    another tokenizer or target, or a damaged one."""
+    fields = _read_fields(path)
     if int(fields["format"]) != FORMAT:
         raise CheckpointError(f"{path} is token-archive format {int(fields['format'])}; this version reads {FORMAT}")
-    if str(fields["tokenizer"]) != tokenizer_fingerprint(tokenizer):
-        raise CheckpointError(f"{path} holds ids of another tokenizer than this target's: "
-                              "its sequences cannot train a drafter for it")
-    lengths, prompt_lens = fields["lengths"], fields["prompt_lens"]
-    if int(lengths.sum()) != len(fields["tokens"]) or bool((prompt_lens >= lengths).any()):
-        raise CheckpointError(f"{path} is damaged: its lengths do not add up to its tokens")
+    ours = tokenizer_fingerprint(tokenizer)
+    if str(fields["tokenizer"]) != ours:
+        raise CheckpointError(f"{path} holds ids of another tokenizer (fingerprint {fields['tokenizer']}) "
+                              f"than this target's ({ours}): its sequences cannot train a drafter for it")
+    if str(fields["target"]) != target:
+        raise CheckpointError(f"{path} holds the responses of another target ({fields['target']}) than "
+                              f"this one ({target}): a drafter must learn its own target's answers")
+    tokens, lengths, prompt_lens = fields["tokens"], fields["lengths"], fields["prompt_lens"]
+    if lengths.ndim != 1 or lengths.shape != prompt_lens.shape:
+        raise CheckpointError(f"{path} is damaged: {lengths.size} lengths for {prompt_lens.size} prompt lengths")
+    if int(lengths.sum()) != len(tokens):
+        raise CheckpointError(f"{path} is damaged: its lengths add up to {int(lengths.sum())} tokens, "
+                              f"it holds {len(tokens)}")
+    if bool((prompt_lens >= lengths).any()) or bool((prompt_lens < 1).any()):
+        bad = int(np.flatnonzero((prompt_lens >= lengths) | (prompt_lens < 1))[0])
+        raise CheckpointError(f"{path} is damaged: sequence {bad} has a prompt of {int(prompt_lens[bad])} "
+                              f"tokens in {int(lengths[bad])}")
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    tokens = torch.from_numpy(fields["tokens"].astype(np.int32))
-    return [{"tokens": tokens[start : start + length].clone(), "prompt_len": int(prompt_len)}
+    ids = torch.from_numpy(tokens.astype(np.int32))
+    return [{"tokens": ids[start : start + length].clone(), "prompt_len": int(prompt_len)}
             for start, length, prompt_len in zip(starts, lengths, prompt_lens)]
+
+
+def _read_fields(path: Path) -> dict[str, np.ndarray]:
+    unreadable = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"no token archive at {path}") from None
+    except unreadable as exc:
+        raise CheckpointError(f"{path} is not a readable token archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):  # a bare .npy array
+        raise CheckpointError(f"{path} is not a readable token archive (one array, not an .npz)")
+    try:
+        with archive:
+            return {name: archive[name] for name in FIELDS}
+    except unreadable as exc:
+        raise CheckpointError(f"{path} is not a readable token archive ({exc})") from None
 
 
 @torch.inference_mode()
 def retap(model, sequences: list[dict], tap_ids: tuple[int, ...], out_dir: Path,
-          batch_size: int = 16, shard_size: int = 256) -> int:
+          batch_size: int = 16, shard_size: int = 64) -> int:
     """Shards of these sequences with their taps, as regeneration writes them; returns how many
     sequences were added. Right padding needs no attention mask: a causal row never sees the
     pads after it."""
@@ -91,22 +127,24 @@ def retap(model, sequences: list[dict], tap_ids: tuple[int, ...], out_dir: Path,
                   key=lambda s: len(s["tokens"]))
     taps = TapCollector(model, tap_ids)
     device = next(model.parameters()).device
-    start, written = time.perf_counter(), 0
-    with tqdm(total=len(todo), desc="retap", unit="seq") as bar:
-        for shard_start in range(0, len(todo), shard_size):
-            shard = todo[shard_start : shard_start + shard_size]
-            out = []
-            for batch_start in range(0, len(shard), batch_size):
-                batch = shard[batch_start : batch_start + batch_size]
-                out += _retap_batch(model, taps, batch, device)
-                bar.update(len(batch))
-            write_shard(out_dir / f"regen-{next_index:05d}.pt", out)
-            next_index += 1
-            written += len(out)
-            bar.set_postfix(tok_s=f"{sum(len(s['tokens']) for s in out) / (time.perf_counter() - start):.0f}")
+    start, written, tokens_done = time.perf_counter(), 0, 0
+    try:
+        with tqdm(total=len(todo), desc="retap", unit="seq") as bar:
+            for shard_start in range(0, len(todo), shard_size):
+                shard = todo[shard_start : shard_start + shard_size]
+                out = []
+                for batch_start in range(0, len(shard), batch_size):
+                    batch = shard[batch_start : batch_start + batch_size]
+                    out += _retap_batch(model, taps, batch, device)
+                    bar.update(len(batch))
+                write_shard(out_dir / f"regen-{next_index:05d}.pt", out)
+                next_index += 1
+                written += len(out)
+                tokens_done += sum(len(s["tokens"]) for s in out)
+                bar.set_postfix(tok_s=f"{tokens_done / (time.perf_counter() - start):.0f}")
+    finally:
+        taps.remove()
     return written
-
-
 def _retap_batch(model, taps: TapCollector, batch: list[dict], device) -> list[dict]:
     # the last token is never fed back (regeneration's shards have no taps for it either)
     rows = [s["tokens"][:-1].long() for s in batch]
