@@ -96,6 +96,9 @@ def test_an_archive_of_another_tokenizer_or_target_or_a_damaged_one_is_refused(l
         load_tokens(tmp_path / "none.npz", tokenizer, ours)
     with pytest.raises(CheckpointError, match="no regenerated sequences to save"):
         save_tokens([], tmp_path / "empty.npz", tokenizer, ours)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(CheckpointError, match="could not write the token archive .*a-file/b.npz"):
+        save_tokens(sequences, tmp_path / "a-file" / "b.npz", tokenizer, ours)
 
 
 def test_the_cli_saves_the_data_and_trains_elsewhere_from_the_archive(target, tmp_path, capsys):

@@ -9,6 +9,7 @@ already holds (so a later regeneration into it only adds what the archive lacks)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -50,18 +51,21 @@ def save_tokens(sequences: list[dict], path: Path, tokenizer, target: str) -> Pa
     tokens = np.concatenate([s["tokens"].numpy() for s in sequences])
     dtype = np.uint16 if int(tokens.max()) < 2**16 else np.uint32
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # numpy appends ".npz" to a name without it: the partial name must end so to be the file written
     partial = path.with_name(f"{path.stem}.partial{os.getpid()}.npz")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(
             partial, format=np.int64(FORMAT), tokenizer=np.array(tokenizer_fingerprint(tokenizer)),
             target=np.array(target), tokens=tokens.astype(dtype),
             lengths=np.array([len(s["tokens"]) for s in sequences], dtype=np.int64),
             prompt_lens=np.array([s["prompt_len"] for s in sequences], dtype=np.int64))
         os.replace(partial, path)  # a full disk or a kill never leaves a half archive
+    except OSError as exc:  # the data directory is untouched: rerun with --regen-minutes 0
+        raise CheckpointError(f"could not write the token archive {path} ({exc})") from None
     finally:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # nothing to remove where nothing could be written
+            partial.unlink(missing_ok=True)
     return path
 
 
