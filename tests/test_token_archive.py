@@ -28,17 +28,26 @@ def loaded(target):
             AutoTokenizer.from_pretrained(target))
 
 
+@pytest.fixture(scope="module")
+def fingerprint(target) -> str:
+    from dflash_local.drafter.config import load_target_info
+    from dflash_local.train.token_archive import target_fingerprint
+
+    return target_fingerprint(load_target_info(target))
+
+
 def by_prompt(sequences: list[dict]) -> dict:
-    return {tuple(s["tokens"][: s["prompt_len"]].tolist()): s for s in sequences}
+    from dflash_local.train.regenerate import prompt_key
+
+    return {prompt_key(s): s for s in sequences}
 
 
-def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, tmp_path):
+def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, fingerprint, tmp_path):
     from dflash_local.train.regenerate import regenerate
-    from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
+    from dflash_local.train.token_archive import load_tokens, retap, save_tokens
     from dflash_local.train.trainer import load_sequences
 
     model, tokenizer = loaded
-    fingerprint = target_fingerprint(model)
     prompts = [f"Say something about {word}." for word in ("rivers", "salt", "owls", "glass", "tea")]
     regenerate(model, tokenizer, prompts, (1, 3), tmp_path / "regen", batch_size=2, max_new_tokens=9)
     regenerated = load_sequences(tmp_path / "regen")
@@ -61,13 +70,13 @@ def test_retapped_sequences_are_the_regenerated_ones_with_their_taps(loaded, tmp
     assert archive.stat().st_size < 4 * sum(len(s["tokens"]) for s in regenerated) + 2048
 
 
-def test_an_archive_of_another_tokenizer_or_target_or_a_damaged_one_is_refused(loaded, tmp_path):
+def test_an_archive_of_another_tokenizer_or_target_or_a_damaged_one_is_refused(loaded, fingerprint, tmp_path):
     import numpy as np
 
-    from dflash_local.train.token_archive import load_tokens, save_tokens, target_fingerprint
+    from dflash_local.train.token_archive import load_tokens, save_tokens
 
-    model, tokenizer = loaded
-    ours = target_fingerprint(model)
+    _, tokenizer = loaded
+    ours = fingerprint
     sequences = [{"tokens": torch.tensor([5, 6, 7, 8], dtype=torch.int32), "prompt_len": 2}]
     archive = save_tokens(sequences, tmp_path / "a.npz", tokenizer, ours)
     assert [s["tokens"].tolist() for s in load_tokens(archive, tokenizer, ours)] == [[5, 6, 7, 8]]
@@ -101,14 +110,28 @@ def test_an_archive_of_another_tokenizer_or_target_or_a_damaged_one_is_refused(l
         save_tokens(sequences, tmp_path / "a-file" / "b.npz", tokenizer, ours)
 
 
-def test_the_cli_saves_the_data_and_trains_elsewhere_from_the_archive(target, tmp_path, capsys):
+def test_the_cli_saves_the_data_and_trains_elsewhere_from_the_archive(target, loaded, fingerprint,
+                                                                    tmp_path, capsys):
+    from dflash_local.train.token_archive import load_tokens
+
     archive = tmp_path / "tokens.npz"
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "first"),
                  "--data", str(tmp_path / "data"), "--prompts-limit", "12", "--max-new-tokens", "8",
-                 "--batch-size", "8", "--regen-minutes", "2", "--steps", "0", "--layers", "1",
-                 "--block-size", "4", "--draft-vocab", "0", "--save-tokens", str(archive)]) == 0
-    saved = json.loads((tmp_path / "first" / "training_report.json").read_text())
-    assert archive.is_file() and f"saved {saved['sequences']} sequences" in capsys.readouterr().out
+                 "--batch-size", "8", "--regen-minutes", "2", "--steps", "0", "--taps", "1,3",
+                 "--save-tokens", str(archive)]) == 0
+    assert not (tmp_path / "first").exists()  # --steps 0: data only, no throwaway drafter
+    sequences = load_tokens(archive, loaded[1], fingerprint)
+    responses = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
+    printed = capsys.readouterr().out
+    assert f"{len(sequences)} sequences, {responses} response tokens" in printed
+    assert f"saved {len(sequences)} sequences to {archive}" in printed
+    # saving again needs neither the data's --taps (not the default here) nor a drafter's shape
+    assert main(["train", "--target", str(target), "--out", str(tmp_path / "first"),
+                 "--data", str(tmp_path / "data"), "--regen-minutes", "0", "--steps", "0",
+                 "--save-tokens", str(tmp_path / "again.npz")]) == 0
+    again = load_tokens(tmp_path / "again.npz", loaded[1], fingerprint)
+    assert [(s["tokens"].tolist(), s["prompt_len"]) for s in again] == [
+        (s["tokens"].tolist(), s["prompt_len"]) for s in sequences]
 
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "second"),
                  "--data", str(tmp_path / "elsewhere"), "--tokens", str(archive),
@@ -116,8 +139,26 @@ def test_the_cli_saves_the_data_and_trains_elsewhere_from_the_archive(target, tm
                  "--draft-vocab", "0"]) == 0
     report = json.loads((tmp_path / "second" / "training_report.json").read_text())
     assert report["steps"] == 3
-    assert (report["sequences"], report["regenerated_tokens"]) == (saved["sequences"], saved["regenerated_tokens"])
+    assert (report["sequences"], report["regenerated_tokens"]) == (len(sequences), responses)
 
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "third"),
                  "--tokens", str(tmp_path / "missing.npz")]) == 2
     assert f"--tokens: no such file: {tmp_path / 'missing.npz'}" in capsys.readouterr().err
+
+
+def test_the_shipped_token_archives_load_for_the_embedded_target(embedded_target_dir):
+    """The archives in models/training-data name the embedded target as this code fingerprints it:
+    a change of fingerprint would orphan them."""
+    from transformers import AutoTokenizer
+
+    from dflash_local.drafter.config import load_target_info
+    from dflash_local.train.token_archive import load_tokens, target_fingerprint
+
+    archives = sorted((Path(__file__).parents[1] / "models" / "training-data").glob("*.npz"))
+    assert archives
+    tokenizer = AutoTokenizer.from_pretrained(embedded_target_dir)
+    fingerprint = target_fingerprint(load_target_info(embedded_target_dir))
+    assert fingerprint == "llama/30x576/vocab 49152"
+    for archive in archives:
+        sequences = load_tokens(archive, tokenizer, fingerprint)
+        assert len(sequences) > 1000 and all(len(s["tokens"]) > s["prompt_len"] for s in sequences)

@@ -340,7 +340,7 @@ def test_the_ar_draft_command_writes_a_directory_mlx_lm_reads(target, tmp_path):
 def test_regeneration_resumes_by_prompt_and_a_longer_list_only_adds(target, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_local.train.regenerate import regenerate
+    from dflash_local.train.regenerate import prompt_key, regenerate
     from dflash_local.train.trainer import load_sequences
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
@@ -357,7 +357,7 @@ def test_regeneration_resumes_by_prompt_and_a_longer_list_only_adds(target, tmp_
     assert {name: shards[name] for name in first} == first  # nothing regenerated twice
     assert sorted(shards) == ["regen-00000.pt", "regen-00001.pt", "regen-00002.pt"]
     sequences = load_sequences(data)
-    prompt_ids = [tuple(s["tokens"][: s["prompt_len"]].tolist()) for s in sequences]
+    prompt_ids = [prompt_key(s) for s in sequences]
     assert len(sequences) == 6 and len(set(prompt_ids)) == 6
 
 

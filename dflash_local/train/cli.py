@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--data", type=Path, help="regenerated-data directory (default: <out>.data)")
     parser.add_argument("--regen-minutes", type=float, default=35.0)
     parser.add_argument("--train-minutes", type=float, default=40.0)
-    parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes)")
+    parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes); 0: only "
+                        "regenerate, restore --tokens and --save-tokens, no drafter")
     parser.add_argument("--kind", choices=["dflash", "ar"], default="dflash",
                         help="ar: an autoregressive draft model from the same data (the bench peer)")
     parser.add_argument("--layers", type=int,
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_local.drafter.config import load_checked_drafter_config
+    from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
     from dflash_local.train.regenerate import check_data_taps, regenerate
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     layers, block_size, taps, mask_id = shape
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
     started = time.perf_counter()
-    fingerprint = target_fingerprint(target)
+    fingerprint = target_fingerprint(load_target_info(target_dir))
     archived = [load_tokens(path, tokenizer, fingerprint) for path in args.tokens]  # all checked first
     if archived or args.regen_minutes > 0:
         # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
@@ -226,13 +227,17 @@ def run(args: argparse.Namespace) -> int:
                        max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
         del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
+    if args.steps == 0:  # data only: no drafter, so no taps to match (regeneration checked its own)
+        sequences = load_sequences(data_dir)
+        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint) if args.save_tokens else None
+        _report_data(data_dir, sequences, saved)
+        return 0
     config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
     if args.kind != "ar":
         check_data_taps(data_dir, taps, config.hidden_size)
     sequences = load_sequences(data_dir)
     if args.save_tokens is not None:
-        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint)
-        print(f"saved {len(sequences)} sequences to {saved}")
+        _report_data(data_dir, sequences, save_tokens(sequences, args.save_tokens, tokenizer, fingerprint))
     if args.kind == "ar":
         return _train_ar(args, target, tokenizer, sequences, started)
     check_taps_width(data_dir, sequences, taps, config.hidden_size)
@@ -260,6 +265,13 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["held_out"]))
     return 0
+
+
+def _report_data(data_dir: Path, sequences: list[dict], saved: Path | None) -> None:
+    responses = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
+    print(f"{data_dir}: {len(sequences)} sequences, {responses} response tokens")
+    if saved:
+        print(f"saved {len(sequences)} sequences to {saved}")
 
 
 def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, vocab_size: int,

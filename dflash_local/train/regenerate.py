@@ -165,8 +165,13 @@ def done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
     return done, next_index
 
 
+def prompt_key(sequence: dict) -> tuple[int, ...]:
+    """A sequence's prompt ids: what says two sequences answer the same prompt."""
+    return tuple(sequence["tokens"][: sequence["prompt_len"]].tolist())
+
+
 def _prompt_ids(sequences: list[dict]) -> list[list[int]]:
-    return [s["tokens"][: s["prompt_len"]].tolist() for s in sequences]
+    return [list(prompt_key(s)) for s in sequences]
 
 
 def _index_path(shard: Path) -> Path:

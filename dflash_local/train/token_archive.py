@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dflash_local.drafter.config import TargetInfo
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import CheckpointError
-from dflash_local.train.regenerate import done_prompts, record_data_taps, write_shard
+from dflash_local.train.regenerate import done_prompts, prompt_key, record_data_taps, write_shard
 
 FORMAT = 1
 
@@ -35,12 +36,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
 
-def target_fingerprint(model) -> str:
+def target_fingerprint(target: TargetInfo) -> str:
     """Which target produced the responses: targets sharing a tokenizer (SmolLM2 135M, 360M,
     1.7B) answer differently, and a drafter learns the answers of the one it drafts for."""
-    config = model.config.get_text_config()
-    return (f"{config.model_type}/{config.num_hidden_layers}x{config.hidden_size}"
-            f"/vocab {config.vocab_size}")
+    return f"{target.model_type}/{target.num_hidden_layers}x{target.hidden_size}/vocab {target.vocab_size}"
 
 
 def save_tokens(sequences: list[dict], path: Path, tokenizer, target: str) -> Path:
@@ -127,8 +126,7 @@ def retap(model, sequences: list[dict], tap_ids: tuple[int, ...], out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     record_data_taps(out_dir, tap_ids, model.config.get_text_config().hidden_size)
     done, next_index = done_prompts(out_dir)
-    todo = sorted((s for s in sequences if tuple(s["tokens"][: s["prompt_len"]].tolist()) not in done),
-                  key=lambda s: len(s["tokens"]))
+    todo = sorted((s for s in sequences if prompt_key(s) not in done), key=lambda s: len(s["tokens"]))
     taps = TapCollector(model, tap_ids)
     device = next(model.parameters()).device
     start, written, tokens_done = time.perf_counter(), 0, 0
@@ -149,6 +147,8 @@ def retap(model, sequences: list[dict], tap_ids: tuple[int, ...], out_dir: Path,
     finally:
         taps.remove()
     return written
+
+
 def _retap_batch(model, taps: TapCollector, batch: list[dict], device) -> list[dict]:
     # the last token is never fed back (regeneration's shards have no taps for it either)
     rows = [s["tokens"][:-1].long() for s in batch]
