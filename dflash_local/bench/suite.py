@@ -75,7 +75,7 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "versions": {"python": sys.version.split()[0], **calibration.framework_versions(),
                      "dflash-local": _own_version()},
         "machine": {**calibration.machine_info(), "load_average_end": _load()},
-        "dtype": engine.pair.dtype,
+        "dtype": engine.pair.dtype, "threads": engine.compute_threads(),
         "target": engine.pair.target, "drafter": engine.pair.drafter,
         "drafter_block_size": engine.pair.block_size,
         "draft_vocab_size": engine.pair.draft_vocab_size,

@@ -84,6 +84,10 @@ class LocalEngine(Engine):
     def make_drafter(self) -> speculative.Drafter | None:
         """A fresh per-generation drafter (own context cache), or None without a drafter."""
 
+    def compute_threads(self) -> int | None:
+        """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
+        return None
+
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         extra = {} if thinking is None else {"enable_thinking": thinking}
         text = self.tokenizer.apply_chat_template(

@@ -224,6 +224,9 @@ class TorchEngine(LocalEngine):
         )
         super().__init__(tokenizer, pair, capabilities)
 
+    def compute_threads(self) -> int | None:
+        return torch.get_num_threads() if self.model.device.type == "cpu" else None
+
     def make_runner(self, collect_taps: bool) -> TorchTargetRunner:
         return TorchTargetRunner(self.model, self.taps if collect_taps else None,
                                  self.capabilities.max_context)
