@@ -428,6 +428,13 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
             vendored = group
             break
     assert vendored is not None
+    # the same function vendored with edits (renamed, its docstring reworded at the start): no
+    # prompt in common with the held-out one, and still a copy of it
+    quote = min((q for q in ('"""', "'''") if q in code), key=code.index)
+    edited = code.replace(quote, quote + "Vendored here: ", 1).replace("def ", "def vendored_", 1)
+    (corpus / "pkg" / "edited.py").write_text(edited + "\n")
+    edited_group = _groups_from_file(corpus / "pkg" / "edited.py", random.Random(0))[0]
+    assert not set(edited_group) & set(vendored)
     (corpus / "pkg" / "rows.py").write_text(
         'def fetch_rows(table):\n'
         '    """Fetch every row of the frobnicator table and return them as plain tuples."""\n'
@@ -439,6 +446,7 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
     prompts = training_prompts(corpus=corpus, variants=2)
     assert len([p for p in prompts if "frobnicator" in p]) == 3  # its first framing and 2 more
     assert not set(vendored) & set(prompts)  # no framing of the held-out docstring
+    assert not [p for p in prompts if "Vendored here: " in p]  # nor of its edited copy
     assert not set(CHAT_PROMPTS) & set(prompts)  # the chat prompts belong to the stdlib's list
     assert not [p for p in prompts if "snarknicator" in p]  # a corpus's tests are not docs
     assert [p for p in prompts if "blorpnicator" in p]  # the corpus's own folder name never counts

@@ -7,6 +7,7 @@ import ast
 import functools
 import hashlib
 import random
+import re
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
@@ -223,11 +224,49 @@ def training_prompts(limit: int = DEFAULT_LIMIT, variants: int = 0, variants_fro
     return prompts
 
 
+NEAR_COPY = 0.5  # share of the smaller text's word 5-grams the two share: an edited copy
+SHINGLE_WORDS = 5
+
+
 def _unseen_groups(groups: Sequence[Sequence[str]]) -> list[Sequence[str]]:
-    """Drop the groups sharing a prompt with a held-out stdlib docstring (the benchmark's set)."""
-    stdlib = _docstring_groups(None, DEFAULT_LIMIT, 0)
-    held_out = {prompt for group in stdlib if is_held_out(group[0]) for prompt in group}
-    return [group for group in groups if held_out.isdisjoint(group)]
+    """Drop the groups that copy a held-out stdlib docstring (the benchmark's set): sharing a
+    prompt with it, or (a vendored copy with edits, typing_extensions' `final` for typing's)
+    sharing half the word 5-grams of the smaller of the two texts the framings carry."""
+    held = [group for group in _docstring_groups(None, DEFAULT_LIMIT, 0) if is_held_out(group[0])]
+    held_prompts = {prompt for group in held for prompt in group}
+    held_shingles = [_shingles(group) for group in held]
+    owners: dict[tuple[str, ...], list[int]] = {}
+    for index, shingles in enumerate(held_shingles):
+        for shingle in shingles:
+            owners.setdefault(shingle, []).append(index)
+
+    def copies_one(group: Sequence[str]) -> bool:
+        shingles = _shingles(group)
+        shared: dict[int, int] = {}
+        for shingle in shingles:
+            for index in owners.get(shingle, ()):
+                shared[index] = shared.get(index, 0) + 1
+        return any(count >= NEAR_COPY * min(len(shingles), len(held_shingles[index]))
+                   for index, count in shared.items())
+
+    return [group for group in groups if held_prompts.isdisjoint(group) and not copies_one(group)]
+
+
+def _shingles(group: Sequence[str]) -> set[tuple[str, ...]]:
+    """Word 5-grams of what the group's framings carry (code, docstring, summary), not of the
+    framings' own words, which every group shares."""
+    words = re.findall(r"[a-z0-9]+", " ".join(_framed_text(prompt) for prompt in group).lower())
+    return {tuple(words[i : i + SHINGLE_WORDS]) for i in range(len(words) - SHINGLE_WORDS + 1)}
+
+
+def _framed_text(prompt: str) -> str:
+    for framing in FRAMINGS:
+        for field in ("{code}", "{doc}", "{summary}"):
+            if field in framing:
+                head, tail = framing.split(field)
+                if prompt.startswith(head) and prompt.endswith(tail) and len(prompt) >= len(head) + len(tail):
+                    return prompt[len(head) : len(prompt) - len(tail)]
+    return prompt
 
 
 def _training_prompts(groups: Sequence[Sequence[str]], variants: int, chat: list[str]) -> list[str]:
