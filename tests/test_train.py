@@ -428,13 +428,13 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
             vendored = group
             break
     assert vendored is not None
-    # the same function vendored with edits (renamed, its docstring reworded at the start): no
-    # prompt in common with the held-out one, and still a copy of it
+    # the same code vendored with edits (its docstring reworded at the start, a `def` renamed
+    # where it has one): no prompt in common with the held-out one, and still a copy of it
     quote = min((q for q in ('"""', "'''") if q in code), key=code.index)
     edited = code.replace(quote, quote + "Vendored here: ", 1).replace("def ", "def vendored_", 1)
     (corpus / "pkg" / "edited.py").write_text(edited + "\n")
     edited_group = _groups_from_file(corpus / "pkg" / "edited.py", random.Random(0))[0]
-    assert not set(edited_group) & set(vendored)
+    assert not set(edited_group) & set(vendored) and not is_held_out(edited_group[0])
     (corpus / "pkg" / "rows.py").write_text(
         'def fetch_rows(table):\n'
         '    """Fetch every row of the frobnicator table and return them as plain tuples."""\n'

@@ -213,17 +213,6 @@ def _precision_warnings(dtype: str, quantized: bool) -> list[str]:
     return notes
 
 
-def _decode_probe(model):
-    """A plain step's and a 16-row verify's forward, cache-less: what the thread count is for."""
-    one, wide = mx.array([[0]]), mx.array([[0] * 16])
-
-    def probe():
-        mx.eval(model(one))
-        mx.eval(model(wide))
-
-    return probe
-
-
 class MLXEngine(LocalEngine):
     name = "mlx"
 
@@ -253,7 +242,6 @@ class MLXEngine(LocalEngine):
             self.drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
             if draft_ids:
                 self.drafter.restrict_draft_vocab(draft_ids)
-        blas.choose_threads(_decode_probe(self.model))  # Linux with our OpenBLAS only
         self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
         self.draft_window = draft_window
         max_context = load_target_info(target_path).max_position_embeddings or 32768
@@ -265,6 +253,13 @@ class MLXEngine(LocalEngine):
             hybrid_targets=True,
         )
         super().__init__(wrapper._tokenizer, pair, capabilities)
+        blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only
+
+    def _decode_probe(self) -> None:
+        """A 1-row step and a 16-row verify through the decoding path: what the thread count is for."""
+        runner = self.make_runner(collect_taps=False)
+        runner.prefill([0])
+        runner.verify([0] * 16)
 
     def compute_threads(self) -> int | None:
         return blas.blas_threads()

@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     report = train(drafter, sequences, args.out, settings)
     report.update({
         "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None, "taps": list(taps), "mask_token_id": mask_id,
-        "sequences": len(sequences), "regenerated_tokens": sum(len(s["tokens"]) - s["prompt_len"] for s in sequences),
+        "sequences": len(sequences), "regenerated_tokens": _response_tokens(sequences),
         "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
         "regen_minutes": round(regen_minutes, 1),
         "total_minutes": round((time.perf_counter() - started) / 60, 1),
@@ -267,9 +267,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _response_tokens(sequences: list[dict]) -> int:
+    return sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
+
+
 def _report_data(data_dir: Path, sequences: list[dict], saved: Path | None) -> None:
-    responses = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
-    print(f"{data_dir}: {len(sequences)} sequences, {responses} response tokens")
+    print(f"{data_dir}: {len(sequences)} sequences, {_response_tokens(sequences)} response tokens")
     if saved:
         print(f"saved {len(sequences)} sequences to {saved}")
 
