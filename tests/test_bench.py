@@ -116,6 +116,13 @@ def test_bench_repeats_keep_each_methods_fastest_try(tmp_path_factory, home, cap
     result["cpu_steal_share"] = 0.0
     assert "hypervisor" not in format_table(record)
 
+    # the load average counts the run's own compute threads: only load beyond them is other work
+    record["machine"]["cores"], record["threads"] = 2, 2
+    result["load_average"] = {"start": [1.2, 1.0, 1.0], "end": [2.3, 1.5, 1.2]}
+    assert "load average" not in format_table(record)
+    result["load_average"]["end"][0] = 4.1  # a training job beside it
+    assert "load average up to 4.1 on 2 cores during the run, which computes on 2 thread(s)" in format_table(record)
+
 
 def test_fastest_keeps_the_shortest_decode_and_every_time():
     tries = [RunFigures(5, 9, 0.1, decode_s, token_ids=[n]) for n, decode_s in enumerate((2.0, 1.5, 3.0))]

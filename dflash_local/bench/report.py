@@ -9,7 +9,7 @@ from pathlib import Path
 from dflash_local.bench.noise import NOISY_STEAL_SHARE
 from dflash_local.block_policy import FALLBACK, LOOKUP, PROBE
 
-NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core: timings are suspect
+NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average this far per core above the run's own threads: suspect
 
 
 def write_outputs(record: dict, out_dir: Path) -> tuple[Path, Path | None]:
@@ -80,11 +80,13 @@ def _note(method: str, summary: dict, result: dict) -> str:
 def _noise_warnings(record: dict) -> list[str]:
     warnings = []
     cores = record["machine"].get("cores") or 1
+    own = record.get("threads") or 1  # the run's own compute threads count in the load average
     loads = [load[0] for result in record["datasets"].values()
              for load in result["load_average"].values() if load]
-    if loads and max(loads) > NOISY_LOAD_PER_CORE * cores:
+    if loads and max(loads) - own > NOISY_LOAD_PER_CORE * cores:
         warnings.append(f"warning: load average up to {max(loads):.1f} on {cores} cores during "
-                        "the run: other processes shared the CPU, these timings are noisy")
+                        f"the run, which computes on {own} thread(s): other processes shared the "
+                        "CPU, these timings are noisy")
     steals = [result.get("cpu_steal_share") or 0.0 for result in record["datasets"].values()]
     if steals and max(steals) > NOISY_STEAL_SHARE:
         hint = "" if record["settings"].get("repeats", 1) > 1 else \
