@@ -248,7 +248,7 @@ def choose_threads(probe, margin: float = 0.9, budget_s: float = 1.5, clock=time
     candidates = thread_candidates()
     if _handle is None or _pinned() or len(candidates) < 2:
         return blas_threads()
-    starting = _threads
+    kept = _threads  # until a measurement says otherwise
     try:
         began = clock()
         probe()  # first-call costs (allocation, lazy compilation) out of the comparison
@@ -261,12 +261,12 @@ def choose_threads(probe, margin: float = 0.9, budget_s: float = 1.5, clock=time
                 probe()
                 best[threads] = min(best[threads], clock() - began)
         fewer, more = candidates
-        starting = more if best[more] < margin * best[fewer] else fewer
+        kept = more if best[more] < margin * best[fewer] else fewer
         logger.info("OpenBLAS threads for MLX: %d (probe %.1f ms with %d, %.1f ms with %d)",
-                    starting, best[fewer] * 1e3, fewer, best[more] * 1e3, more)
+                    kept, best[fewer] * 1e3, fewer, best[more] * 1e3, more)
     finally:  # a failing probe leaves the count it found
-        _set_threads(starting)
-    return starting
+        _set_threads(kept)
+    return kept
 
 
 def loaded_library() -> Path | None:

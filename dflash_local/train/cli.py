@@ -227,17 +227,16 @@ def run(args: argparse.Namespace) -> int:
                        max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
         del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
-    if args.steps == 0:  # data only: no drafter, so no taps to match (regeneration checked its own)
-        sequences = load_sequences(data_dir)
-        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint) if args.save_tokens else None
-        _report_data(data_dir, sequences, saved)
-        return 0
+    data_only = args.steps == 0  # no drafter, so no taps to match (regeneration checked its own)
     config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
-    if args.kind != "ar":
+    if args.kind != "ar" and not data_only:
         check_data_taps(data_dir, taps, config.hidden_size)
     sequences = load_sequences(data_dir)
-    if args.save_tokens is not None:
-        _report_data(data_dir, sequences, save_tokens(sequences, args.save_tokens, tokenizer, fingerprint))
+    if args.save_tokens is not None or data_only:
+        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint) if args.save_tokens else None
+        _report_data(data_dir, sequences, saved)
+    if data_only:
+        return 0
     if args.kind == "ar":
         return _train_ar(args, target, tokenizer, sequences, started)
     check_taps_width(data_dir, sequences, taps, config.hidden_size)

@@ -9,6 +9,7 @@ import hashlib
 import random
 import re
 import sysconfig
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -242,10 +243,7 @@ def _unseen_groups(groups: Sequence[Sequence[str]]) -> list[Sequence[str]]:
 
     def copies_one(group: Sequence[str]) -> bool:
         shingles = _shingles(group)
-        shared: dict[int, int] = {}
-        for shingle in shingles:
-            for index in owners.get(shingle, ()):
-                shared[index] = shared.get(index, 0) + 1
+        shared = Counter(index for shingle in shingles for index in owners.get(shingle, ()))
         return any(count >= NEAR_COPY * min(len(shingles), len(held_shingles[index]))
                    for index, count in shared.items())
 
@@ -259,13 +257,15 @@ def _shingles(group: Sequence[str]) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + SHINGLE_WORDS]) for i in range(len(words) - SHINGLE_WORDS + 1)}
 
 
+# each framing's words before and after the text it carries
+_FRAMING_ENDS = [framing.split(field) for framing in FRAMINGS
+                 for field in ("{code}", "{doc}", "{summary}") if field in framing]
+
+
 def _framed_text(prompt: str) -> str:
-    for framing in FRAMINGS:
-        for field in ("{code}", "{doc}", "{summary}"):
-            if field in framing:
-                head, tail = framing.split(field)
-                if prompt.startswith(head) and prompt.endswith(tail) and len(prompt) >= len(head) + len(tail):
-                    return prompt[len(head) : len(prompt) - len(tail)]
+    for head, tail in _FRAMING_ENDS:
+        if prompt.startswith(head) and prompt.endswith(tail) and len(prompt) >= len(head) + len(tail):
+            return prompt[len(head) : len(prompt) - len(tail)]
     return prompt
 
 
