@@ -106,7 +106,6 @@ def test_ensure_fast_blas_reexecs_once_when_mlx_came_first(tmp_path):
     assert guard == "1" and "libdflash_blas" in preload
 
 
-
 class FakeOpenBlas:
     """openblas_set/get_num_threads, recorded; a probe's cost depends on the count set."""
 
