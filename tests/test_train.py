@@ -132,6 +132,7 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--prompt-variants", "1", "--prompt-variants-from", "2"],
      "--prompt-variants-from must be between 0 and --prompt-variants (1), got 2"),
     (["--prompt-corpus", "/no/such/dir"], "--prompt-corpus /no/such/dir is not a directory"),
+    (["--chat-prompts", "--prompt-variants", "1"], "--chat-prompts replaces the docstring prompts"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -454,6 +455,40 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
     (tmp_path / "empty" / "tests" / "rows.py").write_text((corpus / "tests" / "rows.py").read_text())
     with pytest.raises(DFlashError, match="no usable docstring in"):
         training_prompts(corpus=tmp_path / "empty")
+
+
+def test_templated_chat_prompts_leave_out_the_topics_of_held_out_chat_prompts(monkeypatch):
+    from dflash_local.bench.datasets import embedded_prompts
+    from dflash_local.train import chat_prompts
+    from dflash_local.train.prompts import all_prompts
+
+    prompts = chat_prompts.templated_chat_prompts()
+    assert len(prompts) == len(set(prompts)) > 1500
+    assert not set(prompts) & set(all_prompts())  # neither a training nor a held-out prompt again
+    shown = [turn for p in embedded_prompts(1000) for turn in p.turns]
+    assert not set(prompts) & set(shown)
+    # a held-out chat prompt's subject under another template is dropped, with nothing else
+    topics = ("photosynthesis in algae", "a crocodile and an alligator")
+    monkeypatch.setattr(chat_prompts, "TEMPLATED", ((("Tell me about {topic}.",), topics),))
+    assert chat_prompts.templated_chat_prompts() == ["Tell me about a crocodile and an alligator."]
+
+
+def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):
+    from transformers import AutoTokenizer
+
+    from dflash_local.train.chat_prompts import templated_chat_prompts
+    from dflash_local.train.prompts import training_prompts
+    from dflash_local.train.regenerate import done_prompts, encode_prompts
+
+    data = tmp_path / "chat"
+    assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), "--data", str(data),
+                 "--chat-prompts", "--batch-size", "4", "--max-new-tokens", "3",
+                 "--regen-minutes", "0.0001", "--steps", "0"]) == 0
+    done, _ = done_prompts(data)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    chat = {tuple(ids) for ids in encode_prompts(tokenizer, templated_chat_prompts(), 192)}
+    docstrings = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400), 192)}
+    assert done and done <= chat and not done & docstrings  # one shard, all of it chat
 
 
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():

@@ -1,0 +1,166 @@
+"""Templated chat prompts: everyday requests (explain, advise, write, compare) crossed with
+topics, for training data in the register of the held-out chat prompts without their topics.
+
+Every prompt is a request template filled with one topic. A topic that shares a content word
+with a held-out chat prompt ("sleep", "butterfly") is left out, so the benchmark's chat prompts
+stay unseen in content; their templates' phrasing ("Explain ... to a ten-year-old.") is shared,
+as the docstring framings are."""
+
+from __future__ import annotations
+
+import re
+
+from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
+
+CONCEPT_TEMPLATES = (
+    "What is {topic}?",
+    "Explain {topic} in simple terms.",
+    "Explain {topic} to a ten-year-old.",
+    "Give me three interesting facts about {topic}.",
+    "Why is {topic} important?",
+    "What are common misconceptions about {topic}?",
+    "Describe {topic} in a short paragraph.",
+    "How would you explain {topic} to someone who has never heard of it?",
+)
+CONCEPTS = (
+    "a volcano", "an earthquake fault line", "the moon's phases", "tides", "a solar eclipse",
+    "the Milky Way", "a comet", "the Big Bang", "a neutron star", "the speed of sound",
+    "magnetism", "static electricity", "friction", "buoyancy", "evaporation", "a chemical reaction",
+    "the periodic table", "an atom", "a molecule", "acids and bases", "rust", "electric current",
+    "a battery", "a magnet", "a lever", "a pulley", "a microscope", "a telescope", "a thermometer",
+    "the immune system", "the human brain", "the digestive system", "muscles", "bones", "a cell",
+    "evolution", "natural selection", "genetics", "bacteria", "fungi", "coral reefs", "rainforests",
+    "deserts", "glaciers", "the ocean floor", "migration of birds", "hibernation", "camouflage",
+    "pollination", "a food chain", "an ecosystem", "biodiversity", "recycling", "composting",
+    "air pollution", "deforestation", "the ozone layer", "a hurricane", "a tornado", "lightning",
+    "fog", "snowflakes", "a thunderstorm", "democracy", "a constitution", "taxes", "a budget",
+    "interest rates", "a stock market", "a credit score", "a mortgage", "compound interest",
+    "trade between countries", "a monopoly", "cryptocurrency", "a bank", "insurance",
+    "the Roman Empire", "ancient Egypt", "the pyramids", "the Renaissance", "the printing press",
+    "the Industrial Revolution", "the Silk Road", "the Vikings", "the Great Wall of China",
+    "the Olympic Games", "the invention of the telephone", "the first moon landing",
+    "a spreadsheet", "a database", "an operating system", "cloud computing", "encryption",
+    "a password manager", "open source software", "a search engine", "artificial intelligence",
+    "a computer virus", "a web browser", "email spam", "a firewall", "version control",
+    "a programming language", "an algorithm", "binary numbers", "a pixel", "Wi-Fi", "Bluetooth",
+    "GPS", "a 3D printer", "a smartphone camera", "virtual reality", "a robot vacuum",
+    "fractions", "percentages", "probability", "a prime factorization", "geometry", "a triangle",
+    "the number pi", "negative numbers", "statistics", "a graph", "a logarithm",
+    "meditation", "mindfulness", "procrastination", "habits", "motivation", "empathy",
+    "critical thinking", "memory", "dreams", "a placebo", "nutrition labels", "protein",
+    "vitamins", "hydration", "a balanced diet", "first aid", "a healthy posture",
+    "jazz music", "an orchestra", "impressionist painting", "poetry", "a novel", "theater",
+    "photography", "origami", "a museum", "architecture", "a haiku", "a metaphor", "grammar",
+)
+
+ACTIVITY_TEMPLATES = (
+    "Give me three tips for {topic}.",
+    "How can I get better at {topic}?",
+    "What are common mistakes people make when {topic}?",
+    "Make a simple one-week plan for {topic}.",
+    "What do I need to get started with {topic}?",
+    "What are the benefits of {topic}?",
+)
+ACTIVITIES = (
+    "learning to swim", "running a first 5k", "playing the guitar", "drawing portraits",
+    "writing a novel", "keeping a journal", "learning to cook", "baking bread", "gardening",
+    "growing tomatoes", "training a puppy", "taking care of a cat", "birdwatching", "hiking",
+    "camping", "rock climbing", "cycling to work", "learning chess", "solving crossword puzzles",
+    "memorizing a speech", "preparing for a job interview", "negotiating a salary",
+    "managing a small team", "starting a podcast", "writing a blog", "learning photography",
+    "editing videos", "learning to type faster", "decluttering a home", "organizing a closet",
+    "planning a road trip", "traveling on a budget", "packing light", "moving to a new city",
+    "making new friends", "resolving an argument", "giving feedback", "taking notes in class",
+    "preparing for an exam", "reading more books", "learning to code", "building a website",
+    "knitting", "painting with watercolors", "learning to dance", "singing in a choir",
+    "playing basketball", "doing yoga", "lifting weights", "stretching", "meal planning",
+    "budgeting", "investing for beginners", "paying off debt", "volunteering", "teaching a class",
+    "hosting a dinner party", "writing a cover letter", "running a meeting", "learning sign language",
+)
+
+SUBJECT_TEMPLATES = (
+    "Write a short poem about {topic}.",
+    "Write a haiku about {topic}.",
+    "Write a short story about {topic}.",
+    "Describe {topic} in vivid detail.",
+    "Write a limerick about {topic}.",
+    "Write a children's story about {topic}.",
+)
+SUBJECTS = (
+    "a lighthouse in a storm", "a quiet library", "a busy train station", "a snowy mountain village",
+    "a dragon who is afraid of fire", "a lost umbrella", "an old bookshop", "a summer thunderstorm",
+    "a city at dawn", "a fox in the forest", "a penguin who wants to fly", "a grandmother's kitchen",
+    "the first day of school", "a broken clock", "a message in a bottle", "a desert at noon",
+    "a garden after rain", "a sleepy owl", "a spaceship leaving Earth", "a marathon runner",
+    "a street musician", "a friendly ghost", "a stray dog", "a pirate ship", "a small island",
+    "a kite on a windy day", "a forgotten toy", "an astronaut on Mars", "a hot cup of tea",
+    "a winter fireplace", "a mountain lake", "a bakery at five in the morning", "a tiny snail",
+    "a clumsy wizard", "a violin", "a carnival at night", "an abandoned castle", "a paper boat",
+    "a hummingbird", "the last day of summer", "a traffic jam", "a farmer's market",
+    "a rainy Sunday", "a giant tortoise", "a secret door", "a bicycle race", "a moonlit beach",
+    "a lonely robot", "a thunder cloud", "a field of sunflowers",
+)
+
+MESSAGE_TEMPLATES = (
+    "Write a polite email {topic}.",
+    "Write a short text message {topic}.",
+    "Write a formal letter {topic}.",
+)
+MESSAGE_PURPOSES = (
+    "asking my manager for a day off", "thanking a friend for a birthday gift",
+    "apologizing for missing a meeting", "asking a landlord to fix the heating",
+    "congratulating a coworker on a promotion", "declining a job offer",
+    "requesting a refund for a broken product", "inviting neighbors to a street party",
+    "asking a professor for an extension", "welcoming a new team member",
+    "following up after a job interview", "cancelling a gym membership",
+    "reminding a client about an unpaid invoice", "asking for a letter of recommendation",
+    "complaining about a late delivery", "announcing a change of address",
+    "thanking a nurse for their care", "proposing a new project idea",
+    "asking a friend to return a borrowed book", "saying goodbye to colleagues before leaving a job",
+)
+
+COMPARE_TEMPLATES = (
+    "What is the difference between {topic}?",
+    "Compare {topic}: what are the pros and cons of each?",
+)
+COMPARISONS = (
+    "a crocodile and an alligator", "a frog and a toad", "a rabbit and a hare",
+    "tea and coffee", "running and walking", "a lake and a pond", "a hill and a mountain",
+    "a democracy and a monarchy", "renting and buying a home", "a debit card and a credit card",
+    "stocks and bonds", "a laptop and a desktop computer", "an e-book and a printed book",
+    "a violin and a viola", "baking soda and baking powder", "a cold and the flu",
+    "a star and a planet", "a meteor and a meteorite", "an ocean and a sea", "a city and a town",
+    "a novel and a short story", "a simile and a metaphor", "a poem and a song",
+    "socialism and capitalism", "a hurricane and a typhoon", "an introvert and an extrovert",
+    "a noun and a verb", "speed and velocity", "mass and weight", "a cello and a double bass",
+)
+
+TEMPLATED = (
+    (CONCEPT_TEMPLATES, CONCEPTS),
+    (ACTIVITY_TEMPLATES, ACTIVITIES),
+    (SUBJECT_TEMPLATES, SUBJECTS),
+    (MESSAGE_TEMPLATES, MESSAGE_PURPOSES),
+    (COMPARE_TEMPLATES, COMPARISONS),
+)
+
+# words every request uses: not what a prompt is about
+_REQUEST_WORDS = frozenset((
+    "the", "and", "for", "how", "what", "why", "does", "explain", "give", "write", "describe",
+    "simple", "terms", "example", "examples", "friendly", "get", "their", "keep", "ten", "old",
+    "year", "with", "from", "into", "about", "your", "you", "can", "are", "its"
+))
+
+
+def templated_chat_prompts() -> list[str]:
+    """Every template filled with every topic of its kind, in a fixed order, except topics about
+    a held-out chat prompt's subject."""
+    held_words = set().union(*(_content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
+    return [template.format(topic=topic)
+            for templates, topics in TEMPLATED
+            for topic in topics if _content_words(topic).isdisjoint(held_words)
+            for template in templates]
+
+
+def _content_words(text: str) -> set[str]:
+    return {word for word in re.findall(r"[a-z]+", text.lower())
+            if len(word) >= 3 and word not in _REQUEST_WORDS}
