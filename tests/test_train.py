@@ -132,7 +132,8 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--prompt-variants", "1", "--prompt-variants-from", "2"],
      "--prompt-variants-from must be between 0 and --prompt-variants (1), got 2"),
     (["--prompt-corpus", "/no/such/dir"], "--prompt-corpus /no/such/dir is not a directory"),
-    (["--chat-prompts", "--prompt-variants", "1"], "--chat-prompts replaces the docstring prompts"),
+    (["--chat-prompts", "--prompt-variants", "1"], "--chat-prompts replaces the default prompts"),
+    (["--chat-prompts", "--prompt-corpus", "."], "--chat-prompts replaces the default prompts"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -458,18 +459,19 @@ def test_another_corpus_brings_its_docstrings_but_never_a_held_out_stdlib_one(tm
 
 
 def test_templated_chat_prompts_leave_out_the_topics_of_held_out_chat_prompts(monkeypatch):
-    from dflash_local.bench.datasets import embedded_prompts
     from dflash_local.train import chat_prompts
-    from dflash_local.train.prompts import all_prompts
+    from dflash_local.train.prompts import CHAT_PROMPTS, all_prompts, is_held_out
 
     prompts = chat_prompts.templated_chat_prompts()
     assert len(prompts) == len(set(prompts)) > 1500
     assert not set(prompts) & set(all_prompts())  # neither a training nor a held-out prompt again
-    shown = [turn for p in embedded_prompts(1000) for turn in p.turns]
-    assert not set(prompts) & set(shown)
-    # a held-out chat prompt's subject under another template is dropped, with nothing else
-    topics = ("photosynthesis in algae", "a crocodile and an alligator")
-    monkeypatch.setattr(chat_prompts, "TEMPLATED", ((("Tell me about {topic}.",), topics),))
+    assert not [p for p in prompts if "food chain" in p]  # "How does a refrigerator keep food cold?"
+    assert "What are tides?" in prompts and "What is tides?" not in prompts
+    # a held-out chat prompt's subject under another template is dropped, also as a longer word
+    held_out = next(p for p in CHAT_PROMPTS if is_held_out(p))
+    subject = max(chat_prompts._content_words(held_out), key=len)
+    topics = (f"the {subject} of it", f"{subject}ish ideas", "a crocodile and an alligator")
+    monkeypatch.setattr(chat_prompts, "TEMPLATES_BY_KIND", ((("Tell me about {topic}.",), topics),))
     assert chat_prompts.templated_chat_prompts() == ["Tell me about a crocodile and an alligator."]
 
 
@@ -487,8 +489,8 @@ def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):
     done, _ = done_prompts(data)
     tokenizer = AutoTokenizer.from_pretrained(target)
     chat = {tuple(ids) for ids in encode_prompts(tokenizer, templated_chat_prompts(), 192)}
-    docstrings = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400), 192)}
-    assert done and done <= chat and not done & docstrings  # one shard, all of it chat
+    default_prompts = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400), 192)}
+    assert done and done <= chat and not done & default_prompts  # one shard, all of it chat
 
 
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():

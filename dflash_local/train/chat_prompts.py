@@ -1,10 +1,12 @@
 """Templated chat prompts: everyday requests (explain, advise, write, compare) crossed with
-topics, for training data in the register of the held-out chat prompts without their topics.
+topics, for training data in the register of the held-out chat prompts without their subjects.
 
-Every prompt is a request template filled with one topic. A topic that shares a content word
-with a held-out chat prompt ("sleep", "butterfly") is left out, so the benchmark's chat prompts
-stay unseen in content; their templates' phrasing ("Explain ... to a ten-year-old.") is shared,
-as the docstring framings are."""
+Every prompt is a request template filled with one topic of its kind. The lists hold no topic on
+a held-out chat prompt's subject in other words (no browsers or Wi-Fi for "How does the internet
+work", no dreams for sleep); on top of that, a topic sharing a content word with a held-out chat
+prompt is dropped. The templates' phrasing ("Explain ... to a ten-year-old.") is shared, as the
+docstring framings are. The guard covers the `embedded` benchmark set, not MT-Bench or others.
+"""
 
 from __future__ import annotations
 
@@ -22,35 +24,38 @@ CONCEPT_TEMPLATES = (
     "Describe {topic} in a short paragraph.",
     "How would you explain {topic} to someone who has never heard of it?",
 )
+# "What are tides?", not "What is tides?"
+PLURAL_CONCEPT_TEMPLATES = tuple(template.replace("What is", "What are").replace("Why is", "Why are")
+                                 for template in CONCEPT_TEMPLATES)
 CONCEPTS = (
-    "a volcano", "an earthquake fault line", "the moon's phases", "tides", "a solar eclipse",
-    "the Milky Way", "a comet", "the Big Bang", "a neutron star", "the speed of sound",
-    "magnetism", "static electricity", "friction", "buoyancy", "evaporation", "a chemical reaction",
-    "the periodic table", "an atom", "a molecule", "acids and bases", "rust", "electric current",
-    "a battery", "a magnet", "a lever", "a pulley", "a microscope", "a telescope", "a thermometer",
-    "the immune system", "the human brain", "the digestive system", "muscles", "bones", "a cell",
-    "evolution", "natural selection", "genetics", "bacteria", "fungi", "coral reefs", "rainforests",
-    "deserts", "glaciers", "the ocean floor", "migration of birds", "hibernation", "camouflage",
-    "pollination", "a food chain", "an ecosystem", "biodiversity", "recycling", "composting",
+    "a volcano", "an earthquake fault line", "a solar eclipse", "the Milky Way", "a comet",
+    "the Big Bang", "a neutron star", "the speed of sound", "magnetism", "static electricity",
+    "friction", "buoyancy", "a chemical reaction", "the periodic table", "an atom", "a molecule",
+    "rust", "electric current", "a magnet", "a lever", "a pulley", "a microscope", "a telescope",
+    "a thermometer", "the immune system", "the human brain", "the digestive system", "a cell",
+    "evolution", "natural selection", "genetics", "the ocean floor", "migration of birds",
+    "camouflage", "a food chain", "an ecosystem", "biodiversity", "recycling", "composting",
     "air pollution", "deforestation", "the ozone layer", "a hurricane", "a tornado", "lightning",
-    "fog", "snowflakes", "a thunderstorm", "democracy", "a constitution", "taxes", "a budget",
-    "interest rates", "a stock market", "a credit score", "a mortgage", "compound interest",
-    "trade between countries", "a monopoly", "cryptocurrency", "a bank", "insurance",
-    "the Roman Empire", "ancient Egypt", "the pyramids", "the Renaissance", "the printing press",
-    "the Industrial Revolution", "the Silk Road", "the Vikings", "the Great Wall of China",
-    "the Olympic Games", "the invention of the telephone", "the first moon landing",
-    "a spreadsheet", "a database", "an operating system", "cloud computing", "encryption",
-    "a password manager", "open source software", "a search engine", "artificial intelligence",
-    "a computer virus", "a web browser", "email spam", "a firewall", "version control",
-    "a programming language", "an algorithm", "binary numbers", "a pixel", "Wi-Fi", "Bluetooth",
-    "GPS", "a 3D printer", "a smartphone camera", "virtual reality", "a robot vacuum",
-    "fractions", "percentages", "probability", "a prime factorization", "geometry", "a triangle",
-    "the number pi", "negative numbers", "statistics", "a graph", "a logarithm",
-    "meditation", "mindfulness", "procrastination", "habits", "motivation", "empathy",
-    "critical thinking", "memory", "dreams", "a placebo", "nutrition labels", "protein",
-    "vitamins", "hydration", "a balanced diet", "first aid", "a healthy posture",
-    "jazz music", "an orchestra", "impressionist painting", "poetry", "a novel", "theater",
-    "photography", "origami", "a museum", "architecture", "a haiku", "a metaphor", "grammar",
+    "fog", "a thunderstorm", "democracy", "a constitution", "a budget", "a stock market",
+    "a credit score", "a mortgage", "compound interest", "trade between countries", "a monopoly",
+    "cryptocurrency", "a bank", "insurance", "the Roman Empire", "ancient Egypt", "the Renaissance",
+    "the printing press", "the Industrial Revolution", "the Silk Road", "the Great Wall of China",
+    "the invention of the telephone", "the first moon landing", "a spreadsheet", "a database",
+    "an operating system", "encryption", "a password manager", "open source software",
+    "artificial intelligence", "a computer virus", "email spam", "version control",
+    "a programming language", "an algorithm", "a pixel", "Bluetooth", "GPS", "a 3D printer",
+    "a smartphone camera", "virtual reality", "a robot vacuum", "a prime factorization",
+    "a triangle", "the number pi", "statistics", "a graph", "a logarithm", "meditation",
+    "mindfulness", "procrastination", "motivation", "empathy", "critical thinking", "memory",
+    "a placebo", "protein", "hydration", "a balanced diet", "first aid", "jazz music",
+    "an orchestra", "impressionist painting", "poetry", "a novel", "theater", "photography",
+    "origami", "a museum", "architecture", "a haiku", "a metaphor", "grammar",
+)
+PLURAL_CONCEPTS = (
+    "the moon's phases", "tides", "acids and bases", "muscles", "bones", "bacteria", "fungi",
+    "coral reefs", "rainforests", "deserts", "glaciers", "snowflakes", "taxes", "interest rates",
+    "the pyramids", "the Vikings", "the Olympic Games", "binary numbers", "fractions",
+    "percentages", "negative numbers", "habits", "nutrition labels", "vitamins",
 )
 
 ACTIVITY_TEMPLATES = (
@@ -63,8 +68,8 @@ ACTIVITY_TEMPLATES = (
 )
 ACTIVITIES = (
     "learning to swim", "running a first 5k", "playing the guitar", "drawing portraits",
-    "writing a novel", "keeping a journal", "learning to cook", "baking bread", "gardening",
-    "growing tomatoes", "training a puppy", "taking care of a cat", "birdwatching", "hiking",
+    "writing a novel", "keeping a journal", "learning to cook", "baking bread", 
+    "training a puppy", "taking care of a cat", "birdwatching", "hiking",
     "camping", "rock climbing", "cycling to work", "learning chess", "solving crossword puzzles",
     "memorizing a speech", "preparing for a job interview", "negotiating a salary",
     "managing a small team", "starting a podcast", "writing a blog", "learning photography",
@@ -91,7 +96,7 @@ SUBJECTS = (
     "a dragon who is afraid of fire", "a lost umbrella", "an old bookshop", "a summer thunderstorm",
     "a city at dawn", "a fox in the forest", "a penguin who wants to fly", "a grandmother's kitchen",
     "the first day of school", "a broken clock", "a message in a bottle", "a desert at noon",
-    "a garden after rain", "a sleepy owl", "a spaceship leaving Earth", "a marathon runner",
+    "a spaceship leaving Earth", "a marathon runner",
     "a street musician", "a friendly ghost", "a stray dog", "a pirate ship", "a small island",
     "a kite on a windy day", "a forgotten toy", "an astronaut on Mars", "a hot cup of tea",
     "a winter fireplace", "a mountain lake", "a bakery at five in the morning", "a tiny snail",
@@ -102,26 +107,25 @@ SUBJECTS = (
 )
 
 MESSAGE_TEMPLATES = (
-    "Write a polite email {topic}.",
     "Write a short text message {topic}.",
     "Write a formal letter {topic}.",
 )
 MESSAGE_PURPOSES = (
     "asking my manager for a day off", "thanking a friend for a birthday gift",
     "apologizing for missing a meeting", "asking a landlord to fix the heating",
-    "congratulating a coworker on a promotion", "declining a job offer",
+    "declining a job offer",
     "requesting a refund for a broken product", "inviting neighbors to a street party",
-    "asking a professor for an extension", "welcoming a new team member",
+    "asking a professor for an extension", 
     "following up after a job interview", "cancelling a gym membership",
     "reminding a client about an unpaid invoice", "asking for a letter of recommendation",
     "complaining about a late delivery", "announcing a change of address",
     "thanking a nurse for their care", "proposing a new project idea",
-    "asking a friend to return a borrowed book", "saying goodbye to colleagues before leaving a job",
+    "asking a friend to return a borrowed book", 
 )
 
 COMPARE_TEMPLATES = (
     "What is the difference between {topic}?",
-    "Compare {topic}: what are the pros and cons of each?",
+    "Explain how {topic} differ.",
 )
 COMPARISONS = (
     "a crocodile and an alligator", "a frog and a toad", "a rabbit and a hare",
@@ -135,19 +139,23 @@ COMPARISONS = (
     "a noun and a verb", "speed and velocity", "mass and weight", "a cello and a double bass",
 )
 
-TEMPLATED = (
+TEMPLATES_BY_KIND = (
     (CONCEPT_TEMPLATES, CONCEPTS),
+    (PLURAL_CONCEPT_TEMPLATES, PLURAL_CONCEPTS),
     (ACTIVITY_TEMPLATES, ACTIVITIES),
     (SUBJECT_TEMPLATES, SUBJECTS),
     (MESSAGE_TEMPLATES, MESSAGE_PURPOSES),
     (COMPARE_TEMPLATES, COMPARISONS),
 )
 
-# words every request uses: not what a prompt is about
-_REQUEST_WORDS = frozenset((
-    "the", "and", "for", "how", "what", "why", "does", "explain", "give", "write", "describe",
-    "simple", "terms", "example", "examples", "friendly", "get", "their", "keep", "ten", "old",
-    "year", "with", "from", "into", "about", "your", "you", "can", "are", "its"
+# grammar and the words of requests, not of subjects: the templates' phrasing may be shared
+_STOP_WORDS = frozenset((
+    "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "by", "with", "from",
+    "into", "about", "as", "is", "are", "was", "be", "it", "its", "this", "that", "these", "those",
+    "what", "why", "how", "who", "which", "when", "where", "does", "do", "can", "could", "would",
+    "should", "will", "my", "me", "your", "you", "their", "our", "not", "no", "has", "have", "one",
+    "two", "three", "some", "any", "more", "most", "very", "give", "write", "explain", "describe",
+    "tell", "get", "keep", "simple", "terms", "example", "examples", "short", "friendly", "ten", "year", "old",
 ))
 
 
@@ -156,11 +164,18 @@ def templated_chat_prompts() -> list[str]:
     a held-out chat prompt's subject."""
     held_words = set().union(*(_content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
     return [template.format(topic=topic)
-            for templates, topics in TEMPLATED
-            for topic in topics if _content_words(topic).isdisjoint(held_words)
+            for templates, topics in TEMPLATES_BY_KIND
+            for topic in topics if not _shares_a_word(_content_words(topic), held_words)
             for template in templates]
 
 
 def _content_words(text: str) -> set[str]:
+    """Words of three letters or more (two say nothing of a subject), without stop words."""
     return {word for word in re.findall(r"[a-z]+", text.lower())
-            if len(word) >= 3 and word not in _REQUEST_WORDS}
+            if len(word) >= 3 and word not in _STOP_WORDS}
+
+
+def _shares_a_word(words: set[str], others: set[str]) -> bool:
+    """One word the start of the other counts: "sleepy" is about sleep, "colleagues" about a
+    colleague (no stemmer: "leaf" and "leaves" pass, which the hand-kept lists cover)."""
+    return any(word.startswith(other) or other.startswith(word) for word in words for other in others)

@@ -54,8 +54,8 @@ def add_parser(subparsers) -> None:
                              "for a continued drafter; held-out stdlib docstrings stay out")
     parser.add_argument("--chat-prompts", action="store_true",
                         help="templated chat requests (explain, advise, write, compare) crossed "
-                             "with topics instead of docstrings: fresh chat data for a continued "
-                             "drafter; no topic of a held-out chat prompt")
+                             "with topics, in place of the default prompts: fresh chat data for a "
+                             "continued drafter; no topic of a held-out chat prompt")
     parser.add_argument("--tokens", type=Path, action="append", default=[], metavar="FILE",
                         help="a token archive (--save-tokens) to put into --data first: one forward "
                              "pass per sequence gives its taps back, instead of regenerating it "
@@ -188,8 +188,9 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt_corpus is not None and not args.prompt_corpus.is_dir():
         raise DFlashError(f"--prompt-corpus {args.prompt_corpus} is not a directory")
     if args.chat_prompts and (args.prompt_corpus is not None or args.prompt_variants):
-        raise DFlashError("--chat-prompts replaces the docstring prompts: drop --prompt-corpus and "
-                          "--prompt-variants, or regenerate them into another run")
+        raise DFlashError("--chat-prompts replaces the default prompts (docstrings and hand-written "
+                          "chat): drop --prompt-corpus and --prompt-variants, or regenerate those in "
+                          "another run")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -227,10 +228,13 @@ def run(args: argparse.Namespace) -> int:
         regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
         for sequences in archived:
             retap(regen_model, sequences, taps, data_dir)
-        if args.regen_minutes > 0:  # the stdlib parsed for prompts only when they are regenerated
-            train_prompts = templated_chat_prompts() if args.chat_prompts else training_prompts(
-                limit=args.prompts_limit, variants=args.prompt_variants,
-                variants_from=args.prompt_variants_from, corpus=args.prompt_corpus)
+        if args.regen_minutes > 0:  # prompts built (the stdlib parsed) only when regenerated
+            if args.chat_prompts:
+                train_prompts = templated_chat_prompts()
+            else:
+                train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
+                                                 variants_from=args.prompt_variants_from,
+                                                 corpus=args.prompt_corpus)
             regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
         del regen_model, archived
