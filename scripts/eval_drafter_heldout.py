@@ -4,7 +4,8 @@ The trainer's own held-out figure is a slice of the regenerated shards, and whic
 slice holds shifts when more data is added; this script instead regenerates responses for the
 prompts hashed into the held-out split (train/prompts.py: never regenerated for training) with
 the float32 target, as the engines run it, caches them, and evaluates each drafter given on the
-same blocks (same anchors): loss, accuracy of the first draft, τ at the drafter's block size.
+same blocks (same anchors): loss, accuracy of the first draft, τ at the drafter's block size;
+over all of them, and over the hand-written chat prompts among them apart (`chat`).
 A drafter with a draft_vocab.json is evaluated as the engines run it, over that set (its loss is
 then over the set too: compare losses between drafters evaluated alike); --full-head ignores it.
 
@@ -26,8 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import load_drafter
 from dflash_local.embedded import embedded_target_dir
-from dflash_local.train.prompts import all_prompts, split_prompts
-from dflash_local.train.regenerate import regenerate
+from dflash_local.train.prompts import CHAT_PROMPTS, all_prompts, split_prompts
+from dflash_local.train.regenerate import encode_prompts, prompt_key, regenerate
 from dflash_local.train.trainer import TrainSettings, evaluate, load_sequences
 
 
@@ -53,6 +54,8 @@ def main() -> None:
         raise SystemExit("the drafters tap different target layers: evaluate them apart")
     regenerate(target, tokenizer, held_out, tuple(taps), args.data, batch_size=32)
     sequences = load_sequences(args.data)
+    chat_keys = {tuple(ids) for ids in encode_prompts(tokenizer, CHAT_PROMPTS, 192)}
+    chat = [s for s in sequences if prompt_key(s) in chat_keys]
     results = {}
     for path, drafter in zip(args.drafters, drafters):
         drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
@@ -60,11 +63,16 @@ def main() -> None:
         if draft_ids:
             drafter.restrict_draft_vocab(draft_ids)
         settings = TrainSettings(block_size=drafter.config.block_size)
-        results[str(path)] = {**{k: round(v, 4) for k, v in evaluate(drafter.eval(), sequences, settings).items()},
+        results[str(path)] = {**_rounded(evaluate(drafter.eval(), sequences, settings)),
+                              "chat": _rounded(evaluate(drafter, chat, settings)) if chat else None,
                               "draft_vocab": len(draft_ids) if draft_ids else None}
     tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in sequences)
-    print(json.dumps({"held_out_prompts": len(sequences), "response_tokens": tokens,
-                      "drafters": results}, indent=2))
+    print(json.dumps({"held_out_prompts": len(sequences), "chat_prompts": len(chat),
+                      "response_tokens": tokens, "drafters": results}, indent=2))
+
+
+def _rounded(figures: dict) -> dict:
+    return {name: round(value, 4) for name, value in figures.items()}
 
 
 if __name__ == "__main__":
