@@ -68,19 +68,20 @@ ACTIVITY_TEMPLATES = (
 )
 ACTIVITIES = (
     "learning to swim", "running a first 5k", "playing the guitar", "drawing portraits",
-    "writing a novel", "keeping a journal", "learning to cook", "baking bread", 
-    "training a puppy", "taking care of a cat", "birdwatching", "hiking",
-    "camping", "rock climbing", "cycling to work", "learning chess", "solving crossword puzzles",
-    "memorizing a speech", "preparing for a job interview", "negotiating a salary",
-    "managing a small team", "starting a podcast", "writing a blog", "learning photography",
-    "editing videos", "learning to type faster", "decluttering a home", "organizing a closet",
-    "planning a road trip", "traveling on a budget", "packing light", "moving to a new city",
-    "making new friends", "resolving an argument", "giving feedback", "taking notes in class",
-    "preparing for an exam", "reading more books", "learning to code", "building a website",
-    "knitting", "painting with watercolors", "learning to dance", "singing in a choir",
-    "playing basketball", "doing yoga", "lifting weights", "stretching", "meal planning",
-    "budgeting", "investing for beginners", "paying off debt", "volunteering", "teaching a class",
-    "hosting a dinner party", "writing a cover letter", "running a meeting", "learning sign language",
+    "writing a novel", "keeping a journal", "learning to cook", "baking bread", "training a puppy",
+    "taking care of a cat", "birdwatching", "hiking", "camping", "rock climbing", "cycling to work",
+    "learning chess", "solving crossword puzzles", "memorizing a speech",
+    "preparing for a job interview", "negotiating a salary", "managing a small team",
+    "starting a podcast", "writing a blog", "learning photography", "editing videos",
+    "learning to type faster", "decluttering a home", "organizing a closet", "planning a road trip",
+    "traveling on a budget", "packing light", "moving to a new city", "making new friends",
+    "resolving an argument", "giving feedback", "taking notes in class", "preparing for an exam",
+    "reading more books", "learning to code", "building a website", "knitting",
+    "painting with watercolors", "learning to dance", "singing in a choir", "playing basketball",
+    "doing yoga", "lifting weights", "stretching", "meal planning", "budgeting",
+    "investing for beginners", "paying off debt", "volunteering", "teaching a class",
+    "hosting a dinner party", "writing a cover letter", "running a meeting",
+    "learning sign language",
 )
 
 SUBJECT_TEMPLATES = (
@@ -92,16 +93,16 @@ SUBJECT_TEMPLATES = (
     "Write a children's story about {topic}.",
 )
 SUBJECTS = (
-    "a lighthouse in a storm", "a quiet library", "a busy train station", "a snowy mountain village",
-    "a dragon who is afraid of fire", "a lost umbrella", "an old bookshop", "a summer thunderstorm",
-    "a city at dawn", "a fox in the forest", "a penguin who wants to fly", "a grandmother's kitchen",
-    "the first day of school", "a broken clock", "a message in a bottle", "a desert at noon",
-    "a spaceship leaving Earth", "a marathon runner",
-    "a street musician", "a friendly ghost", "a stray dog", "a pirate ship", "a small island",
-    "a kite on a windy day", "a forgotten toy", "an astronaut on Mars", "a hot cup of tea",
-    "a winter fireplace", "a mountain lake", "a bakery at five in the morning", "a tiny snail",
-    "a clumsy wizard", "a violin", "a carnival at night", "an abandoned castle", "a paper boat",
-    "a hummingbird", "the last day of summer", "a traffic jam", "a farmer's market",
+    "a lighthouse in a storm", "a quiet library", "a busy train station",
+    "a snowy mountain village", "a dragon who is afraid of fire", "a lost umbrella",
+    "an old bookshop", "a summer thunderstorm", "a city at dawn", "a fox in the forest",
+    "a penguin who wants to fly", "a grandmother's kitchen", "the first day of school",
+    "a broken clock", "a message in a bottle", "a desert at noon", "a spaceship leaving Earth",
+    "a marathon runner", "a street musician", "a friendly ghost", "a stray dog", "a pirate ship",
+    "a small island", "a kite on a windy day", "a forgotten toy", "an astronaut on Mars",
+    "a hot cup of tea", "a winter fireplace", "a mountain lake", "a bakery at five in the morning",
+    "a tiny snail", "a clumsy wizard", "a violin", "a carnival at night", "an abandoned castle",
+    "a paper boat", "a hummingbird", "the last day of summer", "a traffic jam", "a farmer's market",
     "a rainy Sunday", "a giant tortoise", "a secret door", "a bicycle race", "a moonlit beach",
     "a lonely robot", "a thunder cloud", "a field of sunflowers",
 )
@@ -113,14 +114,13 @@ MESSAGE_TEMPLATES = (
 MESSAGE_PURPOSES = (
     "asking my manager for a day off", "thanking a friend for a birthday gift",
     "apologizing for missing a meeting", "asking a landlord to fix the heating",
-    "declining a job offer",
-    "requesting a refund for a broken product", "inviting neighbors to a street party",
-    "asking a professor for an extension", 
+    "declining a job offer", "requesting a refund for a broken product",
+    "inviting neighbors to a street party", "asking a professor for an extension",
     "following up after a job interview", "cancelling a gym membership",
     "reminding a client about an unpaid invoice", "asking for a letter of recommendation",
     "complaining about a late delivery", "announcing a change of address",
     "thanking a nurse for their care", "proposing a new project idea",
-    "asking a friend to return a borrowed book", 
+    "asking a friend to return a borrowed book",
 )
 
 COMPARE_TEMPLATES = (
