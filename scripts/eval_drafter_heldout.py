@@ -54,7 +54,7 @@ def main() -> None:
         raise SystemExit("the drafters tap different target layers: evaluate them apart")
     regenerate(target, tokenizer, held_out, tuple(taps), args.data, batch_size=32)
     sequences = load_sequences(args.data)
-    chat_keys = {tuple(ids) for ids in encode_prompts(tokenizer, CHAT_PROMPTS, 192)}
+    chat_keys = {tuple(ids) for ids in encode_prompts(tokenizer, CHAT_PROMPTS)}
     chat = [s for s in sequences if prompt_key(s) in chat_keys]
     results = {}
     for path, drafter in zip(args.drafters, drafters):

@@ -134,6 +134,7 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--prompt-corpus", "/no/such/dir"], "--prompt-corpus /no/such/dir is not a directory"),
     (["--chat-prompts", "--prompt-variants", "1"], "--chat-prompts replaces the default prompts"),
     (["--chat-prompts", "--prompt-corpus", "."], "--chat-prompts replaces the default prompts"),
+    (["--chat-prompts", "--prompts-limit", "50"], "--chat-prompts replaces the default prompts"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -488,8 +489,8 @@ def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):
                  "--regen-minutes", "0.0001", "--steps", "0"]) == 0
     done, _ = done_prompts(data)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    chat = {tuple(ids) for ids in encode_prompts(tokenizer, templated_chat_prompts(), 192)}
-    default_prompts = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400), 192)}
+    chat = {tuple(ids) for ids in encode_prompts(tokenizer, templated_chat_prompts())}
+    default_prompts = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400))}
     assert done and done <= chat and not done & default_prompts  # one shard, all of it chat
 
 

@@ -25,8 +25,10 @@ CONCEPT_TEMPLATES = (
     "How would you explain {topic} to someone who has never heard of it?",
 )
 # "What are tides?", not "What is tides?"
-PLURAL_CONCEPT_TEMPLATES = tuple(template.replace("What is", "What are").replace("Why is", "Why are")
-                                 for template in CONCEPT_TEMPLATES)
+PLURAL_CONCEPT_TEMPLATES = tuple(
+    template.replace("What is", "What are").replace("Why is", "Why are")
+    for template in CONCEPT_TEMPLATES
+)
 CONCEPTS = (
     "a volcano", "an earthquake fault line", "a solar eclipse", "the Milky Way", "a comet",
     "the Big Bang", "a neutron star", "the speed of sound", "magnetism", "static electricity",
@@ -155,7 +157,8 @@ _STOP_WORDS = frozenset((
     "what", "why", "how", "who", "which", "when", "where", "does", "do", "can", "could", "would",
     "should", "will", "my", "me", "your", "you", "their", "our", "not", "no", "has", "have", "one",
     "two", "three", "some", "any", "more", "most", "very", "give", "write", "explain", "describe",
-    "tell", "get", "keep", "simple", "terms", "example", "examples", "short", "friendly", "ten", "year", "old",
+    "tell", "get", "keep", "simple", "terms", "example", "examples", "short", "friendly", "ten",
+    "year", "old",
 ))
 
 
@@ -178,4 +181,5 @@ def _content_words(text: str) -> set[str]:
 def _shares_a_word(words: set[str], others: set[str]) -> bool:
     """One word the start of the other counts: "sleepy" is about sleep, "colleagues" about a
     colleague (no stemmer: "leaf" and "leaves" pass, which the hand-kept lists cover)."""
-    return any(word.startswith(other) or other.startswith(word) for word in words for other in others)
+    return any(word.startswith(other) or other.startswith(word)
+               for word in words for other in others)

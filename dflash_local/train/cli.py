@@ -187,10 +187,11 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--tokens: no such file: {', '.join(missing)}")
     if args.prompt_corpus is not None and not args.prompt_corpus.is_dir():
         raise DFlashError(f"--prompt-corpus {args.prompt_corpus} is not a directory")
-    if args.chat_prompts and (args.prompt_corpus is not None or args.prompt_variants):
+    if args.chat_prompts and (args.prompt_corpus is not None or args.prompt_variants
+                              or args.prompts_limit != DEFAULT_LIMIT):
         raise DFlashError("--chat-prompts replaces the default prompts (docstrings and hand-written "
-                          "chat): drop --prompt-corpus and --prompt-variants, or regenerate those in "
-                          "another run")
+                          "chat): drop --prompt-corpus, --prompt-variants and --prompts-limit, or "
+                          "regenerate those in another run")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

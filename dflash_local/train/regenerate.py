@@ -19,9 +19,11 @@ from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
 
 DATA_INFO = "regen.json"  # which target layers the taps of this directory's shards come from
+MAX_PROMPT_TOKENS = 192  # longer prompts (chat template included) are skipped, not truncated
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: list[str],
+                   max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> list[list[int]]:
     encoded = []
     for prompt in prompts:
         text = tokenizer.apply_chat_template(
@@ -80,7 +82,7 @@ def _sequence(prompt: list[int], response: list[int], taps: torch.Tensor, eos_id
 
 
 def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], out_dir: Path,
-               batch_size: int = 32, max_new_tokens: int = 128, max_prompt_tokens: int = 192,
+               batch_size: int = 32, max_new_tokens: int = 128, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
     so a killed run resumes, and a longer prompt list adds to the same directory."""
