@@ -135,6 +135,8 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--chat-prompts", "--prompt-variants", "1"], "--chat-prompts replaces the default prompts"),
     (["--chat-prompts", "--prompt-corpus", "."], "--chat-prompts replaces the default prompts"),
     (["--chat-prompts", "--prompts-limit", "50"], "--chat-prompts replaces the default prompts"),
+    (["--chat-followups", "--prompt-corpus", "."], "--chat-followups replaces the default prompts"),
+    (["--chat-prompts", "--chat-followups"], "--chat-followups continues the answers to --chat-prompts"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -492,6 +494,41 @@ def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):
     chat = {tuple(ids) for ids in encode_prompts(tokenizer, templated_chat_prompts())}
     default_prompts = {tuple(ids) for ids in encode_prompts(tokenizer, training_prompts(limit=400))}
     assert done and done <= chat and not done & default_prompts  # one shard, all of it chat
+
+
+def test_follow_ups_continue_the_targets_own_answers_to_chat_prompts(target, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    from dflash_local.train.chat_prompts import FOLLOW_UPS, follow_up_prompts
+    from dflash_local.train.regenerate import answers_in, done_prompts, encode_prompt
+
+    data = tmp_path / "chat"
+    run = ["train", "--target", str(target), "--out", str(tmp_path / "d"), "--data", str(data),
+           "--batch-size", "4", "--max-new-tokens", "3", "--steps", "0"]
+    assert main([*run, "--chat-followups", "--regen-minutes", "1"]) == 2  # nothing to follow up yet
+    assert "holds no answers to the --chat-prompts requests" in capsys.readouterr().err
+    assert main([*run, "--chat-prompts", "--regen-minutes", "0.0001"]) == 0
+    first_turns, _ = done_prompts(data)
+    assert main([*run, "--chat-followups", "--regen-minutes", "0.0001"]) == 0
+    second_turns = done_prompts(data)[0] - first_turns
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    conversations = follow_up_prompts(tokenizer, data)
+    assert len(conversations) == len(first_turns)  # one follow-up per answered request
+    assert second_turns and second_turns <= {tuple(encode_prompt(tokenizer, c)) for c in conversations}
+    answers = answers_in(data, first_turns)
+    for request, answer, follow_up in conversations[:3]:
+        answered = answers[tuple(encode_prompt(tokenizer, request["content"]))]
+        assert answer["content"] == tokenizer.decode(answered, skip_special_tokens=True).strip()
+        assert answer["role"] == "assistant" and follow_up["content"] in FOLLOW_UPS
+
+
+def test_follow_ups_name_no_subject_of_a_held_out_chat_prompt():
+    from dflash_local.train import chat_prompts
+    from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
+
+    held_words = set().union(*(chat_prompts._content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
+    for follow_up in chat_prompts.FOLLOW_UPS:
+        assert not chat_prompts._shares_a_word(chat_prompts._content_words(follow_up), held_words), follow_up
 
 
 def test_the_validation_slice_is_chosen_by_prompt_not_by_position():

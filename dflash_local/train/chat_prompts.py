@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from dflash_local.errors import DFlashError
 from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
 
 CONCEPT_TEMPLATES = (
@@ -150,6 +151,20 @@ TEMPLATES_BY_KIND = (
     (COMPARE_TEMPLATES, COMPARISONS),
 )
 
+# second turns: what a user asks after an answer, on any subject
+FOLLOW_UPS = (
+    "Can you give me an example?",
+    "Can you explain that more simply?",
+    "Tell me more about that.",
+    "Summarize that in one sentence.",
+    "Why does that matter?",
+    "What is a common mistake people make about this?",
+    "Could you make it shorter?",
+    "Could you put that as a list of key points?",
+    "Is there anything surprising about it?",
+    "What should I learn next about this?",
+)
+
 # grammar and the words of requests, not of subjects: the templates' phrasing may be shared
 _STOP_WORDS = frozenset((
     "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "by", "with", "from",
@@ -183,3 +198,27 @@ def _shares_a_word(words: set[str], others: set[str]) -> bool:
     colleague (no stemmer: "leaf" and "leaves" pass, which the hand-kept lists cover)."""
     return any(word.startswith(other) or other.startswith(word)
                for word in words for other in others)
+
+
+def follow_up_conversations(first_turns: list[tuple[str, str]]) -> list[list[dict]]:
+    """Each (request, the target's answer) with one follow-up, taking FOLLOW_UPS in turn: a second
+    user turn after a whole answer, for data in the register of a conversation going on."""
+    return [[{"role": "user", "content": request}, {"role": "assistant", "content": answer},
+             {"role": "user", "content": FOLLOW_UPS[number % len(FOLLOW_UPS)]}]
+            for number, (request, answer) in enumerate(first_turns)]
+
+
+def follow_up_prompts(tokenizer, data_dir) -> list[list[dict]]:
+    """follow_up_conversations() for the templated chat prompts that data_dir holds answers to,
+    in templated_chat_prompts()' order; the answers are the target's own, as text, which is what a
+    chat client sends back."""
+    from dflash_local.train.regenerate import answers_in, encode_prompt
+
+    keys = {tuple(encode_prompt(tokenizer, request)): request for request in templated_chat_prompts()}
+    answers = answers_in(data_dir, set(keys))
+    if not answers:
+        raise DFlashError(f"--chat-followups: {data_dir} holds no answers to the --chat-prompts "
+                          "requests; regenerate those into it first (--chat-prompts)")
+    return follow_up_conversations([
+        (request, tokenizer.decode(answers[key], skip_special_tokens=True).strip())
+        for key, request in keys.items() if key in answers])

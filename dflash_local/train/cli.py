@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
-from dflash_local.train.chat_prompts import templated_chat_prompts
+from dflash_local.train.chat_prompts import follow_up_prompts, templated_chat_prompts
 from dflash_local.train.prompts import DEFAULT_LIMIT, check_variant_range, training_prompts
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
@@ -56,6 +56,11 @@ def add_parser(subparsers) -> None:
                         help="templated chat requests (explain, advise, write, compare) crossed "
                              "with topics, in place of the default prompts: fresh chat data for a "
                              "continued drafter; no topic of a held-out chat prompt")
+    parser.add_argument("--chat-followups", action="store_true",
+                        help="a second turn for each --chat-prompts request answered in --data: the "
+                             "request, the target's answer and a follow-up ('Can you give me an "
+                             "example?'), in place of the default prompts: chat data of a "
+                             "conversation going on")
     parser.add_argument("--tokens", type=Path, action="append", default=[], metavar="FILE",
                         help="a token archive (--save-tokens) to put into --data first: one forward "
                              "pass per sequence gives its taps back, instead of regenerating it "
@@ -187,9 +192,13 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--tokens: no such file: {', '.join(missing)}")
     if args.prompt_corpus is not None and not args.prompt_corpus.is_dir():
         raise DFlashError(f"--prompt-corpus {args.prompt_corpus} is not a directory")
-    if args.chat_prompts and (args.prompt_corpus is not None or args.prompt_variants
-                              or args.prompts_limit != DEFAULT_LIMIT):
-        raise DFlashError("--chat-prompts replaces the default prompts (docstrings and hand-written "
+    if args.chat_prompts and args.chat_followups:
+        raise DFlashError("--chat-followups continues the answers to --chat-prompts: regenerate "
+                          "those first, then run again with --chat-followups")
+    chat = "--chat-prompts" if args.chat_prompts else "--chat-followups" if args.chat_followups else None
+    if chat and (args.prompt_corpus is not None or args.prompt_variants
+                 or args.prompts_limit != DEFAULT_LIMIT):
+        raise DFlashError(f"{chat} replaces the default prompts (docstrings and hand-written "
                           "chat): drop --prompt-corpus, --prompt-variants and --prompts-limit, or "
                           "regenerate those in another run")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -199,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
-    from dflash_local.train.regenerate import check_data_taps, regenerate
+    from dflash_local.train.regenerate import MAX_PROMPT_TOKENS, check_data_taps, regenerate
     from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
     from dflash_local.train.trainer import (
         TrainSettings,
@@ -230,14 +239,19 @@ def run(args: argparse.Namespace) -> int:
         for sequences in archived:
             retap(regen_model, sequences, taps, data_dir)
         if args.regen_minutes > 0:  # prompts built (the stdlib parsed) only when regenerated
+            max_prompt_tokens = MAX_PROMPT_TOKENS
             if args.chat_prompts:
                 train_prompts = templated_chat_prompts()
+            elif args.chat_followups:
+                train_prompts = follow_up_prompts(tokenizer, data_dir)
+                max_prompt_tokens += args.max_new_tokens  # a first turn and its whole answer
             else:
                 train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
                                                  variants_from=args.prompt_variants_from,
                                                  corpus=args.prompt_corpus)
             regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, max_minutes=args.regen_minutes)
+                       max_new_tokens=args.max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                       max_minutes=args.regen_minutes)
         del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
     data_only = args.steps == 0  # no drafter, so no taps to match (regeneration checked its own)

@@ -22,17 +22,20 @@ DATA_INFO = "regen.json"  # which target layers the taps of this directory's sha
 MAX_PROMPT_TOKENS = 192  # longer prompts (chat template included) are skipped, not truncated
 
 
-def encode_prompts(tokenizer, prompts: list[str],
+Prompt = str | list[dict]  # one user request, or a conversation ending on the user's turn
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    """The ids the target sees for a prompt: its chat template, ready for the assistant's turn."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_prompts(tokenizer, prompts: list[Prompt],
                    max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> list[list[int]]:
-    encoded = []
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= max_prompt_tokens:
-            encoded.append(ids)
-    return encoded
+    encoded = (encode_prompt(tokenizer, prompt) for prompt in prompts)
+    return [ids for ids in encoded if len(ids) <= max_prompt_tokens]
 
 
 @torch.inference_mode()
@@ -81,7 +84,7 @@ def _sequence(prompt: list[int], response: list[int], taps: torch.Tensor, eos_id
             "taps": taps[: len(tokens) - 1].clone()}
 
 
-def regenerate(model, tokenizer, prompts: list[str], tap_ids: tuple[int, ...], out_dir: Path,
+def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...], out_dir: Path,
                batch_size: int = 32, max_new_tokens: int = 128, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
@@ -165,6 +168,22 @@ def done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
         done.update(tuple(p) for p in prompts)
         next_index = max(next_index, int(shard.stem.split("-")[1]) + 1)
     return done, next_index
+
+
+def answers_in(out_dir: Path, prompts: set[tuple[int, ...]]) -> dict[tuple[int, ...], list[int]]:
+    """The response ids (an end-of-turn id last where the answer finished) that out_dir's shards
+    hold for these prompts. Only shards whose index names one of them are opened (mapped: their
+    taps are never read)."""
+    answers = {}
+    for shard in sorted(out_dir.glob("regen-*.pt")):
+        index = _index_path(shard)
+        if index.exists() and prompts.isdisjoint(tuple(p) for p in json.loads(index.read_text())):
+            continue
+        for sequence in torch.load(shard, weights_only=True, mmap=True):
+            key = prompt_key(sequence)
+            if key in prompts:
+                answers[key] = sequence["tokens"][sequence["prompt_len"]:].tolist()
+    return answers
 
 
 def prompt_key(sequence: dict) -> tuple[int, ...]:
