@@ -137,6 +137,7 @@ def test_a_negative_draft_vocabulary_is_refused(target, tmp_path, capsys):
     (["--chat-prompts", "--prompts-limit", "50"], "--chat-prompts replaces the default prompts"),
     (["--chat-followups", "--prompt-corpus", "."], "--chat-followups replaces the default prompts"),
     (["--chat-prompts", "--chat-followups"], "--chat-followups continues the answers to --chat-prompts"),
+    (["--chat-followups", "--regen-minutes", "0"], "--chat-followups chooses the prompts to regenerate"),
 ])
 def test_meaningless_training_options_are_refused(target, tmp_path, capsys, flags, message):
     assert main(["train", "--target", str(target), "--out", str(tmp_path / "d"), *flags]) == 2
@@ -499,34 +500,54 @@ def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):
 def test_follow_ups_continue_the_targets_own_answers_to_chat_prompts(target, tmp_path, capsys):
     from transformers import AutoTokenizer
 
-    from dflash_local.train.chat_prompts import FOLLOW_UPS, follow_up_prompts
-    from dflash_local.train.regenerate import answers_in, done_prompts, encode_prompt
+    from dflash_local.train.chat_prompts import FOLLOW_UPS
+    from dflash_local.train.regenerate import (
+        MAX_PROMPT_TOKENS,
+        answers_in,
+        done_prompts,
+        encode_prompt,
+        follow_up_prompts,
+    )
 
     data = tmp_path / "chat"
     run = ["train", "--target", str(target), "--out", str(tmp_path / "d"), "--data", str(data),
-           "--batch-size", "4", "--max-new-tokens", "3", "--steps", "0"]
-    assert main([*run, "--chat-followups", "--regen-minutes", "1"]) == 2  # nothing to follow up yet
+           "--batch-size", "4", "--steps", "0", "--regen-minutes", "0.0001"]
+    assert main([*run, "--chat-followups"]) == 2  # nothing to follow up yet
     assert "holds no answers to the --chat-prompts requests" in capsys.readouterr().err
-    assert main([*run, "--chat-prompts", "--regen-minutes", "0.0001"]) == 0
-    first_turns, _ = done_prompts(data)
-    assert main([*run, "--chat-followups", "--regen-minutes", "0.0001"]) == 0
+    # answers long enough that request + answer + follow-up outgrow the first turn's prompt limit
+    assert main([*run, "--chat-prompts", "--max-new-tokens", str(MAX_PROMPT_TOKENS)]) == 0
+    first_turns = done_prompts(data)[0]
+    assert main([*run, "--chat-followups", "--max-new-tokens", "3"]) == 0
     second_turns = done_prompts(data)[0] - first_turns
     tokenizer = AutoTokenizer.from_pretrained(target)
     conversations = follow_up_prompts(tokenizer, data)
     assert len(conversations) == len(first_turns)  # one follow-up per answered request
     assert second_turns and second_turns <= {tuple(encode_prompt(tokenizer, c)) for c in conversations}
+    assert max(map(len, second_turns)) > MAX_PROMPT_TOKENS  # regenerated all the same
     answers = answers_in(data, first_turns)
-    for request, answer, follow_up in conversations[:3]:
-        answered = answers[tuple(encode_prompt(tokenizer, request["content"]))]
-        assert answer["content"] == tokenizer.decode(answered, skip_special_tokens=True).strip()
-        assert answer["role"] == "assistant" and follow_up["content"] in FOLLOW_UPS
+    for request, answer, follow_up in conversations:
+        first = encode_prompt(tokenizer, request["content"])
+        assert answers[tuple(first)]  # the request's answer is in the data ...
+        conversation = encode_prompt(tokenizer, [request, answer, follow_up])
+        assert conversation[: len(first)] == first  # ... and the conversation goes on after it
+        assert answer["role"] == "assistant" and answer["content"] and follow_up["content"] in FOLLOW_UPS
+
+
+def test_a_requests_follow_up_does_not_depend_on_the_other_answers():
+    from dflash_local.train.chat_prompts import follow_up_conversations, templated_chat_prompts
+
+    requests = templated_chat_prompts()
+    alone = follow_up_conversations({requests[7]: "An answer."})
+    among = follow_up_conversations({requests[2]: "Another.", requests[7]: "An answer.", requests[9]: ""})
+    assert alone == among[1:] and len(among) == 2  # an empty answer gets no follow-up
 
 
 def test_follow_ups_name_no_subject_of_a_held_out_chat_prompt():
     from dflash_local.train import chat_prompts
-    from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
 
-    held_words = set().union(*(chat_prompts._content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
+    held_words = chat_prompts.held_out_words()
+    subject = max(held_words, key=len)
+    assert chat_prompts._shares_a_word(chat_prompts._content_words(f"And {subject}s?"), held_words)
     for follow_up in chat_prompts.FOLLOW_UPS:
         assert not chat_prompts._shares_a_word(chat_prompts._content_words(follow_up), held_words), follow_up
 

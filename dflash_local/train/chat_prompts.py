@@ -6,13 +6,15 @@ a held-out chat prompt's subject in other words (no browsers or Wi-Fi for "How d
 work", no dreams for sleep); on top of that, a topic sharing a content word with a held-out chat
 prompt is dropped. The templates' phrasing ("Explain ... to a ten-year-old.") is shared, as the
 docstring framings are. The guard covers the `embedded` benchmark set, not MT-Bench or others.
+
+FOLLOW_UPS are second turns ("Can you give me an example?") after the target's own answers to
+these requests; they name no subject at all.
 """
 
 from __future__ import annotations
 
 import re
 
-from dflash_local.errors import DFlashError
 from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
 
 CONCEPT_TEMPLATES = (
@@ -180,11 +182,16 @@ _STOP_WORDS = frozenset((
 def templated_chat_prompts() -> list[str]:
     """Every template filled with every topic of its kind, in a fixed order, except topics about
     a held-out chat prompt's subject."""
-    held_words = set().union(*(_content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
+    held_words = held_out_words()
     return [template.format(topic=topic)
             for templates, topics in TEMPLATES_BY_KIND
             for topic in topics if not _shares_a_word(_content_words(topic), held_words)
             for template in templates]
+
+
+def held_out_words() -> set[str]:
+    """The content words of the held-out chat prompts: what no training prompt may name."""
+    return set().union(*(_content_words(p) for p in CHAT_PROMPTS if is_held_out(p)))
 
 
 def _content_words(text: str) -> set[str]:
@@ -200,25 +207,11 @@ def _shares_a_word(words: set[str], others: set[str]) -> bool:
                for word in words for other in others)
 
 
-def follow_up_conversations(first_turns: list[tuple[str, str]]) -> list[list[dict]]:
-    """Each (request, the target's answer) with one follow-up, taking FOLLOW_UPS in turn: a second
-    user turn after a whole answer, for data in the register of a conversation going on."""
-    return [[{"role": "user", "content": request}, {"role": "assistant", "content": answer},
+def follow_up_conversations(answers: dict[str, str]) -> list[list[dict]]:
+    """For each templated request in `answers`, the request, the target's answer and one follow-up:
+    a conversation going on. The follow-up comes from the request's place in
+    templated_chat_prompts(), so it stays the same however many other requests are answered."""
+    return [[{"role": "user", "content": request},
+             {"role": "assistant", "content": answers[request]},
              {"role": "user", "content": FOLLOW_UPS[number % len(FOLLOW_UPS)]}]
-            for number, (request, answer) in enumerate(first_turns)]
-
-
-def follow_up_prompts(tokenizer, data_dir) -> list[list[dict]]:
-    """follow_up_conversations() for the templated chat prompts that data_dir holds answers to,
-    in templated_chat_prompts()' order; the answers are the target's own, as text, which is what a
-    chat client sends back."""
-    from dflash_local.train.regenerate import answers_in, encode_prompt
-
-    keys = {tuple(encode_prompt(tokenizer, request)): request for request in templated_chat_prompts()}
-    answers = answers_in(data_dir, set(keys))
-    if not answers:
-        raise DFlashError(f"--chat-followups: {data_dir} holds no answers to the --chat-prompts "
-                          "requests; regenerate those into it first (--chat-prompts)")
-    return follow_up_conversations([
-        (request, tokenizer.decode(answers[key], skip_special_tokens=True).strip())
-        for key, request in keys.items() if key in answers])
+            for number, request in enumerate(templated_chat_prompts()) if answers.get(request)]

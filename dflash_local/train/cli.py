@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
-from dflash_local.train.chat_prompts import follow_up_prompts, templated_chat_prompts
+from dflash_local.train.chat_prompts import templated_chat_prompts
 from dflash_local.train.prompts import DEFAULT_LIMIT, check_variant_range, training_prompts
 
 MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError("--chat-followups continues the answers to --chat-prompts: regenerate "
                           "those first, then run again with --chat-followups")
     chat = "--chat-prompts" if args.chat_prompts else "--chat-followups" if args.chat_followups else None
+    if chat and args.regen_minutes <= 0:
+        raise DFlashError(f"{chat} chooses the prompts to regenerate: give --regen-minutes > 0")
     if chat and (args.prompt_corpus is not None or args.prompt_variants
                  or args.prompts_limit != DEFAULT_LIMIT):
         raise DFlashError(f"{chat} replaces the default prompts (docstrings and hand-written "
@@ -208,7 +210,12 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
     from dflash_local.hub import resolve_model
-    from dflash_local.train.regenerate import MAX_PROMPT_TOKENS, check_data_taps, regenerate
+    from dflash_local.train.regenerate import (
+        MAX_PROMPT_TOKENS,
+        check_data_taps,
+        follow_up_prompts,
+        regenerate,
+    )
     from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
     from dflash_local.train.trainer import (
         TrainSettings,
@@ -244,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                 train_prompts = templated_chat_prompts()
             elif args.chat_followups:
                 train_prompts = follow_up_prompts(tokenizer, data_dir)
-                max_prompt_tokens += args.max_new_tokens  # a first turn and its whole answer
+                max_prompt_tokens = None  # the first turn was held to it; the answer is the target's
             else:
                 train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
                                                  variants_from=args.prompt_variants_from,

@@ -17,6 +17,7 @@ from transformers import StaticCache
 
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
+from dflash_local.train.chat_prompts import follow_up_conversations, templated_chat_prompts
 
 DATA_INFO = "regen.json"  # which target layers the taps of this directory's shards come from
 MAX_PROMPT_TOKENS = 192  # longer prompts (chat template included) are skipped, not truncated
@@ -33,9 +34,10 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
 
 
 def encode_prompts(tokenizer, prompts: list[Prompt],
-                   max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> list[list[int]]:
+                   max_prompt_tokens: int | None = MAX_PROMPT_TOKENS) -> list[list[int]]:
+    """None: no limit (a conversation whose turns were each held to one already)."""
     encoded = (encode_prompt(tokenizer, prompt) for prompt in prompts)
-    return [ids for ids in encoded if len(ids) <= max_prompt_tokens]
+    return [ids for ids in encoded if max_prompt_tokens is None or len(ids) <= max_prompt_tokens]
 
 
 @torch.inference_mode()
@@ -85,7 +87,8 @@ def _sequence(prompt: list[int], response: list[int], taps: torch.Tensor, eos_id
 
 
 def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...], out_dir: Path,
-               batch_size: int = 32, max_new_tokens: int = 128, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+               batch_size: int = 32, max_new_tokens: int = 128,
+               max_prompt_tokens: int | None = MAX_PROMPT_TOKENS,
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
     so a killed run resumes, and a longer prompt list adds to the same directory."""
@@ -148,6 +151,7 @@ def check_data_taps(data_dir: Path, tap_ids, hidden_size: int) -> None:
 
 
 def write_shard(path: Path, sequences: list[dict]) -> None:
+    # training maps shards (trainer.load_sequences): replace one by rename, never rewrite in place
     # the prompt index first: a shard without one is indexed on the next start, never lost
     _atomic_write(_index_path(path), json.dumps(_prompt_ids(sequences)).encode())
     tmp = path.with_suffix(".tmp")
@@ -159,15 +163,20 @@ def done_prompts(out_dir: Path) -> tuple[set[tuple[int, ...]], int]:
     """The prompts (token ids) the shards in out_dir hold, and the next free shard number."""
     done, next_index = set(), 0
     for shard in sorted(out_dir.glob("regen-*.pt")):
-        index = _index_path(shard)
-        if index.exists():
-            prompts = json.loads(index.read_text())
-        else:  # shards from before the index existed: read once, index for next time
-            prompts = _prompt_ids(torch.load(shard, weights_only=True))
-            _atomic_write(index, json.dumps(prompts).encode())
-        done.update(tuple(p) for p in prompts)
+        done.update(tuple(p) for p in _shard_prompts(shard))
         next_index = max(next_index, int(shard.stem.split("-")[1]) + 1)
     return done, next_index
+
+
+def _shard_prompts(shard: Path) -> list[list[int]]:
+    """A shard's prompt ids, from its index; shards from before the index existed are read once
+    and indexed for next time."""
+    index = _index_path(shard)
+    if index.exists():
+        return json.loads(index.read_text())
+    prompts = _prompt_ids(torch.load(shard, weights_only=True, mmap=True))
+    _atomic_write(index, json.dumps(prompts).encode())
+    return prompts
 
 
 def answers_in(out_dir: Path, prompts: set[tuple[int, ...]]) -> dict[tuple[int, ...], list[int]]:
@@ -176,14 +185,28 @@ def answers_in(out_dir: Path, prompts: set[tuple[int, ...]]) -> dict[tuple[int, 
     taps are never read)."""
     answers = {}
     for shard in sorted(out_dir.glob("regen-*.pt")):
-        index = _index_path(shard)
-        if index.exists() and prompts.isdisjoint(tuple(p) for p in json.loads(index.read_text())):
+        if prompts.isdisjoint(map(tuple, _shard_prompts(shard))):
             continue
         for sequence in torch.load(shard, weights_only=True, mmap=True):
-            key = prompt_key(sequence)
-            if key in prompts:
+            if (key := prompt_key(sequence)) in prompts:
                 answers[key] = sequence["tokens"][sequence["prompt_len"]:].tolist()
     return answers
+
+
+def follow_up_prompts(tokenizer, data_dir: Path) -> list[list[dict]]:
+    """chat_prompts.follow_up_conversations() for the templated chat requests that data_dir holds
+    answers to. An answer goes back as text, as a chat client sends it, and as the target wrote
+    it: cut at the first run's --max-new-tokens where it ran longer (a user asking on after a cut
+    answer is a conversation too)."""
+    requests = {tuple(encode_prompt(tokenizer, request)): request
+                for request in templated_chat_prompts()}
+    answers = {requests[key]: tokenizer.decode(ids, skip_special_tokens=True).strip()
+               for key, ids in answers_in(data_dir, set(requests)).items()}
+    conversations = follow_up_conversations(answers)
+    if not conversations:
+        raise DFlashError(f"--chat-followups: {data_dir} holds no answers to the --chat-prompts "
+                          "requests; regenerate those into it first (--chat-prompts)")
+    return conversations
 
 
 def prompt_key(sequence: dict) -> tuple[int, ...]:
