@@ -89,11 +89,7 @@ class LocalEngine(Engine):
         return None
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
-        extra = {} if thinking is None else {"enable_thinking": thinking}
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **extra
-        )
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(self.tokenizer, messages, thinking)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
@@ -115,6 +111,15 @@ class LocalEngine(Engine):
             drafted_text = detokenizer.add(event.token_ids[: event.accepted]) if event.accepted else ""
             rest = detokenizer.add(event.token_ids[event.accepted :])
             yield replace(event, text=drafted_text + rest, accepted_chars=len(drafted_text))
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
+    one encoding for what the engines serve and what a drafter is trained on."""
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **extra)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _eos_ids(tokenizer) -> list[int]:

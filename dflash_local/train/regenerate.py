@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 from transformers import StaticCache
 
+from dflash_local.engines.base import chat_prompt_ids
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
 from dflash_local.train.chat_prompts import follow_up_conversations, templated_chat_prompts
@@ -27,10 +28,9 @@ Prompt = str | list[dict]  # one user request, or a conversation ending on the u
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
-    """The ids the target sees for a prompt: its chat template, ready for the assistant's turn."""
+    """The ids the target sees for a prompt, as the engines encode a chat."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return chat_prompt_ids(tokenizer, messages)
 
 
 def encode_prompts(tokenizer, prompts: list[Prompt],
