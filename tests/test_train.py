@@ -467,7 +467,7 @@ def test_templated_chat_prompts_leave_out_the_topics_of_held_out_chat_prompts(mo
     from dflash_local.train.prompts import CHAT_PROMPTS, all_prompts, is_held_out
 
     prompts = chat_prompts.templated_chat_prompts()
-    assert len(prompts) == len(set(prompts)) > 1500
+    assert len(prompts) == len(set(prompts)) > 4000
     assert not set(prompts) & set(all_prompts())  # neither a training nor a held-out prompt again
     assert not [p for p in prompts if "food chain" in p]  # "How does a refrigerator keep food cold?"
     assert "What are tides?" in prompts and "What is tides?" not in prompts
@@ -477,6 +477,18 @@ def test_templated_chat_prompts_leave_out_the_topics_of_held_out_chat_prompts(mo
     topics = (f"the {subject} of it", f"{subject}ish ideas", "a crocodile and an alligator")
     monkeypatch.setattr(chat_prompts, "TEMPLATES_BY_KIND", ((("Tell me about {topic}.",), topics),))
     assert chat_prompts.templated_chat_prompts() == ["Tell me about a crocodile and an alligator."]
+
+
+def test_templated_chat_prompts_only_grow_at_the_end():
+    """A follow-up is chosen by its request's place in the list, and the shipped drafter's data
+    holds follow-ups for the first 1,826 requests (step 11): those places must not move."""
+    import hashlib
+
+    from dflash_local.train.chat_prompts import templated_chat_prompts
+
+    first = templated_chat_prompts()[:1826]
+    digest = hashlib.sha256("\n".join(first).encode()).hexdigest()
+    assert digest == "89a6e5cdec30d37732ebae4384d675bb2474cbdd87260039cfb24bf00dab2ad4"
 
 
 def test_chat_prompts_are_what_a_chat_data_run_regenerates(target, tmp_path):

@@ -152,6 +152,101 @@ TEMPLATES_BY_KIND = (
     (MESSAGE_TEMPLATES, MESSAGE_PURPOSES),
     (COMPARE_TEMPLATES, COMPARISONS),
 )
+# only appended to: a request's place in the list chooses its follow-up
+
+# added for step 12: more requests of the same kinds, and new ways of asking about the first
+# topics. Appended after the first kinds, so every earlier request keeps its place in
+# templated_chat_prompts() (a follow-up is chosen by that place).
+MORE_CONCEPT_TEMPLATES = (
+    "Tell me about {topic}.",
+    "What should everyone know about {topic}?",
+    "Explain {topic} with an everyday analogy.",
+    "What is the history of {topic}?",
+)
+MORE_CONCEPTS = (
+    "an octopus", "the heart", "blood circulation", "the lungs", "the skeleton", "a fever",
+    "an allergy", "antibiotics", "taste buds", "the human eye", "hearing", "DNA", "a gene",
+    "a fossil", "a supernova", "an asteroid", "the Sun", "Mars", "Jupiter", "Saturn's rings",
+    "inertia", "momentum", "a sound wave", "an echo", "density", "air pressure", "a vacuum",
+    "plate tectonics", "a canyon", "a river delta", "a cave", "erosion", "a tsunami",
+    "an avalanche", "a monsoon", "a compass", "latitude and longitude", "a time zone",
+    "a calendar", "a leap year", "the metric system", "money", "inflation", "a loan", "a contract",
+    "a patent", "copyright", "an election", "a parliament", "a jury", "the United Nations",
+    "a passport", "a census", "a newspaper", "a keyboard", "a processor", "computer memory",
+    "a hard drive", "a variable in programming", "a loop in programming", "a function in programming",
+    "object-oriented programming", "a software bug", "unit testing", "fermentation", "yeast",
+    "chocolate", "a microwave oven", "a washing machine", "an elevator", "a bridge", "a skyscraper",
+    "a tunnel", "a canal", "a submarine", "an airplane wing", "a helicopter", "a hot air balloon",
+    "a rocket", "a satellite", "a steam train", "a traffic light", "a roundabout", "the wheel",
+    "the alphabet", "a dictionary", "a dialect", "punctuation", "a fable", "a myth", "a fairy tale",
+    "Shakespeare", "opera", "ballet", "a symphony", "rhythm", "a chord", "a piano", "sculpture",
+    "a mosaic", "a comic book", "animation", "a board game", "soccer", "the offside rule",
+    "tennis scoring", "a referee", "teamwork", "leadership", "kindness", "gratitude", "patience",
+    "curiosity", "courage", "stress", "anxiety", "happiness", "friendship", "time management",
+    "a resume",
+)
+PLURAL_MORE_CONCEPTS = (
+    "dinosaurs", "volcanoes on other planets", "sharks", "bees", "wolves", "elephants", "owls",
+    "penguins", "earthquakes", "clouds", "maps", "vaccines for pets", "robots", "calculators",
+    "emojis", "traffic jams", "castles", "knights", "pirates", "samurai", "mummies",
+)
+MORE_ACTIVITIES = (
+    "learning a new language", "running a marathon", "swimming laps", "skiing", "surfing",
+    "skateboarding", "fishing", "sailing", "playing the piano", "playing the drums",
+    "writing poetry", "writing a speech", "studying for a math test", "learning to juggle",
+    "playing tennis", "coaching a kids' soccer team", "babysitting", "raising chickens",
+    "keeping a fish tank", "brewing coffee", "making pizza at home", "grilling", "cooking rice",
+    "making soup", "fixing a flat tire", "painting a room", "building a bookshelf", "sewing",
+    "learning calligraphy", "writing a resume", "starting a small business", "saving for retirement",
+    "buying a used car", "learning to drive", "parallel parking", "running a book club",
+    "learning magic tricks", "reducing screen time", "eating less sugar", "walking more",
+    "dealing with stress", "staying organized", "studying abroad", "planning a wedding",
+    "teaching kids to read", "learning to ice skate", "playing chess online", "learning history",
+)
+MORE_SUBJECTS = (
+    "a rainy city street", "a cat on a windowsill", "a dog at the beach", "a long train journey",
+    "a snowman", "a treasure map", "a brave little mouse", "a king without a crown",
+    "a haunted house", "an old sailor", "a new puppy", "a birthday party", "a lost key",
+    "a school bus", "a midnight train", "a river at dawn", "a garden gnome", "a city of robots",
+    "a talking tree", "a starry night", "a wise owl", "an elephant who never forgets",
+    "a race between a snail and a turtle", "a magic paintbrush", "a cloud shaped like a whale",
+    "a time traveler", "a shy giraffe", "a chef who cannot cook", "a soccer match",
+    "a library after dark", "a desert caravan", "an ice skating rink", "a jazz club",
+    "a fisherman's boat", "a windmill", "an old photograph", "a mountain climber",
+    "a lost astronaut", "a village fair", "a tiny dragon",
+)
+MORE_MESSAGE_PURPOSES = (
+    "congratulating a coworker on a promotion", "asking a neighbor to feed my cat",
+    "welcoming a new team member", "rescheduling a doctor's appointment",
+    "asking my bank about a strange charge", "thanking a host after a weekend stay",
+    "telling my team about a project delay", "asking a friend for advice",
+    "confirming a hotel booking", "asking a school about enrolling my child",
+    "wishing a friend good luck before an exam", "returning a wrong order",
+    "asking my manager for feedback", "saying goodbye to a team before leaving a job",
+    "asking a plumber for a quote", "apologizing to a friend for a late reply",
+)
+MORE_COMPARISONS = (
+    "a bee and a wasp", "a crow and a raven", "a dolphin and a porpoise", "a lion and a tiger",
+    "a turtle and a tortoise", "a sheep and a goat", "a river and a stream", "a cave and a tunnel",
+    "weather forecasts and horoscopes", "a museum and a gallery", "a poem and a story",
+    "a guitar and a ukulele", "a piano and a keyboard", "a comet and an asteroid",
+    "Python and JavaScript", "a compiler and an assembler", "a laptop and a tablet",
+    "a president and a prime minister", "a loan and a grant", "saving and investing",
+    "a recession and a depression", "a town and a village", "jogging and sprinting",
+    "a fruit and a vegetable", "a hobby and a job", "a republic and an empire",
+    "a fable and a fairy tale", "an acid and an alkali", "an atom and an ion", "a boat and a ship",
+)
+
+TEMPLATES_BY_KIND += (
+    (CONCEPT_TEMPLATES, MORE_CONCEPTS),
+    (PLURAL_CONCEPT_TEMPLATES, PLURAL_MORE_CONCEPTS),
+    (ACTIVITY_TEMPLATES, MORE_ACTIVITIES),
+    (SUBJECT_TEMPLATES, MORE_SUBJECTS),
+    (MESSAGE_TEMPLATES, MORE_MESSAGE_PURPOSES),
+    (COMPARE_TEMPLATES, MORE_COMPARISONS),
+    (MORE_CONCEPT_TEMPLATES, CONCEPTS),
+    (MORE_CONCEPT_TEMPLATES, PLURAL_CONCEPTS),
+)
 
 # second turns: what a user asks after an answer, on any subject
 FOLLOW_UPS = (
