@@ -14,9 +14,11 @@ pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import random
@@ -24,6 +26,7 @@ import re
 import statistics
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +38,7 @@ from dflash_local.events import GenerationParams
 from dflash_local.speculative import can_tree
 
 # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
+log = logging.getLogger(__name__)
 CALIBRATION_VERSION = 6
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
@@ -79,26 +83,32 @@ class Calibration:
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0))
 
 
+def uses_calibration(engine, block_size: int | str | None, speculative: bool = True) -> bool:
+    """Whether generating at this block size chooses widths from the calibration."""
+    return block_size == "auto" and speculative and engine.pair.drafter is not None
+
+
 def policy_for(engine, params: GenerationParams) -> BlockPolicy | None:
     """A fresh policy for one generation when params ask for block_size "auto", else None."""
-    if params.block_size != "auto" or not params.speculative or engine.pair.drafter is None:
+    if not uses_calibration(engine, params.block_size, params.speculative):
         return None
     return load_or_measure(engine).policy()
 
 
-def load_or_measure(engine, force: bool = False) -> Calibration:
-    """This engine's calibration: from memory, else from the cache file, else measured now."""
+def load_or_measure(engine, force: bool = False,
+                    on_measure: Callable[[], None] | None = None) -> Calibration:
+    """This engine's calibration: from memory, else from the cache file, else measured now
+    (`on_measure` is called first: a caller shows what the wait is for)."""
     if not force and engine in _MEMORY:
         return _MEMORY[engine]
     key = calibration_key(engine)
     path = cache_path(key)
     calibration = None if force else _read(path, key)
     if calibration is None:
+        if on_measure is not None:
+            on_measure()
         calibration = measure(engine, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(calibration.to_json(), indent=2) + "\n")
-        tmp.replace(path)
+        _write(path, calibration)
     _MEMORY[engine] = calibration
     return calibration
 
@@ -235,6 +245,21 @@ def _weights_stamp(drafter_path: Path | None) -> list:
         return []
     files = sorted(Path(drafter_path).glob("*.safetensors"))
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def _write(path: Path, calibration: Calibration) -> None:
+    """Cache it for the next load; a full or read-only disk only costs that load a measurement
+    (the loaded engine keeps it in memory), so it is a warning, not an error."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(calibration.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a partial file, where there is a directory
+            tmp.unlink(missing_ok=True)
+        log.warning("the calibration could not be cached in %s (%s): the next load measures "
+                    "again", path.parent, exc)
 
 
 def _read(path: Path, key: dict) -> Calibration | None:

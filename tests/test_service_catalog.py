@@ -106,6 +106,9 @@ def test_serve_command_end_to_end(tmp_path):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env)
     try:
+        # block size auto by default: the pair is calibrated before it serves, and it says so
+        before = process.stdout.readline()
+        assert before.startswith("dflash-local calibrating target "), before
         line = process.stdout.readline()
         url = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
         assert url, (line, process.stderr.read() if process.poll() is not None else "")

@@ -280,3 +280,85 @@ def test_prompt_lookup_can_be_switched_off_per_request(service, client):
     without, text_without = modes_and_text(prompt_lookup=False)
     assert "lookup" in with_lookup  # the tiny pair's story repeats itself: copying pays
     assert "lookup" not in without and text_without == text
+
+
+# --- calibration at load: the first chat with block size auto does not wait for it ---
+
+@pytest.fixture
+def empty_service(tmp_path, monkeypatch):
+    """A served ServiceState with nothing loaded, in its own data dir; its phases recorded with
+    what /dflash/status said at that moment."""
+    from service_support import torch_loader
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import BackgroundServer
+    from dflash_local.service.state import ServiceState
+
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
+    seen = []
+
+    def on_phase(name: str, phase: str) -> None:
+        status = httpx.get(server.url + "/dflash/status", timeout=10).json()
+        seen.append((name, phase, status["loading"], status["loading_phase"]))
+
+    state = ServiceState(loader=torch_loader, on_loading_phase=on_phase)
+    server = BackgroundServer(create_app(state)).start()
+    yield state, server, seen
+    server.stop()
+    state.shutdown()
+
+
+def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empty_service,
+                                                                     monkeypatch):
+    from dflash_local import calibration
+
+    state, server, seen = empty_service
+    state.load("transformers", *pair, served_name="tiny", block_size="auto")
+    assert seen == [("tiny", "calibrating", "tiny", "calibrating")]  # shown while it measured
+    status = httpx.get(server.url + "/dflash/status", timeout=10).json()
+    assert status["loaded"]["default_block_size"] == "auto" and status["loading_phase"] is None
+    assert len(list(calibration.paths.data_dir().glob("calibration/*.json"))) == 1
+
+    def measured_again(*_args, **_kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(calibration, "measure", measured_again)
+    reply = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "tiny", "messages": messages(EOS_PROMPT), "max_tokens": 8})
+    assert reply.status_code == 200, reply.text
+    wait_until(lambda: not state.loaded.worker.busy)  # the reply can arrive before it is idle
+    # a new load of the same pair reads the cache; a fixed block size needs none
+    for block_size in ("auto", 4):
+        state.load("transformers", *pair, served_name="tiny", block_size=block_size)
+    assert len(seen) == 1
+
+
+def test_a_calibration_that_cannot_be_cached_still_loads(pair, empty_service, caplog):
+    from dflash_local import calibration
+
+    state, _server, seen = empty_service
+    (calibration.paths.data_dir() / "calibration").write_text("a file where the cache goes")
+    state.load("transformers", *pair, served_name="tiny", block_size="auto")
+    assert state.loaded is not None and state.loaded.engine in calibration._MEMORY
+    assert [phase for _, phase, _, _ in seen] == ["calibrating"]
+    assert "could not be cached" in caplog.text and "measures again" in caplog.text
+
+
+def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empty_service,
+                                                                      monkeypatch):
+    from dflash_local import calibration
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    state, server, _seen = empty_service
+    closed = []
+    monkeypatch.setattr(TorchEngine, "close", lambda engine: closed.append(engine))
+
+    def interrupted(*_args, **_kwargs):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(calibration, "measure", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        state.load("transformers", *pair, served_name="tiny", block_size="auto")
+    status = httpx.get(server.url + "/dflash/status", timeout=10).json()
+    assert status["loaded"] is None and status["loading"] is None
+    assert status["load_error"] == "RuntimeError: interrupted" and len(closed) == 1

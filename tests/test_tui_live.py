@@ -290,11 +290,16 @@ def test_history_survives_a_restart(service, home):
 
 
 def test_app_starts_its_own_service_and_is_usable_before_it_loads(pair, service_env, home):
-    app = DFlashChatApp(Options(serve_args=serve_args(pair), env=service_env),
+    # block size auto (the default): the child calibrates the pair before it serves, in a data
+    # dir of its own (the module's service has cached it in the shared one), and the app says so
+    app = DFlashChatApp(Options(serve_args=serve_args(pair),
+                                env={**service_env, "DFLASH_LOCAL_HOME": str(home)}),
                         settings=Settings(max_tokens=16))
+    states = []
 
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
+            app.watch(app, "service_state", lambda state: states.append(state))
             await pilot.pause()
             assert app.service_state == "loading model"  # usable while the model loads
             assert isinstance(app.focused, PromptInput)
@@ -303,5 +308,7 @@ def test_app_starts_its_own_service_and_is_usable_before_it_loads(pair, service_
             await until(pilot, lambda: not conversation.generating, timeout=600, what="reply")
             assert app.service_state == "ready" and conversation.last_view("assistant").text
             assert app.process is not None and app.process.running
+            assert "calibrating target" in states
+            assert states.index("calibrating target") < states.index("ready")
         assert not app.process.running  # the app stops its child on exit
     asyncio.run(scenario())

@@ -142,6 +142,7 @@ def _status(state: ServiceState) -> dict:
     return {
         "loaded": loaded.describe() if loaded else None,
         "loading": state.loading,
+        "loading_phase": state.loading_phase,
         "load_error": state.load_error,
         "load_warning": state.load_warning,
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
-                         load_options=_load_options(args))
+                         load_options=_load_options(args), on_loading_phase=_print_phase)
     if not args.no_load:
         _initial_load(state, args)
     sock = bind(args.host, args.port)
@@ -77,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"dflash-local serving {served} on http://{host}:{port}", flush=True)
     make_server(create_app(state), args.log_level).run(sockets=[sock])
     return 0
+
+
+def _print_phase(name: str, phase: str) -> None:
+    """On stdout, where dflash-chat reads it while it waits for the serving line."""
+    if phase == "calibrating":
+        print(f"dflash-local calibrating {name} (round costs on this machine, measured once per "
+              f"pair)", flush=True)
 
 
 def _initial_load(state, args: argparse.Namespace) -> None:

@@ -95,7 +95,8 @@ class ServiceState:
     def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
                  api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
                  hub_cache_dir: str | Path | None = None,
-                 load_options: dict[str, dict] | None = None):
+                 load_options: dict[str, dict] | None = None,
+                 on_loading_phase: Callable[[str, str], None] | None = None):
         self.catalog = catalog or load_catalog()
         # engine name -> keyword options to the loader (dtype, a served engine's URLs): the
         # `serve` flags reach the engine they were given for, never another loaded later
@@ -105,10 +106,12 @@ class ServiceState:
         self.max_queue = max_queue
         self.loaded: LoadedPair | None = None
         self.loading: str | None = None
+        self.loading_phase: str | None = None  # "loading", then "calibrating" when it measures
         self.load_error: str | None = None
         self.load_warning: str | None = None
         self.hub_cache_dir = hub_cache_dir
         self.downloads = DownloadManager(self.catalog, endpoint=hub_endpoint, cache_dir=hub_cache_dir)
+        self.on_loading_phase = on_loading_phase  # (served name, phase): `serve` prints it
         self._load_lock = threading.Lock()
 
     def require_model(self, name: str | None) -> LoadedPair:
@@ -172,19 +175,28 @@ class ServiceState:
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
              served_name: str, pair_id: str | None = None, block_size: int | str | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None) -> LoadedPair:
-        """Unload the current pair and load this one (local paths are trusted: CLI and internal)."""
+        """Unload the current pair and load this one (local paths are trusted: CLI and internal).
+        A local pair with no block size given defaults to "auto" (calibrated widths)."""
+        if block_size is None and engine in LOCAL_ENGINES and drafter is not None:
+            block_size = "auto"
         if not self._load_lock.acquire(blocking=False):
             raise BusyError("another load is in progress")
         try:
             self.loading = served_name  # from here on, new chat requests get 503
+            self.loading_phase = "loading"
             self._ensure_idle()
             precheck_pair(target, drafter)
             self.unload()
             self.load_error, self.load_warning = None, warning
+            engine_obj = None
             try:
                 engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
                                          **self.load_options.get(engine, {}))
+                # the first chat would wait for it otherwise, with nothing on screen to say why
+                engine_obj.prepare(block_size, on_wait=self._set_loading_phase)
             except Exception as exc:
+                if engine_obj is not None:
+                    engine_obj.close()
                 self.load_error = f"{type(exc).__name__}: {exc}"
                 raise
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
@@ -193,8 +205,13 @@ class ServiceState:
                                      aliases=aliases)
             return self.loaded
         finally:
-            self.loading = None
+            self.loading = self.loading_phase = None
             self._load_lock.release()
+
+    def _set_loading_phase(self, phase: str) -> None:
+        self.loading_phase = phase
+        if self.on_loading_phase is not None and self.loading is not None:
+            self.on_loading_phase(self.loading, phase)
 
     def _ensure_idle(self) -> None:
         if self.loaded is not None and self.loaded.worker.busy:

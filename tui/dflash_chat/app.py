@@ -119,7 +119,7 @@ class DFlashChatApp(App):
         if self.options.server is None:
             self.process = ServiceProcess(list(self.options.serve_args),
                                           self.data_dir / "logs" / "service.log",
-                                          env=self.options.env)
+                                          env=self.options.env, on_phase=self._show_phase)
             self.service_state = "loading model"
         self._connect(self.process)
 
@@ -152,6 +152,10 @@ class DFlashChatApp(App):
             self.notify((f"{reason}\n" if reason else "") + "F5 opens the model picker.",
                         title="No model is loaded", severity="warning", timeout=30)
 
+    def _show_phase(self, phase: str) -> None:
+        """What the starting service waits for ("calibrating embedded"), from its stdout."""
+        self.service_state = phase
+
     def on_dflash_chat_app_service_down(self, message: ServiceDown) -> None:
         self.service_state = "service failed"
         self.notify(message.reason, title="The service did not start", severity="error",
@@ -174,7 +178,8 @@ class DFlashChatApp(App):
         self.status = message.status
         loaded = self.status.get("loaded")
         if self.status.get("loading"):
-            self.service_state = f"loading {self.status['loading']}"
+            phase = "calibrating" if self.status.get("loading_phase") == "calibrating" else "loading"
+            self.service_state = f"{phase} {self.status['loading']}"
         else:
             self.service_state = "ready" if loaded else "no model loaded"
         self.model_label = describe_loaded(loaded)

@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli", "serve")
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
 SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
+PHASE_LINE = re.compile(r"^dflash-local (calibrating \S+)")  # a long wait before it, named
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 12
@@ -37,8 +39,10 @@ class ServiceProcess:
     """One child service. `serve_args` are passed through (--target, --drafter, --pair...)."""
 
     def __init__(self, serve_args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 command: tuple[str, ...] | None = None):
+                 command: tuple[str, ...] | None = None,
+                 on_phase: Callable[[str], None] | None = None):
         self.serve_args = list(serve_args)
+        self.on_phase = on_phase  # called with "calibrating ..." while the child prepares
         self.log_path = log_path
         self.api_key = secrets.token_urlsafe(24)
         self.url: str | None = None
@@ -70,9 +74,11 @@ class ServiceProcess:
     async def _read_url(self) -> str:
         assert self._process is not None and self._process.stdout is not None
         while line := await self._process.stdout.readline():
-            match = SERVING_LINE.search(line.decode(errors="replace"))
-            if match:
+            text = line.decode(errors="replace").strip()
+            if match := SERVING_LINE.search(text):
                 return match.group(1)
+            if (phase := PHASE_LINE.match(text)) and self.on_phase is not None:
+                self.on_phase(phase.group(1))
         await self._process.wait()
         raise ServiceStartError(f"the service exited with status {self._process.returncode} "
                                 f"before serving:\n{self.log_tail()}")

@@ -4,6 +4,7 @@ service's own explanation (e.g. which compatibility check failed)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from rich.text import Text
@@ -15,6 +16,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from dflash_chat.protocol import ServiceError
+
+LOAD_POLL_S = 1.0  # how often a pending load asks the service what it is doing
 
 COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 6), ("Downloaded", 10),
            ("Thinking", 8), ("", 6))
@@ -173,12 +176,30 @@ class PickerScreen(Screen):
 
     @work(exclusive=True, group="picker-load")
     async def _load(self, pair_id: str) -> None:
+        loading = asyncio.ensure_future(self.app.client.load_pair(pair_id))
         try:
-            await self.app.client.load_pair(pair_id)
+            while not loading.done():
+                await asyncio.wait({loading}, timeout=LOAD_POLL_S)
+                if not loading.done():
+                    await self._show_load_phase(pair_id)
+            await loading
         except ServiceError as exc:
             self.post_message(self.Outcome("load", pair_id, exc.message))
             return
+        finally:
+            loading.cancel()  # a no-op once done; else this worker was cancelled
         self.post_message(self.Outcome("load", pair_id, None))
+
+    async def _show_load_phase(self, pair_id: str) -> None:
+        """A first load with block size auto measures this machine (~20 s): say so."""
+        try:
+            status = await self.app.client.status()
+        except ServiceError:
+            return
+        if status.get("loading_phase") == "calibrating":
+            self.query_one("#message", Static).update(
+                f"Calibrating {pair_id}: measuring this machine's round costs, once per pair...")
+            self.app.service_state = f"calibrating {pair_id}"
 
     def on_picker_screen_outcome(self, message: Outcome) -> None:
         text = self.query_one("#message", Static)

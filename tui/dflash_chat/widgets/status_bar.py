@@ -30,7 +30,7 @@ class StatusBar(Widget):
             self.refresh()
 
     def watch_service(self, service: str) -> None:
-        busy = service.startswith(("starting", "loading"))
+        busy = service.startswith(("starting", "loading", "calibrating"))
         if not busy:
             self.busy_since = None
         elif self.busy_since is None:
