@@ -137,6 +137,11 @@ def test_race_verdict_compares_token_for_token():
     assert not differ.identical and differ.first_difference == 1
     shorter = race_verdict([1, 2, 3], [1, 2], {}, {})
     assert not shorter.identical and shorter.first_difference == 2
+    # a difference in half precision says why; in float32 it is a bug, and says nothing more
+    assert "round differently" not in race_verdict([1, 2], [1, 9], {}, {}, "float32").summary()
+    half = race_verdict([1, 2], [1, 9], {}, {}, "bfloat16").summary()
+    assert "in bfloat16 a verify pass and a plain step round differently" in half
+    assert "round differently" not in race_verdict([1, 2], [1, 2], {}, {}, "bfloat16").summary()
 
 
 def test_accepted_tokens_are_coloured_per_round():

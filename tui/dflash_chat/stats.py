@@ -152,6 +152,7 @@ class RaceVerdict:
     plain_tokens_per_s: float
     spec_tokens_per_s: float
     tau: float
+    dtype: str | None = None  # the loaded pair's float type: a difference in half precision is rounding
 
     @property
     def speedup(self) -> float:
@@ -163,11 +164,15 @@ class RaceVerdict:
         else:
             same = (f"DIFFERENT: first difference at token {self.first_difference} "
                     f"({self.plain_tokens} plain vs {self.spec_tokens} speculative tokens)")
+            if self.dtype not in (None, "float32"):
+                same += (f" - in {self.dtype} a verify pass and a plain step round differently; "
+                         f"--dtype float32 is exact")
         return (f"{same} | speedup {self.speedup:.2f}x ({self.plain_tokens_per_s:.1f} -> "
                 f"{self.spec_tokens_per_s:.1f} tok/s) | tau {self.tau:.2f}")
 
 
-def race_verdict(plain_ids: list[int], spec_ids: list[int], plain: dict, spec: dict) -> RaceVerdict:
+def race_verdict(plain_ids: list[int], spec_ids: list[int], plain: dict, spec: dict,
+                 dtype: str | None = None) -> RaceVerdict:
     """Compare two runs of one prompt: their token ids and their usage.dflash totals."""
     first = next((i for i, (a, b) in enumerate(zip(plain_ids, spec_ids, strict=False)) if a != b),
                  None)
@@ -177,4 +182,4 @@ def race_verdict(plain_ids: list[int], spec_ids: list[int], plain: dict, spec: d
                        spec_tokens=len(spec_ids), first_difference=first,
                        plain_tokens_per_s=plain.get("decode_tokens_per_s", 0.0),
                        spec_tokens_per_s=spec.get("decode_tokens_per_s", 0.0),
-                       tau=spec.get("tau", 0.0))
+                       tau=spec.get("tau", 0.0), dtype=dtype)

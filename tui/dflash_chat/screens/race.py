@@ -147,8 +147,9 @@ class RaceScreen(Screen):
         lane.snapshot = stats.snapshot()
         if len(self.usage) == len(LANES):
             plain, spec = (name for name, _ in LANES)
+            loaded = self.app.status.get("loaded") or {}
             self.verdict = race_verdict(self.stats[plain].token_ids, self.stats[spec].token_ids,
-                                        self.usage[plain], self.usage[spec])
+                                        self.usage[plain], self.usage[spec], loaded.get("dtype"))
             verdict.update(self.verdict.summary())
             verdict.set_class(not self.verdict.identical, "-different")
             self.post_message(self.Finished(self.verdict))
