@@ -599,3 +599,17 @@ def test_the_schedule_is_fitted_to_the_pace_after_the_slow_first_steps():
     # the rest of the 600 s budget at 0.5 s a step; fitting on the first five would give 200 steps
     elapsed = 5 * 3.0 + (measured_at - 5) * 0.5
     assert fitted == measured_at + int((600 - elapsed) / 0.5)
+
+
+def test_regenerated_responses_end_where_served_ones_do():
+    """One list of end-of-turn ids (engines.base.end_of_turn_ids) for serving and regeneration:
+    a Gemma-style template's <end_of_turn>, never a None for markers the tokenizer lacks."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from dflash_local.engines.base import end_of_turn_ids
+
+    vocab = {"<eos>": 0, "<end_of_turn>": 1, "hello": 2}
+    gemma_like = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab)),
+                                         eos_token="<eos>")  # no unknown token, no <|im_end|>
+    assert end_of_turn_ids(gemma_like) == [0, 1]

@@ -80,7 +80,7 @@ class LocalEngine(Engine):
         self.tokenizer = tokenizer
         self.pair = pair
         self.capabilities = capabilities
-        self.eos_token_ids = _eos_ids(tokenizer)
+        self.eos_token_ids = end_of_turn_ids(tokenizer)
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> speculative.TargetRunner:
@@ -136,7 +136,9 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _eos_ids(tokenizer) -> list[int]:
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's eos and the chat-template end markers
+    it knows (never its unknown-token id): where a generation stops, served or regenerated."""
     ids = []
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))

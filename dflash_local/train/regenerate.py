@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 from transformers import StaticCache
 
-from dflash_local.engines.base import chat_prompt_ids
+from dflash_local.engines.base import chat_prompt_ids, end_of_turn_ids
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
 from dflash_local.train.chat_prompts import follow_up_conversations, templated_chat_prompts
@@ -102,8 +102,10 @@ def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...]
     order = list(dict.fromkeys(order))
     shards = [order[i : i + shard_batches] for i in range(0, len(order), shard_batches)]
     taps = TapCollector(model, tap_ids)
-    eos_ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    eos_ids |= {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos_ids = set(end_of_turn_ids(tokenizer))
+    if not eos_ids:
+        raise DFlashError("the target's tokenizer names no end-of-turn token: a regenerated "
+                          "response would never end")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     start = time.perf_counter()
     produced = 0
