@@ -35,7 +35,7 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
-from dflash_local.speculative import can_tree
+from dflash_local.speculative import can_tree, is_tree_round
 
 # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
 log = logging.getLogger(__name__)
@@ -147,14 +147,15 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
         order.shuffle(widths)
         for width in widths:
             start = time.perf_counter()
-            if trees and width > 2:  # the round the loop runs at this width (speculative.py)
+            tree_round = is_tree_round(trees, width)  # the round the loop runs at this width
+            if tree_round:
                 runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
                 new_taps = runner.commit_path([0])
             else:
                 runner.verify([anchor_id, *filler[: width - 1]])
                 new_taps = runner.commit(1)
             verified = time.perf_counter()
-            if trees and width > 2:
+            if tree_round:
                 drafter.propose_tree(anchor_id, new_taps, width - 1)
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)

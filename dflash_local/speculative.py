@@ -77,6 +77,11 @@ class Drafter(Protocol):
         """As `propose` with width nodes + 1, but the `nodes` most probable paths (draft_tree.py)."""
 
 
+def is_tree_round(trees: bool, width: int) -> bool:
+    """Whether a drafter round of this width verifies a tree (one of one node is the chain)."""
+    return trees and width > 2
+
+
 def choose_width(block_size: int, remaining: int) -> int:
     """A round commits at most `width` tokens, so never draft past max_tokens."""
     return max(1, min(block_size, remaining))
@@ -154,7 +159,7 @@ def generate(
                     tree = drafter.propose_tree(anchor_id, taps, drafted_width - 1)
                     tree = tree.prefix(sizer.size(tree.path_probs, drafted_width))
                     width = len(tree.token_ids) + 1
-                elif trees and width > 2:  # a tree of one node is the chain
+                elif is_tree_round(trees, width):
                     tree = drafter.propose_tree(anchor_id, taps, width - 1)
                 else:
                     draft_ids = drafter.propose(anchor_id, taps, width)
