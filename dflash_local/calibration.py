@@ -35,11 +35,13 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
-from dflash_local.speculative import can_tree, is_tree_round
+from dflash_local.speculative import can_tree
 
-# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
 log = logging.getLogger(__name__)
-CALIBRATION_VERSION = 6
+
+# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds;
+# 7: a tree round's draft pass is the whole block's, as the loop drafts it
+CALIBRATION_VERSION = 7
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -147,7 +149,9 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
         order.shuffle(widths)
         for width in widths:
             start = time.perf_counter()
-            tree_round = is_tree_round(trees, width)  # the round the loop runs at this width
+            # the round auto runs at this width (speculative.py): with trees, the whole block
+            # is drafted as a tree whatever prefix of it is then verified (one node or more)
+            tree_round = trees and width > 1
             if tree_round:
                 runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
                 new_taps = runner.commit_path([0])
@@ -156,7 +160,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
                 new_taps = runner.commit(1)
             verified = time.perf_counter()
             if tree_round:
-                drafter.propose_tree(anchor_id, new_taps, width - 1)
+                drafter.propose_tree(anchor_id, new_taps, drafter.block_size - 1)
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
             if repetition:

@@ -218,6 +218,29 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE, LOOKUP}
 
 
+def test_calibrated_tree_rounds_draft_the_whole_block_as_auto_does(tmp_path_factory):
+    """Under auto with trees the loop drafts all B-1 positions and verifies a prefix: the
+    calibration must time that draft pass at every width, or it prices small rounds too low."""
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
+    make_drafter, requested = engine.make_drafter, []
+
+    def recording_drafter():
+        session = make_drafter()
+        propose_tree = session.propose_tree
+
+        def recorded(anchor_id, taps, nodes):
+            requested.append(nodes)
+            return propose_tree(anchor_id, taps, nodes)
+
+        session.propose_tree = recorded
+        return session
+
+    engine.make_drafter = recording_drafter
+    calibration.measure_costs(engine, repetitions=1)  # a warm-up pass and one timed
+    block = engine.pair.block_size
+    assert len(requested) == 2 * (block - 1) and set(requested) == {block - 1}
+
+
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():
     # 8 repetitions, 3 of them slowed by a busy CPU: the cost stays the quiet one (a median
     # would not: 4 slow of 8 moves it halfway)
