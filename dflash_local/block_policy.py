@@ -129,6 +129,9 @@ class BlockPolicy:
                  rate: float = 0.1, drift: float = 0.005, probe_every: int = 16,
                  max_probe_every: int = 64, probe_budget: float = 0.01):
         self.costs = costs
+        # set by the loop when it drafts every drafter round at the widest width it may and
+        # verifies a prefix (auto's tree rounds): a round then pays that whole drafter pass
+        self.whole_block_drafts = False
         self.max_width = min(max_width or costs.max_width, costs.max_width)
         self.estimate = AcceptanceEstimate(_fit(prior, self.max_width - 1), rate, drift)
         self.mode = SPECULATIVE
@@ -139,17 +142,23 @@ class BlockPolicy:
         self._plain_rounds = 0
         self._probing = False
 
-    def expected_tokens_per_s(self, width: int) -> float:
-        return expected_committed(self.estimate.rates(), width) / self.costs.at(width)
+    def round_seconds(self, limit: int) -> tuple[float, ...]:
+        """What a round of each width 1..limit costs. With whole-block drafts the drafter pass
+        is the one at width `limit` (the widest the round may draft), whatever is verified."""
+        if not self.whole_block_drafts or limit < 2:
+            return self.costs.seconds[:limit]
+        draft = self.costs.at(limit) - self.costs.verify_only[limit - 1]
+        return (self.costs.at(1), *(verify + draft for verify in self.costs.verify_only[1:limit]))
 
     def best_tokens_per_s(self, limit: int | None = None) -> float:
         """What the best round this policy can choose now is expected to make per second."""
-        return self.expected_tokens_per_s(self.best_width(limit))
+        limit = min(limit or self.max_width, self.max_width)
+        return float(np.max(speeds_by_width(self.estimate.rates(), self.round_seconds(limit), limit)))
 
     def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
         """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
         limit = min(limit or self.max_width, self.max_width)
-        speed = speeds_by_width(self.estimate.rates(), self.costs.seconds, limit)
+        speed = speeds_by_width(self.estimate.rates(), self.round_seconds(limit), limit)
         return min_width + int(np.argmax(speed[min_width - 1 :]))
 
     def choose(self, remaining: int) -> Choice:
@@ -164,7 +173,8 @@ class BlockPolicy:
         self.mode = FALLBACK
         self._plain_rounds += 1
         probe_width = self.best_width(limit, min_width=2)
-        extra = self.costs.at(probe_width) / self.costs.at(1) - 1.0  # a probe's cost over plain
+        seconds = self.round_seconds(limit)
+        extra = seconds[probe_width - 1] / seconds[0] - 1.0  # a probe's cost over plain
         if self._plain_rounds < max(self._interval, extra / self.probe_budget):
             return Choice(1, FALLBACK)
         self._plain_rounds, self._probing = 0, True

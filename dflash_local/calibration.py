@@ -35,13 +35,12 @@ from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
-from dflash_local.speculative import can_tree
+from dflash_local.speculative import can_tree, is_tree_round
 
 log = logging.getLogger(__name__)
 
-# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds;
-# 7: a tree round's draft pass is the whole block's, as the loop drafts it
-CALIBRATION_VERSION = 7
+# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
+CALIBRATION_VERSION = 6
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -132,7 +131,9 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     a calibration taken while it did (w2 measured 1.44x a step instead of 1.22x) made the policy
     write the drafter off for good. Verify and draft are fitted apart, each non-decreasing in w:
     a noisy plain step can then never make a speculative round look free (cost(w) >= cost(1) +
-    a drafter pass).
+    a drafter pass). The drafter pass is timed at each drafted width; under auto's tree rounds,
+    which draft the widest width allowed and verify a prefix, BlockPolicy.round_seconds adds
+    that widest pass to every verified width.
     """
     runner, drafter = engine.make_runner(collect_taps=True), engine.make_drafter()
     trees = can_tree(runner, drafter, GenerationParams())
@@ -149,9 +150,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
         order.shuffle(widths)
         for width in widths:
             start = time.perf_counter()
-            # the round auto runs at this width (speculative.py): with trees, the whole block
-            # is drafted as a tree whatever prefix of it is then verified (one node or more)
-            tree_round = trees and width > 1
+            tree_round = is_tree_round(trees, width)  # the round the loop runs at this width
             if tree_round:
                 runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
                 new_taps = runner.commit_path([0])
@@ -160,7 +159,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
                 new_taps = runner.commit(1)
             verified = time.perf_counter()
             if tree_round:
-                drafter.propose_tree(anchor_id, new_taps, drafter.block_size - 1)
+                drafter.propose_tree(anchor_id, new_taps, width - 1)
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
             if repetition:

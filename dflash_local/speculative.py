@@ -78,7 +78,9 @@ class Drafter(Protocol):
 
 
 def is_tree_round(trees: bool, width: int) -> bool:
-    """Whether a drafter round of this width verifies a tree (one of one node is the chain)."""
+    """At a fixed block size, whether a drafter round of this width verifies a tree (one of one
+    node is the chain). The calibration times each drafted width this way; under auto the tree
+    sizer decides instead, and the block policy prices the whole-block draft it makes."""
     return trees and width > 2
 
 
@@ -121,6 +123,8 @@ def generate(
     lookup = _lookup_for(policy, params, prompt_ids)
     trees = block_size > 2 and can_tree(runner, drafter, params)
     sizer = TreeSizer(policy.costs) if trees and policy is not None else None
+    if sizer is not None:
+        policy.whole_block_drafts = True  # each drafter round drafts all it may (below)
     rng = np.random.default_rng(params.seed)
     stop_ids = set(params.stop_token_ids)
 

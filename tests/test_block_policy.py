@@ -63,6 +63,20 @@ def test_cheap_wide_verify_and_good_drafter_mean_wide_blocks():
     assert BlockPolicy(COSTS, [0.0] * 15).best_width() == 1
 
 
+def test_whole_block_drafts_pay_the_widest_drafter_pass_at_every_width():
+    # verify 1.0 + 0.02 per row; the drafter pass 0.05 per drafted position
+    verify = tuple(1.0 + 0.02 * (w - 1) for w in range(1, 17))
+    costs = RoundCosts(tuple(v + 0.05 * (w - 1) for w, v in enumerate(verify, 1)), verify)
+    policy = BlockPolicy(costs, [0.3] + [0.0] * 14)
+    assert policy.best_width() == 2  # 1.3 tokens for 1.07 s beats 1 token for 1 s...
+    assert policy.round_seconds(16) == costs.seconds
+    policy.whole_block_drafts = True  # ...but not for 1.77 s: every round drafts 16 wide
+    assert policy.round_seconds(16)[1] == pytest.approx(1.02 + 0.75)
+    assert policy.best_width() == 1 and policy.choose(remaining=1000).mode == FALLBACK
+    assert policy.round_seconds(4)[1] == pytest.approx(1.02 + 0.15)  # near the end: 4 wide
+    assert policy.best_tokens_per_s(16) == pytest.approx(1.0)
+
+
 def drive(policy: BlockPolicy, right_for, rounds: int, start: int = 0):
     """Run the policy against a drafter whose first right_for(round) drafts are right."""
     choices = []
@@ -218,27 +232,37 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE, LOOKUP}
 
 
-def test_calibrated_tree_rounds_draft_the_whole_block_as_auto_does(tmp_path_factory):
-    """Under auto with trees the loop drafts all B-1 positions and verifies a prefix: the
-    calibration must time that draft pass at every width, or it prices small rounds too low."""
+@pytest.mark.parametrize("tree", [True, False])
+def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, monkeypatch, tree):
+    """Under auto with trees every drafter round drafts all it may and verifies a prefix: the
+    policy must price that drafter pass (measured per drafted width) at every verified width."""
     engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
-    make_drafter, requested = engine.make_drafter, []
+    policies, nodes = [], []
+    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: policies.append(
+        BlockPolicy(COSTS, [0.8] * 15, max_width=engine.pair.block_size)) or policies[-1])
+    make_drafter = engine.make_drafter
 
     def recording_drafter():
         session = make_drafter()
         propose_tree = session.propose_tree
-
-        def recorded(anchor_id, taps, nodes):
-            requested.append(nodes)
-            return propose_tree(anchor_id, taps, nodes)
-
-        session.propose_tree = recorded
+        session.propose_tree = lambda anchor, taps, count: nodes.append(count) or propose_tree(
+            anchor, taps, count)
         return session
 
-    engine.make_drafter = recording_drafter
-    calibration.measure_costs(engine, repetitions=1)  # a warm-up pass and one timed
-    block = engine.pair.block_size
-    assert len(requested) == 2 * (block - 1) and set(requested) == {block - 1}
+    monkeypatch.setattr(engine, "make_drafter", recording_drafter)
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
+    max_tokens = 3 * engine.pair.block_size
+    _, events = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=max_tokens, block_size="auto", stop_token_ids=(-1,), prompt_lookup=False,
+        tree=tree)))
+    assert policies[0].whole_block_drafts is tree
+    left, allowed = max_tokens, []  # the tokens left before each drafter round
+    for event in events:
+        if event.drafted:
+            allowed.append(min(engine.pair.block_size, left) - 1)
+        left -= len(event.token_ids)
+    # each tree drafted as wide as the block, or as the tokens left, allow; no trees without
+    assert nodes == (allowed if tree else []) and (nodes or not tree)
 
 
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():
