@@ -142,6 +142,7 @@ def test_race_verdict_compares_token_for_token():
     half = race_verdict([1, 2], [1, 9], {}, {}, "bfloat16").summary()
     assert "in bfloat16 a verify pass and a plain step round differently" in half
     assert "round differently" not in race_verdict([1, 2], [1, 2], {}, {}, "bfloat16").summary()
+    assert "round differently" not in race_verdict([1, 2], [1, 9], {}, {}, "server").summary()
 
 
 def test_accepted_tokens_are_coloured_per_round():

@@ -34,7 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
     serve.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
     serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
-                       help="default block size for requests (default: the catalog's for the pair)")
+                       help="default block size for requests (default: the catalog's for the pair, "
+                            "else auto for a local pair with a drafter)")
     serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                        help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),

@@ -195,9 +195,9 @@ class ServiceState:
                 # the first chat would wait for it otherwise, with nothing on screen to say why
                 engine_obj.prepare(block_size, on_wait=self._set_loading_phase)
             except Exception as exc:
-                if engine_obj is not None:
-                    engine_obj.close()
                 self.load_error = f"{type(exc).__name__}: {exc}"
+                if engine_obj is not None:
+                    _close_quietly(engine_obj)
                 raise
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
             self.loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
@@ -226,6 +226,14 @@ class ServiceState:
     def shutdown(self) -> None:
         self.downloads.cancel_all()
         self.unload()
+
+
+def _close_quietly(engine: Engine) -> None:
+    """Free a half-loaded engine without hiding why its load failed."""
+    try:
+        engine.close()
+    except Exception:
+        log.exception("closing the engine after a failed load failed too")
 
 
 def precheck_pair(target: str | Path, drafter: str | Path | None) -> None:

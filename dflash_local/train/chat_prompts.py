@@ -152,7 +152,6 @@ TEMPLATES_BY_KIND = (
     (MESSAGE_TEMPLATES, MESSAGE_PURPOSES),
     (COMPARE_TEMPLATES, COMPARISONS),
 )
-# only appended to: a request's place in the list chooses its follow-up
 
 # added for step 12: more requests of the same kinds, and new ways of asking about the first
 # topics. Appended after the first kinds, so every earlier request keeps its place in

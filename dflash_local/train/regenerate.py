@@ -92,6 +92,10 @@ def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...]
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
     so a killed run resumes, and a longer prompt list adds to the same directory."""
+    eos_ids = set(end_of_turn_ids(tokenizer))
+    if not eos_ids:  # before anything is written or hooked
+        raise DFlashError("the target's tokenizer names no end-of-turn token: a regenerated "
+                          "response would never end")
     out_dir.mkdir(parents=True, exist_ok=True)
     record_data_taps(out_dir, tap_ids, model.config.get_text_config().hidden_size)
     done, next_index = done_prompts(out_dir)
@@ -102,10 +106,6 @@ def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...]
     order = list(dict.fromkeys(order))
     shards = [order[i : i + shard_batches] for i in range(0, len(order), shard_batches)]
     taps = TapCollector(model, tap_ids)
-    eos_ids = set(end_of_turn_ids(tokenizer))
-    if not eos_ids:
-        raise DFlashError("the target's tokenizer names no end-of-turn token: a regenerated "
-                          "response would never end")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     start = time.perf_counter()
     produced = 0

@@ -152,9 +152,18 @@ class DFlashChatApp(App):
             self.notify((f"{reason}\n" if reason else "") + "F5 opens the model picker.",
                         title="No model is loaded", severity="warning", timeout=30)
 
-    def _show_phase(self, phase: str) -> None:
+    class ServicePhase(Message):
         """What the starting service waits for ("calibrating embedded"), from its stdout."""
-        self.service_state = phase
+
+        def __init__(self, phase: str):
+            super().__init__()
+            self.phase = phase
+
+    def _show_phase(self, phase: str) -> None:
+        self.post_message(self.ServicePhase(phase))
+
+    def on_dflash_chat_app_service_phase(self, message: ServicePhase) -> None:
+        self.service_state = message.phase
 
     def on_dflash_chat_app_service_down(self, message: ServiceDown) -> None:
         self.service_state = "service failed"

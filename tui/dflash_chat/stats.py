@@ -143,6 +143,9 @@ class LiveStats:
         return (self.tokens - 1) / (self.last_at - self.first_token_at)
 
 
+HALF_PRECISION = ("bfloat16", "float16")  # not "server": a served engine's is unknown
+
+
 @dataclass(frozen=True)
 class RaceVerdict:
     identical: bool
@@ -152,7 +155,7 @@ class RaceVerdict:
     plain_tokens_per_s: float
     spec_tokens_per_s: float
     tau: float
-    dtype: str | None = None  # the loaded pair's float type: a difference in half precision is rounding
+    dtype: str | None = None  # the loaded pair's: in half precision a difference can be rounding
 
     @property
     def speedup(self) -> float:
@@ -164,7 +167,7 @@ class RaceVerdict:
         else:
             same = (f"DIFFERENT: first difference at token {self.first_difference} "
                     f"({self.plain_tokens} plain vs {self.spec_tokens} speculative tokens)")
-            if self.dtype not in (None, "float32"):
+            if self.dtype in HALF_PRECISION:
                 same += (f" - in {self.dtype} a verify pass and a plain step round differently; "
                          f"--dtype float32 is exact")
         return (f"{same} | speedup {self.speedup:.2f}x ({self.plain_tokens_per_s:.1f} -> "

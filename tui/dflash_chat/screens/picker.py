@@ -102,6 +102,14 @@ class PickerScreen(Screen):
             self.pair_id = pair_id
             self.error = error
 
+    class LoadPhase(Message):
+        """The service says what a pending load is doing ("calibrating")."""
+
+        def __init__(self, pair_id: str, phase: str):
+            super().__init__()
+            self.pair_id = pair_id
+            self.phase = phase
+
     class Progress(Message):
         def __init__(self, snapshot: dict):
             super().__init__()
@@ -176,7 +184,7 @@ class PickerScreen(Screen):
 
     @work(exclusive=True, group="picker-load")
     async def _load(self, pair_id: str) -> None:
-        loading = asyncio.ensure_future(self.app.client.load_pair(pair_id))
+        loading = asyncio.create_task(self.app.client.load_pair(pair_id))
         try:
             while not loading.done():
                 await asyncio.wait({loading}, timeout=LOAD_POLL_S)
@@ -197,9 +205,16 @@ class PickerScreen(Screen):
         except ServiceError:
             return
         if status.get("loading_phase") == "calibrating":
-            self.query_one("#message", Static).update(
-                f"Calibrating {pair_id}: measuring this machine's round costs, once per pair...")
-            self.app.service_state = f"calibrating {pair_id}"
+            self.post_message(self.LoadPhase(pair_id, "calibrating"))
+
+    def on_picker_screen_load_phase(self, message: LoadPhase) -> None:
+        self.query_one("#message", Static).update(
+            f"Calibrating {message.pair_id}: measuring this machine's round costs, once per pair...")
+        self.app.service_state = f"{message.phase} {message.pair_id}"
+
+    def on_unmount(self) -> None:
+        # Esc during a load cancels this screen's worker before it reports: ask the service
+        self.app.refresh_status()
 
     def on_picker_screen_outcome(self, message: Outcome) -> None:
         text = self.query_one("#message", Static)
