@@ -107,6 +107,12 @@ def test_unknown_repo_offline(cli_env):
     assert_one_line_error(result, "nobody/no-such-model", "offline")
 
 
+@pytest.mark.parametrize("flags", [("--no-load",), ("--engine", "vllm")])
+def test_serve_refuses_recalibrate_without_a_local_pair_to_load(cli_env, flags):
+    result = cli(cli_env, "serve", "--recalibrate", *flags)
+    assert_one_line_error(result, "--recalibrate", "POST /dflash/load")
+
+
 def test_incompatible_pair_names_the_check(pair, cli_env, tmp_path):
     drafter = shutil.copytree(pair.drafter, tmp_path / "drafter")
     config = json.loads((drafter / "config.json").read_text())

@@ -322,6 +322,7 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     def measured_again(*_args, **_kwargs):
         raise AssertionError("measured again")
 
+    real_measure = calibration.measure
     monkeypatch.setattr(calibration, "measure", measured_again)
     reply = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
         "model": "tiny", "messages": messages(EOS_PROMPT), "max_tokens": 8})
@@ -331,6 +332,9 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     for block_size in ("auto", 4):
         state.load("transformers", *pair, served_name="tiny", block_size=block_size)
     assert len(seen) == 1
+    monkeypatch.setattr(calibration, "measure", real_measure)  # again when asked (disturbed)
+    state.load("transformers", *pair, served_name="tiny", block_size="auto", recalibrate=True)
+    assert [phase for _, phase, _, _ in seen] == ["calibrating", "calibrating"]
 
 
 def test_a_calibration_that_cannot_be_cached_still_loads(pair, empty_service, caplog):

@@ -111,6 +111,10 @@ BAD_REQUESTS = {
     "load nothing": (("POST", "/dflash/load", {"json": {}}), 400, "invalid_request"),
     "load pair on a wrong engine": (("POST", "/dflash/load", {"json": {
         "pair": "qwen3-8b-mlx-4bit", "engine": "transformers"}}), 400, "invalid_request"),
+    "load with recalibrate not a bool": (("POST", "/dflash/load", {"json": {
+        "pair": "embedded", "recalibrate": "yes"}}), 400, "invalid_request"),
+    "load unknown pair, recalibrated": (("POST", "/dflash/load", {"json": {
+        "pair": "no-such-pair", "recalibrate": True}}), 404, "model_not_found"),
     "load with an unknown field": (("POST", "/dflash/load", {"json": {
         "pair": "embedded", "path": "/x"}}), 400, "invalid_request"),
     "download unknown pair": (("POST", "/dflash/downloads", {"json": {"pair": "nope"}}), 404,

@@ -63,11 +63,11 @@ class Engine(abc.ABC):
         """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
         return self.stream(self.encode_chat(messages, thinking), params)
 
-    def prepare(self, block_size: int | str | None,
-                on_wait: Callable[[str], None] | None = None) -> None:
+    def prepare(self, block_size: int | str | None, on_wait: Callable[[str], None] | None = None,
+                recalibrate: bool = False) -> None:
         """Do now what the first generation at this default block size would otherwise wait
-        for; `on_wait(what)` before a wait worth telling the user about. A served engine has
-        nothing to prepare."""
+        for; `on_wait(what)` before a wait worth telling the user about. `recalibrate`:
+        measure again what is cached. A served engine has nothing to prepare."""
 
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
@@ -94,13 +94,13 @@ class LocalEngine(Engine):
         """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
         return None
 
-    def prepare(self, block_size: int | str | None,
-                on_wait: Callable[[str], None] | None = None) -> None:
+    def prepare(self, block_size: int | str | None, on_wait: Callable[[str], None] | None = None,
+                recalibrate: bool = False) -> None:
         """With "auto", this machine's calibration for the pair: measured once (~20 s for the
-        embedded pair on two cores), then read from its cache file."""
+        embedded pair on two cores), then read from its cache file, unless `recalibrate`."""
         if calibration.uses_calibration(self, block_size):
             calibration.load_or_measure(
-                self, on_measure=on_wait and (lambda: on_wait("calibrating")))
+                self, force=recalibrate, on_measure=on_wait and (lambda: on_wait("calibrating")))
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         return chat_prompt_ids(self.tokenizer, messages, thinking)

@@ -84,10 +84,11 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/dflash/load")
     async def load(body: LoadRequest) -> dict:
         if body.pair is not None:
-            await asyncio.to_thread(state.load_pair, body.pair, body.engine, body.block_size)
+            await asyncio.to_thread(state.load_pair, body.pair, body.engine, body.block_size,
+                                    body.recalibrate)
         else:
             await asyncio.to_thread(state.load_repos, body.engine, body.target,
-                                    body.drafter, body.block_size)
+                                    body.drafter, body.block_size, body.recalibrate)
         return _status(state)
 
     @app.get("/dflash/status")

@@ -36,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
                        help="default block size for requests (default: the catalog's for the pair, "
                             "else auto for a local pair with a drafter)")
+    serve.add_argument("--recalibrate", action="store_true",
+                       help="measure this machine's round costs for the pair again (block size "
+                            "auto), instead of the cached ones")
     serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                        help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
@@ -61,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.recalibrate and (args.no_load or args.engine in SERVED):
+        raise InvalidRequestError("--recalibrate measures the local pair serve loads: not with "
+                                  "--no-load or a served engine (POST /dflash/load takes "
+                                  "\"recalibrate\": true)")
     if not args.api_key and not _is_loopback(args.host):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can "
               f"use it", file=sys.stderr)
@@ -99,10 +106,11 @@ def _initial_load(state, args: argparse.Namespace) -> None:
         target = resolve_model(args.target)
         drafter = resolve_model(args.drafter) if args.drafter else None
         state.load(pick_engine(args.engine), target, drafter, block_size=args.block_size,
+                   recalibrate=args.recalibrate,
                    served_name=os.path.basename(args.target.rstrip("/")) or args.target)
         return
     try:
-        state.load_pair(args.pair or "embedded", args.engine, args.block_size)
+        state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate)
     except Exception as exc:
         if args.pair:
             raise

@@ -100,6 +100,7 @@ class LoadRequest(StrictModel):
     target: str | None = Field(None, min_length=1, max_length=200)
     drafter: str | None = Field(None, min_length=1, max_length=200)
     block_size: BlockSize | None = None  # default block size for requests
+    recalibrate: bool = False  # measure this machine's round costs again (block size auto)
 
     @model_validator(mode="after")
     def _one_form(self) -> LoadRequest:

@@ -129,7 +129,7 @@ class ServiceState:
     # --- blocking: the app calls these in a thread ---
 
     def load_pair(self, pair_id: str, engine: str | None = None,
-                  block_size: int | str | None = None) -> LoadedPair:
+                  block_size: int | str | None = None, recalibrate: bool = False) -> LoadedPair:
         pair = self.catalog.get(pair_id)
         self._ensure_idle()  # before any slow preparation (the embedded import)
         engine = pick_engine(engine, pair.engines)
@@ -143,7 +143,7 @@ class ServiceState:
             target, drafter, warning = pair.target.repo, pair.drafter.repo, None
         return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
                          block_size=block_size or pair.block_size_for(engine),
-                         aliases=(pair.target.repo,), warning=warning)
+                         aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate)
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
         try:
@@ -156,7 +156,7 @@ class ServiceState:
             return None, f"{exc}: decoding without speculation"
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
-                   block_size: int | str | None = None) -> LoadedPair:
+                   block_size: int | str | None = None, recalibrate: bool = False) -> LoadedPair:
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -170,13 +170,16 @@ class ServiceState:
             drafter_path = resolve_model(drafter, local_only=True, cache_dir=cache) if drafter else None
         else:
             target_path, drafter_path = target, drafter
-        return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size)
+        return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size,
+                         recalibrate=recalibrate)
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
              served_name: str, pair_id: str | None = None, block_size: int | str | None = None,
-             aliases: tuple[str, ...] = (), warning: str | None = None) -> LoadedPair:
+             aliases: tuple[str, ...] = (), warning: str | None = None,
+             recalibrate: bool = False) -> LoadedPair:
         """Unload the current pair and load this one (local paths are trusted: CLI and internal).
-        A local pair with no block size given defaults to "auto" (calibrated widths)."""
+        A local pair with no block size given defaults to "auto" (calibrated widths);
+        `recalibrate` measures this machine again (a first measurement disturbed by other work)."""
         if block_size is None and engine in LOCAL_ENGINES and drafter is not None:
             block_size = "auto"
         if not self._load_lock.acquire(blocking=False):
@@ -193,7 +196,8 @@ class ServiceState:
                 engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
                                          **self.load_options.get(engine, {}))
                 # the first chat would wait for it otherwise, with nothing on screen to say why
-                engine_obj.prepare(block_size, on_wait=self._set_loading_phase)
+                engine_obj.prepare(block_size, on_wait=self._set_loading_phase,
+                                   recalibrate=recalibrate)
             except Exception as exc:
                 self.load_error = f"{type(exc).__name__}: {exc}"
                 if engine_obj is not None:
