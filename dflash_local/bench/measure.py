@@ -104,8 +104,7 @@ def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int
     summary = {
         "samples": len(runs), "completion_tokens": sum(run.completion_tokens for run in runs),
         "decode_tokens_per_s": round(speed, 3),
-        "prefill_tokens_per_s": round(sum(r.prompt_tokens for r in runs) / prefill_s, 2)
-        if prefill_s > 0 else 0.0,
+        "prefill_tokens_per_s": round(prefill_rate(sum(r.prompt_tokens for r in runs), prefill_s), 2),
         "speedup": round(speed / base_speed, 4) if base_speed > 0 else None,
         "median_sample_speedup": round(statistics.median(ratios), 4) if ratios else None,
     }
