@@ -38,6 +38,7 @@ from dflash_local.events import GenerationParams
 from dflash_local.speculative import can_tree, is_tree_round
 
 log = logging.getLogger(__name__)
+CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
 
 # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
 CALIBRATION_VERSION = 6

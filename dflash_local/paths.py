@@ -13,9 +13,14 @@ APP_NAME = "dflash-local"
 def data_dir() -> Path:
     """DFLASH_LOCAL_HOME overrides the platform data dir (tests and CI use it)."""
     override = os.environ.get("DFLASH_LOCAL_HOME")
-    path = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME))
+    path = Path(override) if override else platform_data_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def platform_data_dir() -> Path:
+    """The user's data dir when DFLASH_LOCAL_HOME does not override it (not created here)."""
+    return Path(platformdirs.user_data_dir(APP_NAME))
 
 
 def config_dir() -> Path:

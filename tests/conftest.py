@@ -20,16 +20,14 @@ def _tests_own_data_dir() -> None:
     import shutil
     import tempfile
 
-    import platformdirs
-
     from dflash_local.embedded import EMBEDDED_TARGET_NAME, is_complete_import
-    from dflash_local.paths import APP_NAME
+    from dflash_local.paths import platform_data_dir
 
     if "DFLASH_LOCAL_HOME" in os.environ:
         return
     home = Path(tempfile.mkdtemp(prefix="dflash-tests-home-"))
     atexit.register(shutil.rmtree, home, ignore_errors=True)
-    users = Path(platformdirs.user_data_dir(APP_NAME)) / "models" / EMBEDDED_TARGET_NAME
+    users = platform_data_dir() / "models" / EMBEDDED_TARGET_NAME
     for imported in (os.environ.get("DFLASH_EMBEDDED_TARGET"), users):
         if imported and is_complete_import(Path(imported)):
             (home / "models").mkdir()

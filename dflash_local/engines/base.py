@@ -100,7 +100,7 @@ class LocalEngine(Engine):
         embedded pair on two cores), then read from its cache file, unless `recalibrate`."""
         if calibration.uses_calibration(self, block_size):
             calibration.load_or_measure(
-                self, force=recalibrate, on_measure=on_wait and (lambda: on_wait("calibrating")))
+                self, force=recalibrate, on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         return chat_prompt_ids(self.tokenizer, messages, thinking)

@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_phase(name: str, phase: str) -> None:
     """On stdout, where dflash-chat reads it while it waits for the serving line."""
-    if phase == "calibrating":
-        print(f"dflash-local calibrating {name} (round costs on this machine, measured once per "
+    from dflash_local.calibration import CALIBRATING  # numpy: not for every CLI start
+
+    if phase == CALIBRATING:
+        print(f"dflash-local {CALIBRATING} {name} (round costs on this machine, measured once per "
               f"pair)", flush=True)
 
 

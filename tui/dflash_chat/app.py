@@ -187,7 +187,7 @@ class DFlashChatApp(App):
         self.status = message.status
         loaded = self.status.get("loaded")
         if self.status.get("loading"):
-            phase = "calibrating" if self.status.get("loading_phase") == "calibrating" else "loading"
+            phase = self.status.get("loading_phase") or "loading"
             self.service_state = f"{phase} {self.status['loading']}"
         else:
             self.service_state = "ready" if loaded else "no model loaded"

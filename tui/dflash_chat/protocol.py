@@ -14,6 +14,7 @@ MODE_SPECULATIVE = "speculative"
 MODE_FALLBACK = "plain-fallback"  # the block policy chose plain decoding: speculation was losing
 MODE_PROBE = "probe"  # one speculative round tried while falling back
 MODE_LOOKUP = "lookup"  # the round verified a prompt-lookup draft instead of the drafter's
+PHASE_CALIBRATING = "calibrating"  # a load measuring the machine: /dflash/status loading_phase
 
 
 class ServiceError(Exception):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_chat.protocol import ServiceError
+from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
 
 if TYPE_CHECKING:
     from dflash_chat.client import DFlashClient
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli", "serve")
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
 SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
-PHASE_LINE = re.compile(r"^dflash-local (calibrating \S+)")  # a long wait before it, named
+PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long wait before it, named
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 12

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
-from dflash_chat.protocol import ServiceError
+from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
 
 LOAD_POLL_S = 1.0  # how often a pending load asks the service what it is doing
 
@@ -204,8 +204,8 @@ class PickerScreen(Screen):
             status = await self.app.client.status()
         except ServiceError:
             return
-        if status.get("loading_phase") == "calibrating":
-            self.post_message(self.LoadPhase(pair_id, "calibrating"))
+        if status.get("loading_phase") == PHASE_CALIBRATING:
+            self.post_message(self.LoadPhase(pair_id, PHASE_CALIBRATING))
 
     def on_picker_screen_load_phase(self, message: LoadPhase) -> None:
         self.query_one("#message", Static).update(

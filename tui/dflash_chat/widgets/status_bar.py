@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from dflash_chat.protocol import PHASE_CALIBRATING
 from dflash_chat.widgets import widget_css
 
 
@@ -30,7 +31,7 @@ class StatusBar(Widget):
             self.refresh()
 
     def watch_service(self, service: str) -> None:
-        busy = service.startswith(("starting", "loading", "calibrating"))
+        busy = service.startswith(("starting", "loading", PHASE_CALIBRATING))
         if not busy:
             self.busy_since = None
         elif self.busy_since is None:
