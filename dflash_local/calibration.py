@@ -40,8 +40,9 @@ from dflash_local.speculative import can_tree, is_tree_round
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
 
-# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds
-CALIBRATION_VERSION = 6
+# 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds;
+# 8: grouped-query attention in torch CPU verifies (7 was a reverted cost model: never reused)
+CALIBRATION_VERSION = 8
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "

@@ -22,6 +22,8 @@ from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.cpu_attention import NAME as CPU_GQA_SDPA
+from dflash_local.engines.cpu_attention import use_cpu_gqa_attention
 from dflash_local.engines.cpu_linear import (
     DEFAULT_ROWS_HINT,
     pack_causal_lm,
@@ -163,7 +165,7 @@ class TorchTargetRunner:
 def supports_tree(config) -> bool:
     """Tree verification passes one mask for every layer: only where every layer is full causal
     attention (no sliding windows, no recurrent layers) whose kernel takes a 4D mask as it is."""
-    if getattr(config, "_attn_implementation", None) not in (None, "sdpa", "eager"):
+    if getattr(config, "_attn_implementation", None) not in (None, "sdpa", CPU_GQA_SDPA, "eager"):
         return False  # flash attention kernels take no arbitrary mask
     text = getattr(config, "text_config", None) or config
     layer_types = getattr(text, "layer_types", None)
@@ -200,6 +202,7 @@ class TorchEngine(LocalEngine):
             # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
+        use_cpu_gqa_attention(self.model)
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
         if pack_cpu_linears:  # False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
             pack_causal_lm(self.model, rows_hint)

@@ -1,0 +1,46 @@
+"""SDPA attention for CPU targets that keeps grouped-query heads grouped in verify passes.
+
+Transformers' "sdpa" attention copies every layer's whole key and value cache to repeat the
+KV heads (`repeat_kv`) whenever several query rows come with a mask: every verify block and
+every draft tree, never a 1-token step. On the CPU that copy grows with the context (a 16-row
+verify of the embedded target cost ~11% more than it needs at 300 tokens of context, ~14% at
+1,500). PyTorch's CPU flash kernel takes the mask and `enable_gqa` together and gives the same
+numbers bit for bit (`scripts/torch_verify_cost.py --gqa` compares), so this implementation,
+registered under its own name, sends those passes there and everything else to "sdpa" as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+NAME = "cpu_gqa_sdpa"  # no "flash" in it: Transformers takes such names for flash kernels
+
+
+def cpu_gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                         value: torch.Tensor, attention_mask: torch.Tensor | None,
+                         dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """Transformers' attention-function signature: (output [B, rows, heads, dim], no weights)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (attention_mask is None or query.shape[2] == 1 or groups == 1 or query.device.type != "cpu"
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                         dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_cpu_gqa_attention(model) -> bool:
+    """Switch a CPU target loaded with "sdpa" to this implementation; True if it was switched.
+    Masks are built as for "sdpa" (the same mask function, registered under this name)."""
+    if model.device.type != "cpu" or getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, cpu_gqa_sdpa_forward)
+        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(NAME)
+    return True

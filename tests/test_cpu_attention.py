@@ -1,0 +1,126 @@
+"""Grouped-query attention kept grouped in CPU verify passes: the same logits as Transformers'
+"sdpa" bit for bit, without its per-layer copies of the cache, and only where it applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers.integrations.sdpa_attention as sdpa_module
+
+from dflash_local.draft_tree import DraftTree
+from dflash_local.engines.cpu_attention import NAME, use_cpu_gqa_attention
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    import tiny_models
+
+    return tiny_models.make_target(tmp_path_factory.mktemp("gqa") / "target", family="llama")
+
+
+@pytest.fixture(scope="module")
+def engine(target_dir):
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    return TorchEngine(target_dir, None)
+
+
+@pytest.fixture
+def repeat_kv_calls(monkeypatch):
+    calls = []
+    original = sdpa_module.repeat_kv
+
+    def counting(hidden, n_rep):
+        calls.append(hidden.shape)
+        return original(hidden, n_rep)
+
+    monkeypatch.setattr(sdpa_module, "repeat_kv", counting)
+    return calls
+
+
+def _verify_both(engine, prompt: list[int], anchor: int, tree: DraftTree, chain: list[int]):
+    runner = engine.make_runner(False)
+    runner.prefill(prompt)
+    tree_logits = runner.verify_tree(anchor, tree)
+    runner.commit_path([0])
+    return tree_logits, runner.verify([anchor, *chain])
+
+
+def test_the_cpu_engine_uses_it_and_still_verifies_trees(engine):
+    assert engine.model.config._attn_implementation == NAME
+    assert engine.make_runner(False).supports_tree
+
+
+def test_verify_logits_equal_stock_sdpa_bit_for_bit_without_copying_the_cache(engine, repeat_kv_calls):
+    prompt = list(range(20, 60))
+    tree = DraftTree((30, 31, 32, 40, 41), (0, 1, 1, 0, 4))  # two branches, one of depth 2
+    chain = [30, 31, 33, 34]
+    ours = _verify_both(engine, prompt, 25, tree, chain)
+    assert repeat_kv_calls == []  # the 5- and 6-row passes kept the KV heads grouped
+    engine.model.set_attn_implementation("sdpa")
+    try:
+        stock = _verify_both(engine, prompt, 25, tree, chain)
+    finally:
+        engine.model.set_attn_implementation(NAME)
+    layers = engine.model.config.num_hidden_layers
+    assert len(repeat_kv_calls) == 2 * 2 * layers  # the control: keys and values, each layer, each pass
+    for mine, theirs in zip(ours, stock):
+        assert mine.shape == theirs.shape
+        assert np.array_equal(mine, theirs)
+
+
+def test_speculative_equals_plain_with_it(target_dir):
+    import tiny_models
+
+    from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.events import GenerationParams
+
+    drafter = tiny_models.make_drafter(target_dir.parent / "drafter", target_dir, block_size=8)
+    paired = TorchEngine(target_dir, drafter)
+    assert paired.model.config._attn_implementation == NAME
+    prompt_ids = paired.encode_chat([{"role": "user", "content": "def add(a, b):"}])
+
+    def tokens(**params):
+        events = paired.stream(prompt_ids, GenerationParams(max_tokens=24, stop_token_ids=(10_000,), **params))
+        return [t for event in events for t in event.token_ids]
+
+    plain = tokens(speculative=False)
+    for block_size in (2, 8):
+        assert tokens(block_size=block_size, tree=True) == plain
+        assert tokens(block_size=block_size, tree=False) == plain
+
+
+def test_it_is_left_alone_where_it_does_not_apply(engine):
+    engine.model.set_attn_implementation("eager")
+    try:
+        assert not use_cpu_gqa_attention(engine.model)  # only a model loaded with sdpa switches
+        assert engine.model.config._attn_implementation == "eager"
+    finally:
+        engine.model.set_attn_implementation(NAME)
+
+
+def test_what_it_does_not_handle_goes_to_stock_sdpa():
+    """One-row steps, unmasked (causal) blocks and position biases: handled as "sdpa" does,
+    which the grouped path alone would get wrong (no causality, no bias)."""
+    from dflash_local.engines.cpu_attention import cpu_gqa_sdpa_forward
+
+    class Grouped(torch.nn.Module):
+        num_key_value_groups = 2
+        is_causal = True
+
+    torch.manual_seed(0)
+    key, value = torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    rows = torch.randn(1, 4, 9, 8)
+    bias = torch.randn(1, 4, 9, 9)
+    everything = torch.ones(1, 1, 9, 9, dtype=torch.bool)
+    for query, mask, extra in [(rows[:, :, :1], everything[:, :, :1], {}), (rows, None, {}),
+                               (rows, everything, {"position_bias": bias})]:
+        ours, _ = cpu_gqa_sdpa_forward(Grouped(), query, key, value, mask, **extra)
+        stock, _ = sdpa_module.sdpa_attention_forward(Grouped(), query, key, value, mask, **extra)
+        assert torch.equal(ours, stock)
+    unbiased, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything)
+    assert not torch.allclose(unbiased, ours)  # the control: the bias mattered
+    uncausal, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything)
+    causal, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, None)
+    assert not torch.allclose(uncausal, causal)  # the control: causality mattered
