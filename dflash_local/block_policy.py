@@ -243,6 +243,11 @@ class LookupPolicy:
     def observe(self, ngram: int, width: int, accepted: int) -> None:
         self.estimates[ngram].observe(width - 1, accepted)
 
+    def survival(self, ngram: int, length: int) -> np.ndarray:
+        """P(a draft's first j tokens are all right), j = 1..length, for this match length."""
+        rate = float(self.estimates[ngram].rates()[0])
+        return rate ** np.arange(1, length + 1, dtype=np.float64)
+
 
 class TreeSizer:
     """How many of a draft tree's nodes to verify (draft_tree.py): the prefix, best first, with
@@ -271,6 +276,24 @@ class TreeSizer:
         expected = 1.0 + np.cumsum(probs[:count])
         seconds = np.asarray(self.costs.verify_only[1 : count + 1]) + draft_s
         return 1 + int(np.argmax(expected / seconds))
+
+    def graft_length(self, path_probs: Sequence[float], drafted_width: int,
+                     chain_survival: Sequence[float], shared: int) -> int:
+        """How many tokens of a prompt-lookup chain to graft onto a tree of these (sized) nodes
+        (DraftTree.graft): the first `shared` are nodes already, each one after them is a row
+        that pays its verify cost and brings its survival probability (the chance the copy is
+        still right there). The shared tokens count (verified anyway, they say how the copy
+        goes); no more when no new row is expected to raise tokens per second."""
+        probs = np.minimum(1.0, self.scale * np.asarray(path_probs, dtype=np.float64))
+        room = self.costs.max_width - 1 - len(probs)  # never a width the calibration did not time
+        new = np.asarray(chain_survival[shared : shared + max(0, room)], dtype=np.float64)
+        if not len(new):
+            return min(shared, len(chain_survival))
+        draft_s = self.costs.at(drafted_width) - self.costs.verify_only[drafted_width - 1]
+        rows = len(probs) + np.arange(len(new) + 1)  # nodes verified with 0..len(new) grafted
+        expected = 1.0 + probs.sum() + np.concatenate([[0.0], np.cumsum(new)])
+        seconds = np.asarray(self.costs.verify_only)[rows] + draft_s
+        return shared + int(np.argmax(expected / seconds))
 
     def observe(self, path_probs: Sequence[float], kept: int) -> None:
         """A tree whose nodes had these path probabilities kept `kept` drafts."""

@@ -40,6 +40,30 @@ class DraftTree:
         """The first `nodes` nodes: a tree again (every parent comes before its children)."""
         return DraftTree(self.token_ids[:nodes], self.parents[:nodes], self.path_probs[:nodes])
 
+    def held(self, chain) -> tuple[int, int]:
+        """(the node at the end, how many tokens) of the longest start of `chain` that is a path
+        of this tree from the anchor."""
+        node = shared = 0
+        for token in chain:
+            child = next((c for t, c in self.children_of(node) if t == token), None)
+            if child is None:
+                break
+            node, shared = child, shared + 1
+        return node, shared
+
+    def graft(self, chain) -> DraftTree:
+        """This tree with `chain` as a path from the anchor (a prompt-lookup draft, lookup.py):
+        it follows the nodes that already hold its tokens and goes on in new nodes, appended
+        (path probability 0: the drafter did not propose them)."""
+        node, shared = self.held(chain)
+        new = tuple(int(t) for t in chain[shared:])
+        if not new:
+            return self
+        first = len(self.token_ids) + 1
+        parents = (node, *range(first, first + len(new) - 1))
+        probs = self.path_probs + (0.0,) * len(new) if self.path_probs else ()
+        return DraftTree(self.token_ids + new, self.parents + parents, probs)
+
     @functools.cached_property
     def depths(self) -> tuple[int, ...]:
         """Depth of every row, the anchor's (0) included: its position after the anchor."""

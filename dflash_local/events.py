@@ -49,7 +49,7 @@ class StepEvent:
 
     token_ids: tuple[int, ...]
     text: str = ""
-    drafted: int = 0  # tokens the drafter proposed this round (a tree's nodes)
+    drafted: int = 0  # tokens proposed this round (a tree's nodes, a lookup chain grafted on included)
     draft_depth: int = 0  # the longest draft path (= drafted for a chain): the most it could keep
     accepted: int = 0  # of those, how many the target kept (the bonus token is not counted)
     round_index: int = 0  # 0 = prefill token, then 1, 2, ...

@@ -27,7 +27,7 @@ from dflash_local.block_policy import (
 from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent
-from dflash_local.lookup import DEFAULT_MAX_NGRAM, NgramIndex
+from dflash_local.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
 
 
 class TargetRunner(Protocol):
@@ -144,13 +144,16 @@ def generate(
     while finish is None:
         round_index += 1
         remaining = params.max_tokens - produced
-        lookup_draft = lookup.choose(policy, remaining) if lookup else None
+        proposal = lookup.propose(policy, remaining) if lookup else None
+        lookup_draft = lookup.alone(proposal, policy, remaining) if proposal else None
         if lookup_draft is not None:
             width, mode = len(lookup_draft.token_ids) + 1, LOOKUP
         else:
             width, mode = _next_width(policy, block_size, remaining, mode)
         draft_ids: list[int] = []
         tree = None
+        grafted: tuple[int, ...] = ()  # a lookup chain riding along in a drafter tree
+        drafter_nodes = 0
         if block_size > 1:
             pending_taps.append(new_taps)
             if lookup_draft is not None:
@@ -162,16 +165,19 @@ def generate(
                     drafted_width = max(1, min(policy.max_width, remaining))
                     tree = drafter.propose_tree(anchor_id, taps, drafted_width - 1)
                     tree = tree.prefix(sizer.size(tree.path_probs, drafted_width))
+                    drafter_nodes = len(tree.token_ids)
+                    if proposal is not None:
+                        tree, grafted = lookup.graft(tree, proposal, sizer, drafted_width)
                     width = len(tree.token_ids) + 1
                 elif is_tree_round(trees, width):
                     tree = drafter.propose_tree(anchor_id, taps, width - 1)
                 else:
                     draft_ids = drafter.propose(anchor_id, taps, width)
         if tree is not None:
-            kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree, params, rng)
+            path, kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree, params, rng)
             drafted, depth = len(tree.token_ids), tree.depth
-            if sizer is not None:
-                sizer.observe(tree.path_probs, len(kept_ids))
+            if sizer is not None:  # judged on its own nodes: grafted ones come after them
+                sizer.observe(tree.path_probs, sum(node <= drafter_nodes for node in path))
         else:
             kept_ids, next_id, new_taps = _verify_chain(runner, anchor_id, draft_ids, params, rng)
             drafted = depth = len(draft_ids)
@@ -179,6 +185,8 @@ def generate(
         if lookup_draft is not None:
             lookup.policy.observe(lookup_draft.ngram, width, accepted_len)
         elif policy is not None:
+            if grafted:
+                lookup.policy.observe(proposal.ngram, len(grafted) + 1, _common_start(kept_ids, grafted))
             # a tree is judged by its depth: the positions a kept path could reach
             policy.observe(depth + 1, accepted_len)
         committed = [*kept_ids, next_id]
@@ -199,32 +207,57 @@ def generate(
 
 class _Lookup:
     """The prompt-lookup side of one generation: the n-gram index of its text and the policy
-    that prices lookup rounds against the block policy's best choice."""
+    that prices lookup rounds against the block policy's best choice. A lookup draft either
+    makes a round of its own (no drafter pass) or rides along in a drafter round's tree."""
 
     def __init__(self, prompt_ids: list[int], costs: RoundCosts, max_ngram: int = DEFAULT_MAX_NGRAM):
         self.index = NgramIndex(prompt_ids, max_ngram)
         self.policy = LookupPolicy(costs, max_ngram)
 
-    def choose(self, block_policy: BlockPolicy, remaining: int):
-        """A lookup draft cut to its best width, or None when the block policy's choice wins."""
+    def propose(self, block_policy: BlockPolicy, remaining: int) -> LookupDraft | None:
+        """This round's lookup draft, as long as the round may be; None without a match."""
         self.policy.next_round()
-        limit = max(1, min(block_policy.max_width, remaining))
-        draft = self.index.propose(limit - 1)
-        if draft is None:
-            return None
+        return self.index.propose(_limit(block_policy, remaining) - 1)
+
+    def alone(self, draft: LookupDraft, block_policy: BlockPolicy, remaining: int) -> LookupDraft | None:
+        """The draft cut to its best width when a lookup round of its own is expected to beat
+        the block policy's best choice; else None."""
+        limit = _limit(block_policy, remaining)
         width, speed = self.policy.plan(draft.ngram, len(draft.token_ids), limit)
         if width < 2 or speed <= block_policy.best_tokens_per_s(limit):
             return None
         return replace(draft, token_ids=draft.token_ids[: width - 1])
 
+    def graft(self, tree: DraftTree, draft: LookupDraft, sizer: TreeSizer, drafted_width: int):
+        """(the sized drafter tree with as much of the draft as pays, the grafted tokens)."""
+        chain = draft.token_ids[: drafted_width - 1]
+        _, shared = tree.held(chain)
+        survival = self.policy.survival(draft.ngram, len(chain))
+        chain = chain[: sizer.graft_length(tree.path_probs, drafted_width, survival, shared)]
+        return tree.graft(chain), chain
+
+
+def _limit(block_policy: BlockPolicy, remaining: int) -> int:
+    return max(1, min(block_policy.max_width, remaining))
+
+
+def _common_start(kept: list[int], chain: tuple[int, ...]) -> int:
+    """How many of the chain's first tokens the round kept."""
+    count = 0
+    for token, wanted in zip(kept, chain):
+        if token != wanted:
+            break
+        count += 1
+    return count
+
 
 def _verify_tree(runner: TreeTargetRunner, anchor_id: int, tree: DraftTree,
                  params: GenerationParams, rng: np.random.Generator):
-    """(the kept drafts, the target's next token, the kept rows' taps) of a tree round."""
+    """(the kept path's nodes, their drafts, the target's next token, the kept rows' taps)."""
     logits = runner.verify_tree(anchor_id, tree)
     path, next_id = _walk(tree, logits, params, rng)
     new_taps = runner.commit_path([0, *path])
-    return [tree.token_ids[node - 1] for node in path], next_id, new_taps
+    return path, [tree.token_ids[node - 1] for node in path], next_id, new_taps
 
 
 def _verify_chain(runner: TargetRunner, anchor_id: int, draft_ids: list[int],

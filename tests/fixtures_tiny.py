@@ -116,6 +116,10 @@ class ScriptedTreeDrafter(ScriptedDrafter):
         if self.inner is not None:
             self.inner.propose_tree(anchor_id, new_taps, nodes)
         length = min(self.chain, nodes - 1)
+        if length < 1:  # one node (the last token of max_tokens under auto): the script's draft
+            drafts = list(self.script(self.context + [anchor_id], 1))
+            self._last_block = [anchor_id, *drafts]
+            return DraftTree(tuple(drafts), (0,), (0.9,))
         drafts = list(self.script(self.context + [anchor_id], length))
         tokens = [(drafts[0] + 1) % self.vocab, *drafts]
         parents = [0, 0, *range(2, length + 1)]

@@ -80,6 +80,36 @@ def test_tree_sizer_spends_rows_where_they_pay():
     assert sizer.scale > 1.0
 
 
+def test_a_lookup_chain_grafts_onto_the_nodes_that_hold_it_and_goes_on_in_new_ones():
+    tree = DraftTree((5, 6, 7, 8), (0, 0, 1, 1), (0.5, 0.3, 0.2, 0.1))  # 5 -> {7, 8}; 6
+    assert tree.held((5, 8, 9)) == (4, 2) and tree.held((9,)) == (0, 0)
+    grafted = tree.graft((5, 8, 9, 10))
+    assert grafted.token_ids == (5, 6, 7, 8, 9, 10)
+    assert grafted.parents == (0, 0, 1, 1, 4, 5)  # under node 4 (5 -> 8), then a chain
+    assert grafted.path_probs == (0.5, 0.3, 0.2, 0.1, 0.0, 0.0)  # not the drafter's proposals
+    assert grafted.depths == (0, 1, 1, 2, 2, 3, 4)
+    assert grafted.walk(np.array([5, 8, 9, 9, 9, 10, 11]))[0] == [1, 4, 5, 6]  # the whole copy kept
+    assert tree.graft((5, 7)) is tree  # held already: nothing to add
+    new_branch = tree.graft((9, 5))  # a first token the drafter never proposed: a new branch
+    assert new_branch.parents[4:] == (0, 5) and new_branch.depth == 2
+
+
+def test_tree_sizer_grafts_a_lookup_chain_as_far_as_its_rows_pay():
+    costs = RoundCosts(tuple(1.05 + 0.02 * w for w in range(16)), tuple(1.0 + 0.02 * w for w in range(16)))
+    sizer = TreeSizer(costs)
+    probs = [0.6, 0.3]  # two sized drafter nodes
+    sure = [0.9 ** j for j in range(1, 9)]
+    assert sizer.graft_length(probs, 16, sure, shared=0) == 8  # a likely copy: every token
+    assert sizer.graft_length(probs, 16, sure, shared=3) == 8  # held tokens cost no row
+    assert sizer.graft_length(probs, 16, [0.01] * 8, shared=0) == 0  # a hopeless one: none
+    assert sizer.graft_length(probs, 16, [0.01] * 8, shared=2) == 2  # only what is held anyway
+    assert sizer.graft_length([0.5] * 14, 16, sure, shared=0) == 1  # rows end at the calibrated 15
+    assert sizer.graft_length([0.5] * 15, 16, sure, shared=0) == 0
+    dear = TreeSizer(RoundCosts(tuple(1.05 + 0.5 * w for w in range(16)), tuple(1.0 + 0.5 * w for w in range(16))))
+    fading = [0.5 ** j for j in range(1, 9)]
+    assert 0 < dear.graft_length(probs, 16, fading, shared=0) < sizer.graft_length(probs, 16, fading, shared=0)
+
+
 def _torch_runner(tmp_path_factory, family):
     return tiny_engine(tiny_pair(tmp_path_factory, family)).make_runner(collect_taps=True)
 

@@ -120,3 +120,37 @@ def test_fixed_block_sizes_stay_pure_dflash(tmp_path_factory):
     prompt_ids = repeating_prompt(engine)
     _, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, block_size=4)))
     assert LOOKUP not in {e.mode for e in events}
+
+
+def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_factory, monkeypatch):
+    """Under auto with trees, a drafter round verifies the lookup draft too, grafted onto its
+    tree (draft_tree.DraftTree.graft): the drafter here is right on one draft a round at most,
+    so a drafter round that keeps more kept the copy."""
+    from fixtures_tiny import ScriptedTreeDrafter, follow
+
+    from dflash_local.block_policy import SPECULATIVE
+    from dflash_local.drafter.model_torch import DraftSession
+
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
+    # this tiny target's plain continuation goes round in short loops: a copy is often right
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time, in a"}])
+    reference, _ = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=60, speculative=False, stop_token_ids=(-1,))))
+    # a drafter pass costs 5% of a plain step, a row 2%: drafter rounds are cheap to take
+    verify = tuple(1.0 + 0.02 * w for w in range(16))
+    costs = RoundCosts((1.0, *(v + 0.05 for v in verify[1:])), verify)
+    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
+        costs, [0.9] * 15, max_width=engine.pair.block_size))
+    monkeypatch.setattr(engine, "make_drafter", lambda: ScriptedTreeDrafter(
+        prompt_ids, follow(reference, len(prompt_ids), right=1), chain=4,
+        inner=DraftSession(engine.drafter)))
+
+    def run(**params):
+        tokens, events = collect(engine.stream(prompt_ids, GenerationParams(
+            max_tokens=len(reference), block_size="auto", stop_token_ids=(-1,), **params)))
+        assert tokens == reference  # token for token
+        return [e for e in events[1:] if e.mode == SPECULATIVE]
+
+    with_lookup = run()
+    assert with_lookup and max(e.accepted for e in with_lookup) >= 2
+    assert max(e.accepted for e in run(prompt_lookup=False)) <= 1  # the control: the drafter alone

@@ -1,0 +1,125 @@
+"""Side by side in one process: the speculative loop with and without two of its parts, on the
+embedded pair, each prompt's runs back to back (a shared machine's drift hits every variant alike).
+
+    .venv/bin/python scripts/ab_loop_variants.py [--engine transformers|mlx] [--samples 30]
+        [--max-tokens 128] [--out runs/ab-loop.json]
+
+Variants, each with its own calibration measured in this process:
+- "sdpa": Transformers' stock attention (Transformers engine only), no lookup grafts;
+- "no graft": the engine's attention (engines/cpu_attention.py on a CPU), no lookup grafts;
+- "graft": the engine as shipped: lookup drafts grafted onto drafter trees.
+"No graft" replaces `speculative._Lookup.graft` with one that grafts nothing: an A/B of the
+loop's internals, not a user setting. Every run is greedy, block size auto, lookup and trees on,
+and must equal plain decoding token for token (the script stops otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from dflash_local import calibration, paths, speculative
+from dflash_local.bench.datasets import load_prompts
+from dflash_local.bench.measure import run_ours
+from dflash_local.embedded import embedded_target_dir
+from dflash_local.events import GenerationParams
+
+_SHIPPED_GRAFT = speculative._Lookup.graft
+
+
+def _no_graft(self, tree, draft, sizer, drafted_width):
+    return tree, ()
+
+
+def _engine(name: str):
+    drafter = paths.shipped_models_dir() / "smollm2-135m-dflash"
+    if name == "mlx":
+        from dflash_local.engines.mlx_engine import MLXEngine
+
+        return MLXEngine(embedded_target_dir(), drafter)
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    return TorchEngine(embedded_target_dir(), drafter)
+
+
+def _variants(engine) -> dict[str, tuple[str | None, bool]]:
+    """name -> (attention implementation to set, or None; grafts on)."""
+    attention = getattr(getattr(engine, "model", None), "config", None)
+    shipped = getattr(attention, "_attn_implementation", None)
+    variants = {}
+    if shipped not in (None, "sdpa") and hasattr(engine.model, "set_attn_implementation"):
+        variants["sdpa"] = ("sdpa", False)
+    variants["no graft"] = (shipped, False)
+    variants["graft"] = (shipped, True)
+    return variants
+
+
+def _use(engine, attention: str | None, graft: bool) -> None:
+    if attention is not None and engine.model.config._attn_implementation != attention:
+        engine.model.set_attn_implementation(attention)
+    speculative._Lookup.graft = _SHIPPED_GRAFT if graft else _no_graft
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", choices=["transformers", "mlx"], default="transformers")
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=Path("runs/ab-loop.json"))
+    args = parser.parse_args()
+    engine = _engine(args.engine)
+    variants = _variants(engine)
+    policies = {}
+    for name, (attention, graft) in variants.items():
+        _use(engine, attention, graft)
+        policies[name] = calibration.measure(engine)
+        print(f"calibrated {name}: 16 rows = {policies[name].costs.verify_only[-1] / policies[name].costs.at(1):.2f} "
+              "plain steps", flush=True)
+    current = {}
+    calibration.policy_for = lambda _engine, params: (
+        current["calibration"].policy() if params.block_size == "auto" and params.speculative else None)
+    totals = {name: [0.0, 0] for name in ["plain", *variants]}
+    taus = {name: [0, 0] for name in variants}
+    names = list(variants)
+    for index, prompt in enumerate(load_prompts("embedded", args.samples)):
+        prompt_ids = engine.encode_chat([{"role": "user", "content": prompt.turns[0]}])
+        plain = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, speculative=False))
+        totals["plain"][0] += plain.decode_s
+        totals["plain"][1] += plain.completion_tokens - 1
+        line = [f"plain {plain.decode_tokens_per_s:.1f}"]
+        for name in names[index % len(names):] + names[: index % len(names)]:  # rotate the order
+            attention, graft = variants[name]
+            _use(engine, attention, graft)
+            current["calibration"] = policies[name]
+            run = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, block_size="auto"))
+            if run.token_ids != plain.token_ids:
+                sys.exit(f"{prompt.prompt_id}: {name} differs from plain decoding")
+            totals[name][0] += run.decode_s
+            totals[name][1] += run.completion_tokens - 1
+            taus[name][0] += sum(run.committed_per_round)
+            taus[name][1] += len(run.committed_per_round)
+            line.append(f"{name} {run.decode_tokens_per_s:.1f}")
+        print(f"[{index + 1}/{args.samples}] {prompt.prompt_id}: " + ", ".join(line), flush=True)
+    plain_rate = totals["plain"][1] / totals["plain"][0]
+    summary = {"engine": args.engine, "samples": args.samples, "max_tokens": args.max_tokens,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plain_tokens_per_s": round(plain_rate, 2),
+               "variants": {}}
+    for name in variants:
+        rate = totals[name][1] / totals[name][0]
+        summary["variants"][name] = {"tokens_per_s": round(rate, 2), "speedup": round(rate / plain_rate, 3),
+                                     "tau": round(taus[name][0] / max(taus[name][1], 1), 3)}
+        print(f"{name:10} {rate:6.1f} tokens/s  {rate / plain_rate:.2f}x  "
+              f"tau {summary['variants'][name]['tau']:.2f}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"record: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
