@@ -57,6 +57,10 @@ class RoundCosts:
     def at(self, width: int) -> float:
         return self.seconds[width - 1]
 
+    def draft_seconds(self, width: int) -> float:
+        """The drafter pass of a round of this width (its cost over the verify alone)."""
+        return self.at(width) - self.verify_only[width - 1]
+
     @property
     def verify_only(self) -> tuple[float, ...]:
         """Per width, a round without the drafter pass (a prompt-lookup round)."""
@@ -147,7 +151,7 @@ class BlockPolicy:
         is the one at width `limit` (the widest the round may draft), whatever is verified."""
         if not self.whole_block_drafts or limit < 2:
             return self.costs.seconds[:limit]
-        draft = self.costs.at(limit) - self.costs.verify_only[limit - 1]
+        draft = self.costs.draft_seconds(limit)
         return (self.costs.at(1), *(verify + draft for verify in self.costs.verify_only[1:limit]))
 
     def best_tokens_per_s(self, limit: int | None = None) -> float:
@@ -245,8 +249,7 @@ class LookupPolicy:
 
     def survival(self, ngram: int, length: int) -> np.ndarray:
         """P(a draft's first j tokens are all right), j = 1..length, for this match length."""
-        rate = float(self.estimates[ngram].rates()[0])
-        return rate ** np.arange(1, length + 1, dtype=np.float64)
+        return np.cumprod(self.estimates[ngram].rates()[:length])
 
 
 class TreeSizer:
@@ -272,27 +275,34 @@ class TreeSizer:
         """The number of nodes (>= 1) to verify; path_probs are non-increasing."""
         probs = np.minimum(1.0, self.scale * np.asarray(path_probs, dtype=np.float64))
         count = min(len(probs), self.costs.max_width - 1)
-        draft_s = self.costs.at(drafted_width) - self.costs.verify_only[drafted_width - 1]
+        draft_s = self.costs.draft_seconds(drafted_width)
         expected = 1.0 + np.cumsum(probs[:count])
         seconds = np.asarray(self.costs.verify_only[1 : count + 1]) + draft_s
         return 1 + int(np.argmax(expected / seconds))
 
     def graft_length(self, path_probs: Sequence[float], drafted_width: int,
-                     chain_survival: Sequence[float], shared: int) -> int:
+                     chain_survival: Sequence[float], shared: int, taken: float = 0.0) -> int:
         """How many tokens of a prompt-lookup chain to graft onto a tree of these (sized) nodes
         (DraftTree.graft): the first `shared` are nodes already, each one after them is a row
         that pays its verify cost and brings its survival probability (the chance the copy is
-        still right there). The shared tokens count (verified anyway, they say how the copy
-        goes); no more when no new row is expected to raise tokens per second."""
+        still right there). Where the chain leaves the tree, the drafter's own children of that
+        node hold `taken` (their path probabilities over the node's, as the drafter says): the
+        copy's token is another one, so it is right at most 1 - scale * taken of the time.
+        The shared tokens count (verified anyway, they say how the copy goes); no more when no
+        new row is expected to raise tokens per second."""
         probs = np.minimum(1.0, self.scale * np.asarray(path_probs, dtype=np.float64))
         room = self.costs.max_width - 1 - len(probs)  # never a width the calibration did not time
         new = np.asarray(chain_survival[shared : shared + max(0, room)], dtype=np.float64)
         if not len(new):
             return min(shared, len(chain_survival))
-        draft_s = self.costs.at(drafted_width) - self.costs.verify_only[drafted_width - 1]
+        before = chain_survival[shared - 1] if shared else 1.0
+        step = new[0] / before if before > 0 else 0.0  # the copy's own chance at that token
+        left = max(0.0, 1.0 - self.scale * taken)
+        if step > left:
+            new = new * (left / step)
         rows = len(probs) + np.arange(len(new) + 1)  # nodes verified with 0..len(new) grafted
         expected = 1.0 + probs.sum() + np.concatenate([[0.0], np.cumsum(new)])
-        seconds = np.asarray(self.costs.verify_only)[rows] + draft_s
+        seconds = np.asarray(self.costs.verify_only)[rows] + self.costs.draft_seconds(drafted_width)
         return shared + int(np.argmax(expected / seconds))
 
     def observe(self, path_probs: Sequence[float], kept: int) -> None:

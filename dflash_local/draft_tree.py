@@ -51,11 +51,13 @@ class DraftTree:
             node, shared = child, shared + 1
         return node, shared
 
-    def graft(self, chain) -> DraftTree:
+    def graft(self, chain, held: tuple[int, int] | None = None) -> DraftTree:
         """This tree with `chain` as a path from the anchor (a prompt-lookup draft, lookup.py):
         it follows the nodes that already hold its tokens and goes on in new nodes, appended
-        (path probability 0: the drafter did not propose them)."""
-        node, shared = self.held(chain)
+        (path probability 0: the drafter did not propose them). `held`: `self.held(chain)`,
+        where the caller has it. A new node's token is never one of its siblings' (held
+        follows any child that has it), as sampled acceptance needs (acceptance.py)."""
+        node, shared = held or self.held(chain)
         new = tuple(int(t) for t in chain[shared:])
         if not new:
             return self
@@ -63,6 +65,14 @@ class DraftTree:
         parents = (node, *range(first, first + len(new) - 1))
         probs = self.path_probs + (0.0,) * len(new) if self.path_probs else ()
         return DraftTree(self.token_ids + new, self.parents + parents, probs)
+
+    def children_mass(self, node: int) -> float:
+        """The drafter's probability of going on from `node` to one of its children (their
+        path probabilities over the node's; the anchor's is 1). 0 without path probabilities."""
+        if not self.path_probs:
+            return 0.0
+        own = self.path_probs[node - 1] if node else 1.0
+        return sum(self.path_probs[child - 1] for _, child in self.children_of(node)) / own if own > 0 else 0.0
 
     @functools.cached_property
     def depths(self) -> tuple[int, ...]:

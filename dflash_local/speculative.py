@@ -153,7 +153,7 @@ def generate(
         draft_ids: list[int] = []
         tree = None
         grafted: tuple[int, ...] = ()  # a lookup chain riding along in a drafter tree
-        drafter_nodes = 0
+        drafter_nodes = drafter_depth = 0  # the drafter's own part of the tree
         if block_size > 1:
             pending_taps.append(new_taps)
             if lookup_draft is not None:
@@ -162,22 +162,22 @@ def generate(
                 taps = _joined(runner, pending_taps)
                 pending_taps = []
                 if sizer is not None:  # auto: draft all it may, verify the best prefix
-                    drafted_width = max(1, min(policy.max_width, remaining))
-                    tree = drafter.propose_tree(anchor_id, taps, drafted_width - 1)
-                    tree = tree.prefix(sizer.size(tree.path_probs, drafted_width))
-                    drafter_nodes = len(tree.token_ids)
+                    tree = _sized_tree(drafter, anchor_id, taps, sizer, _limit(policy, remaining))
+                    drafter_nodes, drafter_depth = len(tree.token_ids), tree.depth
                     if proposal is not None:
-                        tree, grafted = lookup.graft(tree, proposal, sizer, drafted_width)
+                        tree, grafted = lookup.graft(tree, proposal, sizer, _limit(policy, remaining))
                     width = len(tree.token_ids) + 1
                 elif is_tree_round(trees, width):
                     tree = drafter.propose_tree(anchor_id, taps, width - 1)
                 else:
                     draft_ids = drafter.propose(anchor_id, taps, width)
+        drafter_kept = None
         if tree is not None:
             path, kept_ids, next_id, new_taps = _verify_tree(runner, anchor_id, tree, params, rng)
             drafted, depth = len(tree.token_ids), tree.depth
             if sizer is not None:  # judged on its own nodes: grafted ones come after them
-                sizer.observe(tree.path_probs, sum(node <= drafter_nodes for node in path))
+                drafter_kept = sum(node <= drafter_nodes for node in path)
+                sizer.observe(tree.path_probs, drafter_kept)
         else:
             kept_ids, next_id, new_taps = _verify_chain(runner, anchor_id, draft_ids, params, rng)
             drafted = depth = len(draft_ids)
@@ -187,8 +187,12 @@ def generate(
         elif policy is not None:
             if grafted:
                 lookup.policy.observe(proposal.ngram, len(grafted) + 1, _common_start(kept_ids, grafted))
-            # a tree is judged by its depth: the positions a kept path could reach
-            policy.observe(depth + 1, accepted_len)
+            # a tree is judged by its depth: the positions a kept path could reach; a drafter
+            # round by its own nodes alone (what a copy grafted on kept is the lookup's)
+            if drafter_kept is None:
+                policy.observe(depth + 1, accepted_len)
+            else:
+                policy.observe(drafter_depth + 1, drafter_kept)
         committed = [*kept_ids, next_id]
         committed, finish = _apply_stops(committed, stop_ids)
         if lookup:
@@ -231,14 +235,23 @@ class _Lookup:
     def graft(self, tree: DraftTree, draft: LookupDraft, sizer: TreeSizer, drafted_width: int):
         """(the sized drafter tree with as much of the draft as pays, the grafted tokens)."""
         chain = draft.token_ids[: drafted_width - 1]
-        _, shared = tree.held(chain)
+        node, shared = tree.held(chain)
         survival = self.policy.survival(draft.ngram, len(chain))
-        chain = chain[: sizer.graft_length(tree.path_probs, drafted_width, survival, shared)]
-        return tree.graft(chain), chain
+        length = sizer.graft_length(tree.path_probs, drafted_width, survival, shared,
+                                    taken=tree.children_mass(node))
+        return tree.graft(chain[:length], (node, min(shared, length))), chain[:length]
 
 
 def _limit(block_policy: BlockPolicy, remaining: int) -> int:
+    """The widest round allowed now: the policy's widest, never past max_tokens."""
     return max(1, min(block_policy.max_width, remaining))
+
+
+def _sized_tree(drafter: Drafter, anchor_id: int, taps: Any, sizer: TreeSizer, drafted_width: int) -> DraftTree:
+    """Auto's drafter round: a tree as wide as the round may be, cut to the prefix the sizer
+    expects to make the most tokens per second."""
+    tree = drafter.propose_tree(anchor_id, taps, drafted_width - 1)
+    return tree.prefix(sizer.size(tree.path_probs, drafted_width))
 
 
 def _common_start(kept: list[int], chain: tuple[int, ...]) -> int:

@@ -50,8 +50,8 @@ def _engine(name: str):
 
 def _variants(engine) -> dict[str, tuple[str | None, bool]]:
     """name -> (attention implementation to set, or None; grafts on)."""
-    attention = getattr(getattr(engine, "model", None), "config", None)
-    shipped = getattr(attention, "_attn_implementation", None)
+    config = getattr(getattr(engine, "model", None), "config", None)  # MLX models have none
+    shipped = getattr(config, "_attn_implementation", None)
     variants = {}
     if shipped not in (None, "sdpa") and hasattr(engine.model, "set_attn_implementation"):
         variants["sdpa"] = ("sdpa", False)
@@ -79,8 +79,9 @@ def main() -> None:
     for name, (attention, graft) in variants.items():
         _use(engine, attention, graft)
         policies[name] = calibration.measure(engine)
-        print(f"calibrated {name}: 16 rows = {policies[name].costs.verify_only[-1] / policies[name].costs.at(1):.2f} "
-              "plain steps", flush=True)
+        costs = policies[name].costs
+        print(f"calibrated {name}: a {costs.max_width}-row verify = "
+              f"{costs.verify_only[-1] / costs.at(1):.2f} plain steps", flush=True)
     current = {}
     calibration.policy_for = lambda _engine, params: (
         current["calibration"].policy() if params.block_size == "auto" and params.speculative else None)

@@ -50,7 +50,7 @@ def verify_costs(engine: TorchEngine) -> dict[int, float]:
 
 
 def tree_verify_costs(engine: TorchEngine, context: int) -> tuple[dict[int, float], dict]:
-    """Median seconds of a chain-shaped tree verify per width on `context` prompt tokens, and
+    """Median seconds of a chain-shaped tree verify + commit per width on `context` prompt tokens, and
     the logits of each width's first verify (to compare implementations)."""
     chat = engine.encode_chat([{"role": "user", "content": PROMPT}])
     prompt = (chat * (context // len(chat) + 1))[:context]

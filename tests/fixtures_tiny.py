@@ -68,7 +68,9 @@ class ScriptedDrafter:
     produce on demand (all accepted, none accepted, exactly k accepted).
 
     It rebuilds the committed sequence from what the loop hands it: the prompt's taps first,
-    then each round the taps of [previous anchor, accepted drafts]. An `inner` real drafter, if
+    then each round the taps of [previous anchor, accepted drafts] (the length is always right;
+    the tokens are its own block's, not a lookup chain's that a round kept instead: the scripts
+    here look at the length only). An `inner` real drafter, if
     given, still runs every round so its cache goes through the same path.
     """
 
@@ -116,7 +118,7 @@ class ScriptedTreeDrafter(ScriptedDrafter):
         if self.inner is not None:
             self.inner.propose_tree(anchor_id, new_taps, nodes)
         length = min(self.chain, nodes - 1)
-        if length < 1:  # one node (the last token of max_tokens under auto): the script's draft
+        if length < 1:  # one node (two tokens left under auto): the script's first draft
             drafts = list(self.script(self.context + [anchor_id], 1))
             self._last_block = [anchor_id, *drafts]
             return DraftTree(tuple(drafts), (0,), (0.9,))

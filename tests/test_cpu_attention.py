@@ -100,27 +100,60 @@ def test_it_is_left_alone_where_it_does_not_apply(engine):
         engine.model.set_attn_implementation(NAME)
 
 
-def test_what_it_does_not_handle_goes_to_stock_sdpa():
+@pytest.fixture
+def grouped_kernel_calls(monkeypatch):
+    """enable_gqa of every scaled_dot_product_attention call (ours and stock sdpa's)."""
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spying(*args, **kwargs):
+        calls.append(bool(kwargs.get("enable_gqa", False)))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spying)
+    return calls
+
+
+class Grouped(torch.nn.Module):
+    num_key_value_groups = 2
+    is_causal = True
+
+
+def test_masked_blocks_take_the_grouped_kernel_and_the_rest_goes_to_stock_sdpa(
+        grouped_kernel_calls, repeat_kv_calls):
     """One-row steps, unmasked (causal) blocks and position biases: handled as "sdpa" does,
     which the grouped path alone would get wrong (no causality, no bias)."""
     from dflash_local.engines.cpu_attention import cpu_gqa_sdpa_forward
-
-    class Grouped(torch.nn.Module):
-        num_key_value_groups = 2
-        is_causal = True
 
     torch.manual_seed(0)
     key, value = torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
     rows = torch.randn(1, 4, 9, 8)
     bias = torch.randn(1, 4, 9, 9)
     everything = torch.ones(1, 1, 9, 9, dtype=torch.bool)
+    grouped, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything)
+    assert grouped_kernel_calls == [True] and repeat_kv_calls == []
     for query, mask, extra in [(rows[:, :, :1], everything[:, :, :1], {}), (rows, None, {}),
                                (rows, everything, {"position_bias": bias})]:
         ours, _ = cpu_gqa_sdpa_forward(Grouped(), query, key, value, mask, **extra)
         stock, _ = sdpa_module.sdpa_attention_forward(Grouped(), query, key, value, mask, **extra)
         assert torch.equal(ours, stock)
-    unbiased, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything)
-    assert not torch.allclose(unbiased, ours)  # the control: the bias mattered
-    uncausal, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything)
+    # the first three went through stock sdpa (each call above ran it once more, as the control)
+    assert grouped_kernel_calls[1::2] == grouped_kernel_calls[2::2]
+    assert not torch.allclose(grouped, ours)  # the control: the bias mattered
     causal, _ = cpu_gqa_sdpa_forward(Grouped(), rows, key, value, None)
-    assert not torch.allclose(uncausal, causal)  # the control: causality mattered
+    assert not torch.allclose(grouped, causal)  # the control: causality mattered
+    with pytest.raises(ValueError, match="softcap"):  # as stock sdpa: refused, not ignored
+        cpu_gqa_sdpa_forward(Grouped(), rows, key, value, everything, softcap=30.0)
+
+
+def test_bfloat16_verify_logits_equal_stock_sdpa(target_dir):
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine(target_dir, None, dtype="bfloat16")
+    assert engine.model.config._attn_implementation == NAME
+    tree = DraftTree((30, 31, 32), (0, 1, 0))
+    ours = _verify_both(engine, list(range(20, 50)), 25, tree, [30, 31])
+    engine.model.set_attn_implementation("sdpa")
+    stock = _verify_both(engine, list(range(20, 50)), 25, tree, [30, 31])
+    for mine, theirs in zip(ours, stock):
+        assert np.array_equal(mine, theirs)

@@ -92,6 +92,10 @@ def test_a_lookup_chain_grafts_onto_the_nodes_that_hold_it_and_goes_on_in_new_on
     assert tree.graft((5, 7)) is tree  # held already: nothing to add
     new_branch = tree.graft((9, 5))  # a first token the drafter never proposed: a new branch
     assert new_branch.parents[4:] == (0, 5) and new_branch.depth == 2
+    # the drafter's chance of going on from a node to one of its children
+    assert tree.children_mass(0) == pytest.approx(0.8)  # 0.5 + 0.3 from the anchor
+    assert tree.children_mass(1) == pytest.approx(0.6)  # (0.2 + 0.1) / 0.5
+    assert tree.children_mass(2) == 0.0 and DraftTree.chain([1, 2]).children_mass(0) == 0.0
 
 
 def test_tree_sizer_grafts_a_lookup_chain_as_far_as_its_rows_pay():
@@ -100,11 +104,17 @@ def test_tree_sizer_grafts_a_lookup_chain_as_far_as_its_rows_pay():
     probs = [0.6, 0.3]  # two sized drafter nodes
     sure = [0.9 ** j for j in range(1, 9)]
     assert sizer.graft_length(probs, 16, sure, shared=0) == 8  # a likely copy: every token
-    assert sizer.graft_length(probs, 16, sure, shared=3) == 8  # held tokens cost no row
+    assert sizer.graft_length([0.6, 0.3, 0.2, 0.1], 16, sure, shared=3) == 8  # held ones cost no row
     assert sizer.graft_length(probs, 16, [0.01] * 8, shared=0) == 0  # a hopeless one: none
     assert sizer.graft_length(probs, 16, [0.01] * 8, shared=2) == 2  # only what is held anyway
     assert sizer.graft_length([0.5] * 14, 16, sure, shared=0) == 1  # rows end at the calibrated 15
     assert sizer.graft_length([0.5] * 15, 16, sure, shared=0) == 0
+    # where the drafter's own children already hold most of the chance, a copy's other token
+    # is unlikely whatever its estimate: fewer rows for it
+    cheap_copy = [0.5 ** j for j in range(1, 9)]
+    assert sizer.graft_length(probs, 16, cheap_copy, shared=0, taken=0.95) < sizer.graft_length(
+        probs, 16, cheap_copy, shared=0)
+    assert sizer.graft_length(probs, 16, sure, shared=0, taken=1.0) == 0
     dear = TreeSizer(RoundCosts(tuple(1.05 + 0.5 * w for w in range(16)), tuple(1.0 + 0.5 * w for w in range(16))))
     fading = [0.5 ** j for j in range(1, 9)]
     assert 0 < dear.graft_length(probs, 16, fading, shared=0) < sizer.graft_length(probs, 16, fading, shared=0)

@@ -139,8 +139,13 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     # a drafter pass costs 5% of a plain step, a row 2%: drafter rounds are cheap to take
     verify = tuple(1.0 + 0.02 * w for w in range(16))
     costs = RoundCosts((1.0, *(v + 0.05 for v in verify[1:])), verify)
-    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
-        costs, [0.9] * 15, max_width=engine.pair.block_size))
+    policies = []
+
+    def policy_for(_engine, _params):
+        policies.append(BlockPolicy(costs, [0.9] * 15, max_width=engine.pair.block_size))
+        return policies[-1]
+
+    monkeypatch.setattr(calibration, "policy_for", policy_for)
     monkeypatch.setattr(engine, "make_drafter", lambda: ScriptedTreeDrafter(
         prompt_ids, follow(reference, len(prompt_ids), right=1), chain=4,
         inner=DraftSession(engine.drafter)))
@@ -153,4 +158,11 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
 
     with_lookup = run()
     assert with_lookup and max(e.accepted for e in with_lookup) >= 2
+    # the drafter is judged on its own drafts: never right past the first, so its estimate never
+    # saw a round reach the third position, whatever copies grafted on kept
+    assert policies[-1].estimate.seen[2] == 0 and policies[-1].rates()[1] < 0.5
     assert max(e.accepted for e in run(prompt_lookup=False)) <= 1  # the control: the drafter alone
+    # sampling walks grafted trees too (acceptance.sampled_walk): it runs to max_tokens
+    sampled = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=len(reference), block_size="auto", temperature=0.7, seed=1, stop_token_ids=(-1,))))[1]
+    assert len(sampled) > 1 and sum(len(e.token_ids) for e in sampled) == len(reference)

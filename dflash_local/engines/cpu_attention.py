@@ -35,12 +35,18 @@ def cpu_gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 
 
 def use_cpu_gqa_attention(model) -> bool:
-    """Switch a CPU target loaded with "sdpa" to this implementation; True if it was switched.
-    Masks are built as for "sdpa" (the same mask function, registered under this name)."""
-    if model.device.type != "cpu" or getattr(model.config, "_attn_implementation", None) != "sdpa":
+    """Switch a CPU target loaded with "sdpa" to this implementation; True if it now runs it.
+    Masks are built as for "sdpa" (the same mask function, registered under this name).
+    Only text-only models switch: a multimodal wrapper's sub-models (vision towers) and some
+    model code that tests for the name "sdpa" itself stay as Transformers made them."""
+    config = model.config
+    if (model.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa"
+            or getattr(config, "sub_configs", None)):
         return False
-    if NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(NAME, cpu_gqa_sdpa_forward)
-        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.set_attn_implementation(NAME)
-    return True
+    AttentionInterface.register(NAME, cpu_gqa_sdpa_forward)  # idempotent: a name -> function map
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    try:
+        model.set_attn_implementation(NAME)
+    except ValueError:  # a model Transformers will not switch: it keeps "sdpa"
+        return False
+    return config._attn_implementation == NAME
