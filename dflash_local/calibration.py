@@ -7,7 +7,8 @@ pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts
   round pays only the first; a tree round where the loop would run one, speculative.can_tree)
   for widths 1..B on a short context, the widths shuffled within each repetition, the lower
   quartile per width, then made non-decreasing in w (a wider verify never costs less; what
-  says otherwise is noise);
+  says otherwise is noise); and how much each width's verify grows per token of context, from a
+  few verifies on LONG_CONTEXT tokens (block_policy.RoundCosts.at_context);
 - prior: per-position acceptance of a short full-width generation on two fixed prompts, the
   starting point that block_policy.py moves away from as a generation goes.
 """
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 from dflash_local import paths
 from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
 from dflash_local.draft_tree import DraftTree
@@ -41,8 +44,9 @@ log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
 
 # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds;
-# 8: grouped-query attention in torch CPU verifies (7 was a reverted cost model: never reused)
-CALIBRATION_VERSION = 8
+# 8: grouped-query attention in torch CPU verifies (7 was a reverted cost model: never reused);
+# 9: context slopes
+CALIBRATION_VERSION = 9
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -54,6 +58,8 @@ PRIOR_PROMPTS = (
 )
 PRIOR_TOKENS = 32  # per prompt: enough for a prior, short for a first request that calibrates
 REPETITIONS = 8
+LONG_CONTEXT = 1024  # tokens of context where the slopes are timed: a chat some turns long
+SLOPE_REPETITIONS = 4
 FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> Calibration
@@ -77,11 +83,15 @@ class Calibration:
             "verify_seconds": list(self.costs.verify_only),
             "relative_cost": [round(s / self.costs.seconds[0], 4) for s in self.costs.seconds],
             "acceptance_prior": [round(a, 4) for a in self.prior],
+            "base_context": self.costs.base_context,
+            "context_slopes": list(self.costs.context_slopes) if self.costs.context_slopes else None,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> Calibration:
-        costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]))
+        slopes = raw.get("context_slopes")
+        costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]),
+                           raw.get("base_context", 0), tuple(slopes) if slopes else None)
         return cls(costs, tuple(raw["acceptance_prior"]),
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0))
 
@@ -151,26 +161,63 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     for repetition in range(repetitions + 1):
         order.shuffle(widths)
         for width in widths:
-            start = time.perf_counter()
-            tree_round = is_tree_round(trees, width)  # the round the loop runs at this width
-            if tree_round:
-                runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
-                new_taps = runner.commit_path([0])
-            else:
-                runner.verify([anchor_id, *filler[: width - 1]])
-                new_taps = runner.commit(1)
-            verified = time.perf_counter()
-            if tree_round:
+            seconds, new_taps = _time_verify(runner, anchor_id, filler, width, trees)
+            started = time.perf_counter()
+            if is_tree_round(trees, width):
                 drafter.propose_tree(anchor_id, new_taps, width - 1)
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
             if repetition:
-                verify_s[width].append(verified - start)
+                verify_s[width].append(seconds)
                 if width > 1:
-                    draft_s[width].append(time.perf_counter() - verified)
+                    draft_s[width].append(time.perf_counter() - started)
     verify = non_decreasing([lower_quartile(verify_s[w]) for w in sorted(verify_s)])
     draft = non_decreasing([lower_quartile(draft_s[w]) for w in sorted(draft_s)])
-    return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])), tuple(verify))
+    slopes = measure_context_slopes(engine, verify, len(context_ids), trees)
+    return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])), tuple(verify),
+                      len(context_ids), slopes)
+
+
+def measure_context_slopes(engine, short_verify: list[float], short_context: int, trees: bool,
+                           repetitions: int = SLOPE_REPETITIONS) -> tuple[float, ...] | None:
+    """Seconds per token of context that a verify of each width adds, from verifies on
+    LONG_CONTEXT tokens (widths 1, 2, B/2 and B timed, the rest interpolated, non-decreasing in
+    w). None where the target's context window is too short to tell."""
+    block = len(short_verify)
+    runner = engine.make_runner(collect_taps=False)
+    tokens = min(LONG_CONTEXT, runner.max_context - block - 1)
+    if tokens < 2 * short_context:
+        return None
+    text_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
+    context_ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
+    runner.prefill(context_ids)
+    anchor_id = context_ids[-1]
+    filler = (context_ids * block)[:block]
+    widths = sorted({1, min(2, block), max(1, block // 2), block})
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    order = random.Random(1)
+    for repetition in range(repetitions + 1):
+        order.shuffle(widths)
+        for width in widths:
+            seconds, _ = _time_verify(runner, anchor_id, filler, width, trees)
+            if repetition:
+                times[width].append(seconds)
+    timed = sorted(times)
+    slopes = [max(0.0, (lower_quartile(times[w]) - short_verify[w - 1]) / (tokens - short_context))
+              for w in timed]
+    return tuple(non_decreasing([float(x) for x in np.interp(range(1, block + 1), timed, slopes)]))
+
+
+def _time_verify(runner, anchor_id: int, filler: list[int], width: int, trees: bool):
+    """(seconds, the kept row's taps) of the verify + commit the loop runs at this width."""
+    start = time.perf_counter()
+    if is_tree_round(trees, width):
+        runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
+        new_taps = runner.commit_path([0])
+    else:
+        runner.verify([anchor_id, *filler[: width - 1]])
+        new_taps = runner.commit(1)
+    return time.perf_counter() - start, new_taps
 
 
 def lower_quartile(values: list[float]) -> float:

@@ -144,6 +144,8 @@ def generate(
     while finish is None:
         round_index += 1
         remaining = params.max_tokens - produced
+        if policy is not None:
+            _price_context(policy, sizer, lookup, len(prompt_ids) + produced)
         proposal = lookup.propose(policy, remaining) if lookup else None
         lookup_draft = lookup.alone(proposal, policy, remaining) if proposal else None
         if lookup_draft is not None:
@@ -240,6 +242,15 @@ class _Lookup:
         length = sizer.graft_length(tree.path_probs, drafted_width, survival, shared,
                                     taken=tree.children_mass(node))
         return tree.graft(chain[:length], (node, min(shared, length))), chain[:length]
+
+
+def _price_context(policy: BlockPolicy, sizer: TreeSizer | None, lookup: _Lookup | None, tokens: int) -> None:
+    """Every part that prices rounds prices them at the context the next round runs on."""
+    costs = policy.price_context(tokens)
+    if sizer is not None:
+        sizer.costs = costs
+    if lookup is not None:
+        lookup.policy.costs = costs
 
 
 def _limit(block_policy: BlockPolicy, remaining: int) -> int:

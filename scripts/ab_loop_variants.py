@@ -2,15 +2,19 @@
 embedded pair, each prompt's runs back to back (a shared machine's drift hits every variant alike).
 
     .venv/bin/python scripts/ab_loop_variants.py [--engine transformers|mlx] [--samples 30]
-        [--max-tokens 128] [--out runs/ab-loop.json]
+        [--max-tokens 128] [--context N] [--variants sdpa,no-graft,graft,flat] [--out runs/ab-loop.json]
 
 Variants, each with its own calibration measured in this process:
 - "sdpa": Transformers' stock attention (Transformers engine only), no lookup grafts;
-- "no graft": the engine's attention (engines/cpu_attention.py on a CPU), no lookup grafts;
-- "graft": the engine as shipped: lookup drafts grafted onto drafter trees.
-"No graft" replaces `speculative._Lookup.graft` with one that grafts nothing: an A/B of the
-loop's internals, not a user setting. Every run is greedy, block size auto, lookup and trees on,
-and must equal plain decoding token for token (the script stops otherwise).
+- "no-graft": the engine's attention (engines/cpu_attention.py on a CPU), no lookup grafts;
+- "graft": the engine as shipped: lookup drafts grafted onto drafter trees;
+- "flat": as shipped, but its calibration without context slopes (every round priced as on
+  the calibration's short context; graft's calibration, the slopes dropped).
+"No-graft" replaces `speculative._Lookup.graft` with one that grafts nothing: an A/B of the
+loop's internals, not a user setting. --context N puts held-out text from the end of the list
+(never one of the sampled prompts) before each prompt until it is N tokens long: a long chat.
+Every run is greedy, block size auto, lookup and trees on, and must equal plain decoding token
+for token (the script stops otherwise).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -48,16 +53,27 @@ def _engine(name: str):
     return TorchEngine(embedded_target_dir(), drafter)
 
 
-def _variants(engine) -> dict[str, tuple[str | None, bool]]:
+def _variants(engine, wanted: list[str]) -> dict[str, tuple[str | None, bool]]:
     """name -> (attention implementation to set, or None; grafts on)."""
     config = getattr(getattr(engine, "model", None), "config", None)  # MLX models have none
     shipped = getattr(config, "_attn_implementation", None)
     variants = {}
     if shipped not in (None, "sdpa") and hasattr(engine.model, "set_attn_implementation"):
         variants["sdpa"] = ("sdpa", False)
-    variants["no graft"] = (shipped, False)
+    variants["no-graft"] = (shipped, False)
     variants["graft"] = (shipped, True)
-    return variants
+    variants["flat"] = (shipped, True)
+    return {name: variants[name] for name in wanted if name in variants}
+
+
+def _with_context(engine, text: str, tokens: int, filler: list[str]) -> list[int]:
+    """The prompt's chat ids, with filler text before it until about `tokens` long."""
+    notes: list[str] = []
+    while True:
+        ids = engine.encode_chat([{"role": "user", "content": "\n\n".join([*notes, text])}])
+        if len(ids) >= tokens or len(notes) == len(filler):
+            return ids
+        notes.append(filler[len(notes)])
 
 
 def _use(engine, attention: str | None, graft: bool) -> None:
@@ -71,14 +87,22 @@ def main() -> None:
     parser.add_argument("--engine", choices=["transformers", "mlx"], default="transformers")
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--context", type=int, default=0, metavar="N")
+    parser.add_argument("--variants", default="sdpa,no-graft,graft,flat")
     parser.add_argument("--out", type=Path, default=Path("runs/ab-loop.json"))
     args = parser.parse_args()
     engine = _engine(args.engine)
-    variants = _variants(engine)
+    variants = _variants(engine, args.variants.split(","))
     policies = {}
     for name, (attention, graft) in variants.items():
         _use(engine, attention, graft)
-        policies[name] = calibration.measure(engine)
+        if name == "flat" and "graft" in policies:
+            measured = policies["graft"]
+        else:
+            measured = calibration.measure(engine)
+        if name == "flat":
+            measured = replace(measured, costs=replace(measured.costs, context_slopes=None))
+        policies[name] = measured
         costs = policies[name].costs
         print(f"calibrated {name}: a {costs.max_width}-row verify = "
               f"{costs.verify_only[-1] / costs.at(1):.2f} plain steps", flush=True)
@@ -88,8 +112,12 @@ def main() -> None:
     totals = {name: [0.0, 0] for name in ["plain", *variants]}
     taus = {name: [0, 0] for name in variants}
     names = list(variants)
-    for index, prompt in enumerate(load_prompts("embedded", args.samples)):
-        prompt_ids = engine.encode_chat([{"role": "user", "content": prompt.turns[0]}])
+    prompts = load_prompts("embedded", args.samples)
+    sampled = {prompt.turns[0] for prompt in prompts}
+    filler = [text for text in reversed([p.turns[0] for p in load_prompts("embedded", 10_000)])
+              if text not in sampled]
+    for index, prompt in enumerate(prompts):
+        prompt_ids = _with_context(engine, prompt.turns[0], args.context, filler)
         plain = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, speculative=False))
         totals["plain"][0] += plain.decode_s
         totals["plain"][1] += plain.completion_tokens - 1
@@ -109,6 +137,7 @@ def main() -> None:
         print(f"[{index + 1}/{args.samples}] {prompt.prompt_id}: " + ", ".join(line), flush=True)
     plain_rate = totals["plain"][1] / totals["plain"][0]
     summary = {"engine": args.engine, "samples": args.samples, "max_tokens": args.max_tokens,
+               "context": args.context,
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plain_tokens_per_s": round(plain_rate, 2),
                "variants": {}}
     for name in variants:

@@ -218,6 +218,9 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     assert len(seconds) == block and len(measured.prior) == block - 1
     assert all(b >= a for a, b in itertools.pairwise(seconds)) and seconds[1] > seconds[0]
     assert all(0.0 <= rate <= 1.0 for rate in measured.prior)
+    slopes = measured.costs.context_slopes  # timed on a long context: >= 0, wider never flatter
+    assert len(slopes) == block and all(b >= a >= 0 for a, b in itertools.pairwise(slopes))
+    assert 0 < measured.costs.base_context < calibration.LONG_CONTEXT
     cached = calibration.cache_path(calibration.calibration_key(engine))
     assert json.loads(cached.read_text())["round_seconds"] == list(seconds)
     calibration._MEMORY.pop(engine)
@@ -263,6 +266,42 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
         left -= len(event.token_ids)
     # each tree drafted as wide as the block, or as the tokens left, allow; no trees without
     assert nodes == (allowed if tree else []) and (nodes or not tree)
+
+
+def test_rounds_are_priced_at_the_context_they_run_on():
+    """A wide verify that grows dearer with the context than a 1-row step (MLX on a CPU) makes
+    the policy narrower on a long context; costs never drop below the timed ones."""
+    seconds = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
+    slopes = tuple(0.0002 * (w - 1) for w in range(1, 17))  # 16 rows: +0.3 steps per 100 tokens
+    costs = RoundCosts(seconds, seconds, base_context=100, context_slopes=slopes)
+    assert costs.at_context(50) is costs and costs.at_context(100) is costs
+    long = costs.at_context(2100)
+    assert long.at(1) == pytest.approx(1.0) and long.at(16) == pytest.approx(1.75 + 0.003 * 2000)
+    assert long.context_slopes is None and long.verify_only == long.seconds
+    policy = BlockPolicy(costs, [0.7] * 15)
+    short_width = policy.best_width()
+    assert policy.price_context(2100) == long and policy.costs == long
+    assert 1 < policy.best_width() < short_width
+    assert policy.price_context(100) is costs and policy.best_width() == short_width
+    with pytest.raises(ValueError):
+        RoundCosts(seconds, seconds, 100, slopes[:4])
+
+
+def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch):
+    engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
+    seconds = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
+    costs = RoundCosts(seconds, seconds, base_context=1, context_slopes=tuple([0.001] * 16))
+    priced = []
+    policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.block_size)
+    price_context = policy.price_context
+    policy.price_context = lambda tokens: priced.append(tokens) or price_context(tokens)
+    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: policy)
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
+    _, events = collect(engine.stream(prompt_ids, GenerationParams(
+        max_tokens=40, block_size="auto", stop_token_ids=(-1,))))
+    produced = list(itertools.accumulate(len(event.token_ids) for event in events))
+    assert priced == [len(prompt_ids) + count for count in produced[:-1]]  # before every round
+    assert policy.costs.at(1) == pytest.approx(1.0 + 0.001 * (priced[-1] - 1))
 
 
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():

@@ -96,7 +96,7 @@ class LocalEngine(Engine):
 
     def prepare(self, block_size: int | str | None, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:
-        """With "auto", this machine's calibration for the pair: measured once (~20 s for the
+        """With "auto", this machine's calibration for the pair: measured once (~20-30 s for the
         embedded pair on two cores), then read from its cache file, unless `recalibrate`."""
         if calibration.uses_calibration(self, block_size):
             calibration.load_or_measure(

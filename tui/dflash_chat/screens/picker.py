@@ -199,7 +199,7 @@ class PickerScreen(Screen):
         self.post_message(self.Outcome("load", pair_id, None))
 
     async def _show_load_phase(self, pair_id: str) -> None:
-        """A first load with block size auto measures this machine (~20 s): say so."""
+        """A first load with block size auto measures this machine (~20-30 s): say so."""
         try:
             status = await self.app.client.status()
         except ServiceError:
