@@ -153,8 +153,10 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     _, taps = runner.prefill(context_ids)
     anchor_id = context_ids[-1]
     drafter.propose(anchor_id, taps, 2)  # the context enters the drafter's cache once
-    widths = list(range(1, drafter.block_size + 1))
-    filler = (context_ids * drafter.block_size)[: drafter.block_size]
+    block = drafter.block_size
+    widths = list(range(1, block + 1))
+    filler = (context_ids * block)[:block]
+    long = LongContextTimer.open(engine, block, trees, repetitions)
     verify_s: dict[int, list[float]] = {w: [] for w in widths}
     draft_s: dict[int, list[float]] = {w: [] for w in widths[1:]}
     order = random.Random(0)
@@ -167,45 +169,63 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
                 drafter.propose_tree(anchor_id, new_taps, width - 1)
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
+            drafted = time.perf_counter()
+            if long is not None:  # right after the short one: drift on the machine hits both
+                long.time(width, keep=repetition > 0)
             if repetition:
                 verify_s[width].append(seconds)
                 if width > 1:
-                    draft_s[width].append(time.perf_counter() - started)
+                    draft_s[width].append(drafted - started)
     verify = non_decreasing([lower_quartile(verify_s[w]) for w in sorted(verify_s)])
     draft = non_decreasing([lower_quartile(draft_s[w]) for w in sorted(draft_s)])
-    slopes = measure_context_slopes(engine, verify, len(context_ids), trees)
+    # each verify above kept one row: on average they ran on half of those rows more context
+    timed_context = len(context_ids) + (repetitions + 1) * block // 2
+    slopes = long.slopes(verify, timed_context) if long is not None else None
     return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])), tuple(verify),
-                      len(context_ids), slopes)
+                      timed_context, slopes)
 
 
-def measure_context_slopes(engine, short_verify: list[float], short_context: int, trees: bool,
-                           repetitions: int = SLOPE_REPETITIONS) -> tuple[float, ...] | None:
-    """Seconds per token of context that a verify of each width adds, from verifies on
-    LONG_CONTEXT tokens (widths 1, 2, B/2 and B timed, the rest interpolated, non-decreasing in
-    w). None where the target's context window is too short to tell."""
-    block = len(short_verify)
-    runner = engine.make_runner(collect_taps=False)
-    tokens = min(LONG_CONTEXT, runner.max_context - block - 1)
-    if tokens < 2 * short_context:
-        return None
-    text_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
-    context_ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
-    runner.prefill(context_ids)
-    anchor_id = context_ids[-1]
-    filler = (context_ids * block)[:block]
-    widths = sorted({1, min(2, block), max(1, block // 2), block})
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    order = random.Random(1)
-    for repetition in range(repetitions + 1):
-        order.shuffle(widths)
-        for width in widths:
-            seconds, _ = _time_verify(runner, anchor_id, filler, width, trees)
-            if repetition:
-                times[width].append(seconds)
-    timed = sorted(times)
-    slopes = [max(0.0, (lower_quartile(times[w]) - short_verify[w - 1]) / (tokens - short_context))
-              for w in timed]
-    return tuple(non_decreasing([float(x) for x in np.interp(range(1, block + 1), timed, slopes)]))
+class LongContextTimer:
+    """The verifies of a few widths on about LONG_CONTEXT tokens, timed between the short
+    context's (measure_costs), and the seconds per token of context each width's verify adds
+    (widths 1, 2, the first tree width, B/2 and B timed, the rest interpolated, non-decreasing
+    in w). Only the verify is priced: the drafter pass is taken to cost the same on any context."""
+
+    def __init__(self, runner, anchor_id: int, filler: list[int], widths: list[int], trees: bool,
+                 tokens: int, kept_rows: int):
+        self.runner, self.anchor_id, self.filler, self.trees = runner, anchor_id, filler, trees
+        self.widths, self.tokens, self.kept_rows = widths, tokens, kept_rows
+        self.seconds: dict[int, list[float]] = {w: [] for w in widths}
+
+    @classmethod
+    def open(cls, engine, block: int, trees: bool, repetitions: int) -> LongContextTimer | None:
+        """A runner prefilled with the long context; None where the target's context window is
+        too short for one (at least twice the short context)."""
+        widths = sorted({1, min(2, block), min(3 if trees else 2, block), max(1, block // 2), block})
+        kept_rows = (repetitions + 1) * len(widths)  # one per verify: the context grows as it times
+        runner = engine.make_runner(collect_taps=True)  # as the loop runs it: taps cost too
+        text_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
+        tokens = min(LONG_CONTEXT, runner.max_context - block - kept_rows - 1)
+        if tokens < 2 * (len(text_ids) + (repetitions + 1) * block):
+            return None
+        context_ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
+        runner.prefill(context_ids)
+        return cls(runner, context_ids[-1], (context_ids * block)[:block], widths, trees, tokens, kept_rows)
+
+    def time(self, width: int, keep: bool = True) -> None:
+        """One verify + commit at this width, if it is one of the timed widths."""
+        if width in self.seconds:
+            seconds, _ = _time_verify(self.runner, self.anchor_id, self.filler, width, self.trees)
+            if keep:
+                self.seconds[width].append(seconds)
+
+    def slopes(self, short_verify: list[float], short_context: int) -> tuple[float, ...]:
+        """Per width 1..B, from `short_verify` timed on `short_context` tokens on average."""
+        longer = self.tokens + self.kept_rows // 2 - short_context
+        timed = sorted(self.seconds)
+        slopes = [max(0.0, (lower_quartile(self.seconds[w]) - short_verify[w - 1]) / longer) for w in timed]
+        block = len(short_verify)
+        return tuple(non_decreasing([float(x) for x in np.interp(range(1, block + 1), timed, slopes)]))
 
 
 def _time_verify(runner, anchor_id: int, filler: list[int], width: int, trees: bool):

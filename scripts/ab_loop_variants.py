@@ -63,7 +63,12 @@ def _variants(engine, wanted: list[str]) -> dict[str, tuple[str | None, bool]]:
     variants["no-graft"] = (shipped, False)
     variants["graft"] = (shipped, True)
     variants["flat"] = (shipped, True)
-    return {name: variants[name] for name in wanted if name in variants}
+    unknown = [name for name in wanted if name not in variants and name != "sdpa"]
+    if unknown:
+        sys.exit(f"unknown variant(s) {', '.join(unknown)}; known: sdpa, no-graft, graft, flat")
+    # graft first when both are asked: flat is graft's calibration without its slopes
+    order = sorted(wanted, key=lambda name: (name != "graft" or "flat" not in wanted))
+    return {name: variants[name] for name in order if name in variants}
 
 
 def _with_context(engine, text: str, tokens: int, filler: list[str]) -> list[int]:
@@ -144,6 +149,7 @@ def main() -> None:
         rate = totals[name][1] / totals[name][0]
         summary["variants"][name] = {"tokens_per_s": round(rate, 2), "speedup": round(rate / plain_rate, 3),
                                      "tau": round(taus[name][0] / max(taus[name][1], 1), 3)}
+        summary["variants"][name]["calibration"] = policies[name].to_json()
         print(f"{name:10} {rate:6.1f} tokens/s  {rate / plain_rate:.2f}x  "
               f"tau {summary['variants'][name]['tau']:.2f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

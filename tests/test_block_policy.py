@@ -18,7 +18,9 @@ from dflash_local.block_policy import (
     PROBE,
     SPECULATIVE,
     BlockPolicy,
+    LookupPolicy,
     RoundCosts,
+    TreeSizer,
     expected_committed,
 )
 from dflash_local.errors import InvalidRequestError
@@ -272,12 +274,15 @@ def test_rounds_are_priced_at_the_context_they_run_on():
     """A wide verify that grows dearer with the context than a 1-row step (MLX on a CPU) makes
     the policy narrower on a long context; costs never drop below the timed ones."""
     seconds = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
+    verify = (1.0, *(s - 0.01 for s in seconds[1:]))  # a drafter pass of 0.01
     slopes = tuple(0.0002 * (w - 1) for w in range(1, 17))  # 16 rows: +0.3 steps per 100 tokens
-    costs = RoundCosts(seconds, seconds, base_context=100, context_slopes=slopes)
+    costs = RoundCosts(seconds, verify, base_context=100, context_slopes=slopes)
     assert costs.at_context(50) is costs and costs.at_context(100) is costs
     long = costs.at_context(2100)
     assert long.at(1) == pytest.approx(1.0) and long.at(16) == pytest.approx(1.75 + 0.003 * 2000)
-    assert long.context_slopes is None and long.verify_only == long.seconds
+    assert long.verify_only[15] == pytest.approx(1.74 + 0.003 * 2000)
+    assert long.draft_seconds(16) == pytest.approx(0.01)  # the drafter pass is not repriced
+    assert long.context_slopes is None and long.at_context(4100) is long  # priced once
     policy = BlockPolicy(costs, [0.7] * 15)
     short_width = policy.best_width()
     assert policy.price_context(2100) == long and policy.costs == long
@@ -296,12 +301,72 @@ def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch
     price_context = policy.price_context
     policy.price_context = lambda tokens: priced.append(tokens) or price_context(tokens)
     monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: policy)
-    prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
+    current = {TreeSizer: [], LookupPolicy: []}  # each pricing part: priced as the policy is?
+    for part, method in ((TreeSizer, "size"), (LookupPolicy, "plan")):
+        original = getattr(part, method)
+        monkeypatch.setattr(part, method, lambda self, *args, _part=part, _original=original: (
+            current[_part].append(self.costs is policy.costs) or _original(self, *args)))
+    prompt_ids = engine.encode_chat([{"role": "user", "content": "the cat and the cat and the"}])
     _, events = collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=40, block_size="auto", stop_token_ids=(-1,))))
     produced = list(itertools.accumulate(len(event.token_ids) for event in events))
     assert priced == [len(prompt_ids) + count for count in produced[:-1]]  # before every round
     assert policy.costs.at(1) == pytest.approx(1.0 + 0.001 * (priced[-1] - 1))
+    assert current[TreeSizer] and all(current[TreeSizer])
+    assert current[LookupPolicy] and all(current[LookupPolicy])
+
+
+class _Clock:
+    now = 0.0
+
+
+class _ClockedRunner:
+    """Verifying w rows on c tokens of context takes 0.01 + 1e-5 * w * c seconds of `clock`."""
+
+    def __init__(self, clock: _Clock, max_context: int):
+        self.clock, self.max_context, self.length = clock, max_context, 0
+
+    def prefill(self, ids):
+        self.length = len(ids)
+        return None, None
+
+    def verify(self, ids):
+        self.clock.now += 0.01 + 1e-5 * len(ids) * self.length
+
+    def commit(self, kept):
+        self.length += kept
+
+    def verify_tree(self, anchor_id, tree):
+        self.verify([anchor_id, *tree.token_ids])
+
+    def commit_path(self, rows):
+        self.commit(len(rows))
+
+
+class _ClockedEngine:
+    def __init__(self, clock: _Clock, max_context: int):
+        self.clock, self.max_context = clock, max_context
+
+    def make_runner(self, collect_taps: bool):
+        return _ClockedRunner(self.clock, self.max_context)
+
+    def encode_chat(self, messages):
+        return list(range(40))
+
+
+def test_context_slopes_recover_how_a_verify_grows_with_the_context(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock.now)
+    timer = calibration.LongContextTimer.open(_ClockedEngine(clock, 8192), 16, True, repetitions=4)
+    assert timer.widths == [1, 2, 3, 8, 16]
+    for repetition in range(5):
+        for width in range(1, 17):
+            timer.time(width, keep=repetition > 0)
+    assert timer.runner.length == timer.tokens + 5 * 5  # only the timed widths ran, one row kept each
+    short = [0.01 + 1e-5 * w * 100 for w in range(1, 17)]  # as if timed on 100 tokens
+    assert timer.slopes(short, 100) == pytest.approx([1e-5 * w for w in range(1, 17)], rel=0.05)
+    # a context window too short to time a long context: no slopes, not made-up ones
+    assert calibration.LongContextTimer.open(_ClockedEngine(clock, 250), 16, True, 4) is None
 
 
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():
