@@ -59,7 +59,7 @@ PRIOR_PROMPTS = (
 PRIOR_TOKENS = 32  # per prompt: enough for a prior, short for a first request that calibrates
 REPETITIONS = 8
 LONG_CONTEXT = 1024  # tokens of context where the slopes are timed: a chat some turns long
-SLOPE_REPETITIONS = 4
+SLOPE_REPETITIONS = 4  # of the long context's verifies, in the first repetitions of the short ones
 FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> Calibration
@@ -156,7 +156,7 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     block = drafter.block_size
     widths = list(range(1, block + 1))
     filler = (context_ids * block)[:block]
-    long = LongContextTimer.open(engine, block, trees, repetitions)
+    long = LongContextTimer.open(engine, block, trees, SLOPE_REPETITIONS)
     verify_s: dict[int, list[float]] = {w: [] for w in widths}
     draft_s: dict[int, list[float]] = {w: [] for w in widths[1:]}
     order = random.Random(0)
@@ -170,8 +170,8 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
             elif width > 1:
                 drafter.propose(anchor_id, new_taps, width)
             drafted = time.perf_counter()
-            if long is not None:  # right after the short one: drift on the machine hits both
-                long.time(width, keep=repetition > 0)
+            if long is not None and repetition <= SLOPE_REPETITIONS:  # fewer: a long verify is dear
+                long.time(width, keep=repetition > 0)  # right after the short one: drift hits both
             if repetition:
                 verify_s[width].append(seconds)
                 if width > 1:
