@@ -156,7 +156,9 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     block = drafter.block_size
     widths = list(range(1, block + 1))
     filler = (context_ids * block)[:block]
-    long = LongContextTimer.open(engine, block, trees, SLOPE_REPETITIONS)
+    # each verify below keeps one row: on average they run on half of those rows more context
+    timed_context = len(context_ids) + (repetitions + 1) * block // 2
+    long = LongContextTimer.open(engine, context_ids, block, trees, timed_context)
     verify_s: dict[int, list[float]] = {w: [] for w in widths}
     draft_s: dict[int, list[float]] = {w: [] for w in widths[1:]}
     order = random.Random(0)
@@ -178,8 +180,6 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
                     draft_s[width].append(drafted - started)
     verify = non_decreasing([lower_quartile(verify_s[w]) for w in sorted(verify_s)])
     draft = non_decreasing([lower_quartile(draft_s[w]) for w in sorted(draft_s)])
-    # each verify above kept one row: on average they ran on half of those rows more context
-    timed_context = len(context_ids) + (repetitions + 1) * block // 2
     slopes = long.slopes(verify, timed_context) if long is not None else None
     return RoundCosts(tuple(v + d for v, d in zip(verify, [0.0, *draft])), tuple(verify),
                       timed_context, slopes)
@@ -194,19 +194,23 @@ class LongContextTimer:
     def __init__(self, runner, anchor_id: int, filler: list[int], widths: list[int], trees: bool,
                  tokens: int, kept_rows: int):
         self.runner, self.anchor_id, self.filler, self.trees = runner, anchor_id, filler, trees
-        self.widths, self.tokens, self.kept_rows = widths, tokens, kept_rows
+        self.tokens, self.kept_rows = tokens, kept_rows
         self.seconds: dict[int, list[float]] = {w: [] for w in widths}
 
+    @property
+    def widths(self) -> list[int]:
+        return sorted(self.seconds)
+
     @classmethod
-    def open(cls, engine, block: int, trees: bool, repetitions: int) -> LongContextTimer | None:
-        """A runner prefilled with the long context; None where the target's context window is
-        too short for one (at least twice the short context)."""
+    def open(cls, engine, text_ids: list[int], block: int, trees: bool, short_context: int,
+             repetitions: int = SLOPE_REPETITIONS) -> LongContextTimer | None:
+        """A runner prefilled with `text_ids` repeated to the long context; None where the
+        target's context window is too short for one at least twice `short_context`."""
         widths = sorted({1, min(2, block), min(3 if trees else 2, block), max(1, block // 2), block})
         kept_rows = (repetitions + 1) * len(widths)  # one per verify: the context grows as it times
         runner = engine.make_runner(collect_taps=True)  # as the loop runs it: taps cost too
-        text_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
         tokens = min(LONG_CONTEXT, runner.max_context - block - kept_rows - 1)
-        if tokens < 2 * (len(text_ids) + (repetitions + 1) * block):
+        if tokens < 2 * short_context:
             return None
         context_ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
         runner.prefill(context_ids)
@@ -222,7 +226,7 @@ class LongContextTimer:
     def slopes(self, short_verify: list[float], short_context: int) -> tuple[float, ...]:
         """Per width 1..B, from `short_verify` timed on `short_context` tokens on average."""
         longer = self.tokens + self.kept_rows // 2 - short_context
-        timed = sorted(self.seconds)
+        timed = self.widths
         slopes = [max(0.0, (lower_quartile(self.seconds[w]) - short_verify[w - 1]) / longer) for w in timed]
         block = len(short_verify)
         return tuple(non_decreasing([float(x) for x in np.interp(range(1, block + 1), timed, slopes)]))

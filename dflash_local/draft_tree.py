@@ -45,7 +45,7 @@ class DraftTree:
         of this tree from the anchor."""
         node = shared = 0
         for token in chain:
-            child = next((c for t, c in self.children_of(node) if t == token), None)
+            child = self.child_with(node, token)
             if child is None:
                 break
             node, shared = child, shared + 1
@@ -106,6 +106,10 @@ class DraftTree:
         """(token, child node) of each child of `node`, in node order."""
         return self._children[node]
 
+    def child_with(self, node: int, token: int) -> int | None:
+        """The child of `node` that holds `token`, if any (siblings hold distinct tokens)."""
+        return next((child for held, child in self._children[node] if held == token), None)
+
     def walk(self, target_choice: np.ndarray) -> tuple[list[int], int]:
         """Greedy acceptance. target_choice[i] = the target's argmax after row i.
 
@@ -114,7 +118,7 @@ class DraftTree:
         path, node = [], 0
         while True:
             wanted = int(target_choice[node])
-            child = next((child for token, child in self.children_of(node) if token == wanted), None)
+            child = self.child_with(node, wanted)
             if child is None:
                 return path, wanted
             path.append(child)

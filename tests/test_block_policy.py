@@ -350,14 +350,12 @@ class _ClockedEngine:
     def make_runner(self, collect_taps: bool):
         return _ClockedRunner(self.clock, self.max_context)
 
-    def encode_chat(self, messages):
-        return list(range(40))
-
 
 def test_context_slopes_recover_how_a_verify_grows_with_the_context(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock.now)
-    timer = calibration.LongContextTimer.open(_ClockedEngine(clock, 8192), 16, True, repetitions=4)
+    timer = calibration.LongContextTimer.open(_ClockedEngine(clock, 8192), list(range(40)), 16, True,
+                                              short_context=100, repetitions=4)
     assert timer.widths == [1, 2, 3, 8, 16]
     for repetition in range(5):
         for width in range(1, 17):
@@ -366,7 +364,8 @@ def test_context_slopes_recover_how_a_verify_grows_with_the_context(monkeypatch)
     short = [0.01 + 1e-5 * w * 100 for w in range(1, 17)]  # as if timed on 100 tokens
     assert timer.slopes(short, 100) == pytest.approx([1e-5 * w for w in range(1, 17)], rel=0.05)
     # a context window too short to time a long context: no slopes, not made-up ones
-    assert calibration.LongContextTimer.open(_ClockedEngine(clock, 250), 16, True, 4) is None
+    assert calibration.LongContextTimer.open(_ClockedEngine(clock, 250), list(range(40)), 16, True,
+                                             short_context=120, repetitions=4) is None
 
 
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():
