@@ -196,6 +196,24 @@ def test_kept_path_leaves_the_cache_of_a_fresh_prefill(kind, family, node, tmp_p
     np.testing.assert_allclose(runner.verify(follow_up), fresh.verify(follow_up), atol=1e-4)
 
 
+def test_mlx_tree_verify_puts_every_layers_rope_back_even_when_it_fails(monkeypatch):
+    runner = _mlx_runner("qwen3")
+    layers = runner.adapter.text_model(runner.model).layers
+    ropes = [layer.self_attn.rope for layer in layers]
+    runner.prefill(PROMPT)
+    runner.verify_tree(ANCHOR, TREE)
+    assert all(layer.self_attn.rope is rope for layer, rope in zip(layers, ropes, strict=True))
+
+    def broken_run(*args, **kwargs):
+        assert all(type(layer.self_attn.rope).__name__ == "RopeAtPositions" for layer in layers)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(runner.adapter, "run", broken_run)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runner.verify_tree(ANCHOR, TREE)
+    assert all(layer.self_attn.rope is rope for layer, rope in zip(layers, ropes, strict=True))
+
+
 def test_trees_only_where_one_mask_fits_every_layer():
     pytest.importorskip("mlx_lm")
     for family, expected in [("llama_sliding", False), ("qwen3_5", False), ("gemma3_text", False),

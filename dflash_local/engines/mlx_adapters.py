@@ -6,14 +6,17 @@ collects the drafter's taps (tap i = output of decoder layer i) without wrapping
 any layer. Sliding-window layers get a plain KVCache (windowed by their mask) instead of
 mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6) mark
 their GatedDeltaNet layers recurrent: their input is kept so the runner can replay the
-accepted rows from the saved state (see MLXTargetRunner.commit).
+accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs its rows as
+one sequence, each at the RoPE position of its depth (`rows_at_positions`).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
@@ -27,14 +30,44 @@ class LayerRun:
     recurrent_inputs: dict[int, mx.array] = field(default_factory=dict)  # layer -> its input
 
 
+class RopeAtPositions(nn.Module):
+    """A layer's RoPE with a position of its own for each row of one sequence.
+
+    mx.fast.rope takes one offset per batch row, so the rows pass through it as a batch of
+    one-row sequences and come back as one sequence; the attention then runs on the cache as
+    it is (a batch of rows would need the cache broadcast to each, which the CPU copies)."""
+
+    def __init__(self, rope, positions: mx.array):
+        super().__init__()
+        self.rope = rope
+        self.positions = positions
+
+    def __call__(self, x: mx.array, offset=None) -> mx.array:  # x: [1, heads, rows, head_dim]
+        return self.rope(x.swapaxes(0, 2), offset=self.positions).swapaxes(0, 2)
+
+
 class TargetAdapter:
     """The plain decoder stack `model.model` with `layer(h, mask, cache)` and one causal mask."""
 
     model_types: tuple[str, ...] = ()
 
     def can_verify_trees(self, model) -> bool:
-        """Whether `run` with one mask for every layer is exact: all layers full attention."""
-        return True
+        """Whether `run` with one mask for every layer is exact (all layers full attention) and
+        every layer's attention has a RoPE that `rows_at_positions` can place row by row."""
+        return all("rope" in getattr(layer, "self_attn", {}) for layer in self.text_model(model).layers)
+
+    @contextmanager
+    def rows_at_positions(self, model, positions: mx.array):
+        """While inside, the rows of a run sit at `positions` (one per row), not after the cache."""
+        attentions = [layer.self_attn for layer in self.text_model(model).layers]
+        ropes = [attention.rope for attention in attentions]
+        for attention, rope in zip(attentions, ropes, strict=True):
+            attention.rope = RopeAtPositions(rope, positions)
+        try:
+            yield
+        finally:
+            for attention, rope in zip(attentions, ropes, strict=True):
+                attention.rope = rope
 
     def language_model(self, model):
         """The object holding `model` (the decoder stack) and `lm_head`."""
@@ -95,7 +128,7 @@ class LlamaAdapter(TargetAdapter):
     model_types = ("llama", "mistral")
 
     def can_verify_trees(self, model) -> bool:
-        return self.text_model(model).swa_idx is None
+        return self.text_model(model).swa_idx is None and super().can_verify_trees(model)
 
     def masks(self, inner, h, cache):
         full = create_attention_mask(h, cache[inner.fa_idx])
@@ -166,7 +199,9 @@ class Gemma4Adapter(TargetAdapter):
         cap = self.language_model(model).final_logit_softcapping
         return logits if cap is None else mx.tanh(logits / cap) * cap
 
-    def run(self, model, token_ids, cache, tap_ids, record_recurrent=False):
+    def run(self, model, token_ids, cache, tap_ids, record_recurrent=False, mask=None):
+        if mask is not None:
+            raise ValueError("Gemma 4 runs its own per-layer masks: no tree verify")
         inner = self.text_model(model)
         embeds = inner.embed_tokens(token_ids)
         h = embeds * inner.embed_scale

@@ -66,9 +66,9 @@ class MLXTargetRunner:
         self._verified: _Verified | None = None
         self.supports_tree = not self._recurrent and adapter.can_verify_trees(model)
 
-    def _run(self, token_ids: list[int], record_recurrent: bool = False):
+    def _run(self, token_ids: list[int], record_recurrent: bool = False, mask: mx.array | None = None):
         run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
-                               frozenset(self.tap_ids or ()), record_recurrent)
+                               frozenset(self.tap_ids or ()), record_recurrent, mask)
         return run, self._taps(run)
 
     def _taps(self, run):
@@ -97,21 +97,16 @@ class MLXTargetRunner:
         return np.array(logits[0])
 
     def verify_tree(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
-        """The rows go through the layers as a batch of one-token sequences, each at the
-        position of its depth (RoPE takes one offset per batch row); _TreeCache hands every
-        row the whole cache plus all the tree's rows, and the mask leaves it its ancestors."""
+        """The anchor and the nodes go through the layers as one sequence, as a chain verify's
+        rows, with two differences: each row sits at the RoPE position of its depth, and the mask
+        leaves it the cache and its own ancestors."""
         past = self.cache[0].offset
         rows = len(tree.token_ids) + 1
-        positions = mx.array(tree.depths) + past
         mask = mx.concatenate([mx.ones((rows, past), dtype=mx.bool_), mx.array(tree.ancestor_mask())],
-                              axis=1)[:, None, None, :]
-        caches = [_TreeCache(layer_cache, positions) for layer_cache in self.cache]
-        run = self.adapter.run(self.model, mx.array([[anchor_id, *tree.token_ids]]).T, caches,
-                               frozenset(self.tap_ids or ()), mask=mask)
-        hidden = run.hidden.transpose(1, 0, 2)  # [1, rows, H], as a chain verify's
-        taps = self._taps(run)
-        taps = taps.transpose(1, 0, 2) if taps is not None else None
-        logits = self.adapter.logits(self.model, hidden).astype(mx.float32)
+                              axis=1)
+        with self.adapter.rows_at_positions(self.model, mx.array(tree.depths) + past):
+            run, taps = self._run([anchor_id, *tree.token_ids], mask=mask)
+        logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
         mx.eval(logits, taps)
         self._verified = _Verified(rows, taps, {}, {})
         return np.array(logits[0])
@@ -154,22 +149,6 @@ class MLXTargetRunner:
             layer_input = verified.recurrent_inputs[index][:, :kept_rows]
             self.adapter.replay_recurrent(self._layers[index], layer_input, layer_cache)
         mx.eval([self.cache[i].state for i in self._recurrent])
-
-
-class _TreeCache:
-    """One layer's KV cache as a tree verify sees it: the tree's rows arrive as a batch of
-    single rows (keys [rows, kv_heads, 1, D]); they are stored as the next positions of the
-    real cache, and every row gets the whole cache back (broadcast, not copied)."""
-
-    def __init__(self, cache, positions: mx.array):
-        self.cache = cache
-        self.offset = positions  # RoPE: each batch row at its own position
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        rows = keys.shape[0]
-        keys, values = self.cache.update_and_fetch(keys.transpose(2, 1, 0, 3), values.transpose(2, 1, 0, 3))
-        return (mx.broadcast_to(keys, (rows, *keys.shape[1:])),
-                mx.broadcast_to(values, (rows, *values.shape[1:])))
 
 
 def _read_config(target_path: Path) -> dict:
