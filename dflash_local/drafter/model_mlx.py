@@ -20,6 +20,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
+from dflash_local.engines.mlx_cpu_attention import attend
 from dflash_local.errors import CheckpointError
 
 
@@ -53,7 +54,7 @@ class Attention(nn.Module):
         keys = rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), offset=block_offset)
         keys = mx.concatenate([ctx_keys, keys], axis=2)
         values = mx.concatenate([ctx_values, self._heads(self.v_proj(x), self.num_kv_heads)], axis=2)
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        out = attend(queries, keys, values, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, q_len, -1))
 
 

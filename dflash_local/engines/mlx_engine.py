@@ -32,6 +32,7 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
+from dflash_local.engines.mlx_cpu_attention import use_cpu_attention
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities
 
@@ -214,6 +215,7 @@ class MLXEngine(LocalEngine):
             logger.warning(note)
         self.model, wrapper = mlx_lm_load(str(target_path))
         _cast_floating(self.model, DTYPES[dtype])  # quantized: scales, norms (packed ints stay)
+        use_cpu_attention(self.model)
         self.drafter = None
         if drafter_config is not None:
             self.drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
