@@ -62,7 +62,7 @@ def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, bot
         tree = branching_tree(filler[1:])
         timings = {(label, kind): [] for label in kernels for kind in ("step", "chain", "tree")}
         for repeat in range(repeats + 1):
-            for label, kind in timings:
+            for (label, kind), seconds in timings.items():
                 module.scaled_dot_product_attention = kernels[label]
                 start = time.perf_counter()
                 if kind == "tree":
@@ -72,7 +72,7 @@ def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, bot
                     runner.verify(filler[: 1 if kind == "step" else width])
                     runner.commit(1)
                 if repeat:  # the first round of each is a warm-up
-                    timings[label, kind].append(time.perf_counter() - start)
+                    seconds.append(time.perf_counter() - start)
         ms = {key: statistics.median(values) * 1e3 for key, values in timings.items()}
         result = {"context": context, "width": width,
                   **{f"{label}{kind}_ms": round(value, 2) for (label, kind), value in ms.items()}}

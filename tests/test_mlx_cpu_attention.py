@@ -10,11 +10,11 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from mlx_lm.models import base  # noqa: E402
-from mlx_tiny import build_model  # noqa: E402
+from mlx_lm.models import base
+from mlx_tiny import build_model
 
-from dflash_local.engines import mlx_cpu_attention  # noqa: E402
-from dflash_local.engines.mlx_cpu_attention import cpu_attention, grouped_attention  # noqa: E402
+from dflash_local.engines import mlx_cpu_attention
+from dflash_local.engines.mlx_cpu_attention import cpu_attention, grouped_attention
 
 
 def _qkv(heads, kv_heads, rows, keys_len, seed=0):
