@@ -2,11 +2,16 @@
 embedded pair, each prompt's runs back to back (a shared machine's drift hits every variant alike).
 
     .venv/bin/python scripts/ab_loop_variants.py [--engine transformers|mlx] [--samples 30]
-        [--max-tokens 128] [--context N] [--variants sdpa,no-graft,graft,flat] [--out runs/ab-loop.json]
+        [--max-tokens 128] [--context N] [--variants sdpa,mlx-stock,no-graft,graft,flat]
+        [--out runs/ab-loop.json]
 
 Variants, each with its own calibration measured in this process:
-- "sdpa": Transformers' stock attention (Transformers engine only), no lookup grafts;
-- "no-graft": the engine's attention (engines/cpu_attention.py on a CPU), no lookup grafts;
+- "sdpa": Transformers' stock attention (Transformers engine only: skipped, and said, on MLX),
+  no lookup grafts;
+- "mlx-stock": mlx-lm's stock attention for the target (MLX engine only: skipped, and said, on
+  Transformers; the drafter keeps dflash_local/mlx_attention.py), as shipped otherwise;
+- "no-graft": the engine's attention (on a CPU: engines/cpu_attention.py for Transformers,
+  dflash_local/mlx_attention.py for MLX), no lookup grafts;
 - "graft": the engine as shipped: lookup drafts grafted onto drafter trees;
 - "flat": as shipped, but its calibration without context slopes (every round priced as on
   the calibration's short context; graft's calibration, the slopes dropped).
@@ -14,7 +19,9 @@ Variants, each with its own calibration measured in this process:
 loop's internals, not a user setting. --context N puts held-out text from the end of the list
 (never one of the sampled prompts) before each prompt until it is N tokens long: a long chat.
 Every run is greedy, block size auto, lookup and trees on, and must equal plain decoding token
-for token (the script stops otherwise).
+for token (the script stops otherwise). Plain decoding runs once per attention the variants
+use, and each variant's speedup is against plain decoding with its own attention; where two
+attentions' plain outputs differ (float rounding can flip a near-tie), the prompt says so.
 """
 
 from __future__ import annotations
@@ -53,19 +60,26 @@ def _engine(name: str):
     return TorchEngine(embedded_target_dir(), drafter)
 
 
-def _variants(engine, wanted: list[str]) -> dict[str, tuple[str | None, bool]]:
-    """name -> (attention implementation to set, or None; grafts on)."""
-    config = getattr(getattr(engine, "model", None), "config", None)  # MLX models have none
-    shipped = getattr(config, "_attn_implementation", None)
+def _variants(engine, wanted: list[str]) -> dict[str, tuple[str, bool]]:
+    """name -> (attention implementation to set; grafts on)."""
+    if engine.name == "mlx":
+        shipped = "mlx-cpu" if _mlx_module(engine).scaled_dot_product_attention is _mlx_attentions()[0] else "mlx-stock"
+    else:
+        shipped = engine.model.config._attn_implementation
     variants = {}
-    if shipped not in (None, "sdpa") and hasattr(engine.model, "set_attn_implementation"):
+    if shipped != "sdpa" and engine.name != "mlx":
         variants["sdpa"] = ("sdpa", False)
+    if shipped != "mlx-stock" and engine.name == "mlx":
+        variants["mlx-stock"] = ("mlx-stock", True)
     variants["no-graft"] = (shipped, False)
     variants["graft"] = (shipped, True)
     variants["flat"] = (shipped, True)
-    unknown = [name for name in wanted if name not in variants and name != "sdpa"]
+    elsewhere = {"sdpa", "mlx-stock"} - set(variants)  # the other engine's attention
+    unknown = [name for name in wanted if name not in variants and name not in elsewhere]
     if unknown:
-        sys.exit(f"unknown variant(s) {', '.join(unknown)}; known: sdpa, no-graft, graft, flat")
+        sys.exit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(sorted({*variants, *elsewhere}))}")
+    for name in sorted(elsewhere & set(wanted)):
+        print(f"variant {name}: not for the {engine.name} engine, skipped", flush=True)
     # graft first when both are asked: flat is graft's calibration without its slopes
     order = sorted(wanted, key=lambda name: (name != "graft" or "flat" not in wanted))
     return {name: variants[name] for name in order if name in variants}
@@ -81,8 +95,25 @@ def _with_context(engine, text: str, tokens: int, filler: list[str]) -> list[int
         notes.append(filler[len(notes)])
 
 
-def _use(engine, attention: str | None, graft: bool) -> None:
-    if attention is not None and engine.model.config._attn_implementation != attention:
+def _mlx_module(engine):
+    return sys.modules[type(engine.model).__module__]
+
+
+def _mlx_attentions():
+    """(ours, mlx-lm's stock), imported once the engine has set up MLX (engines/mlx_engine.py
+    loads the fast BLAS before mlx's first import)."""
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    from dflash_local.mlx_attention import cpu_attention
+
+    return cpu_attention, scaled_dot_product_attention
+
+
+def _use(engine, attention: str, graft: bool) -> None:
+    if engine.name == "mlx":
+        ours, stock = _mlx_attentions()
+        _mlx_module(engine).scaled_dot_product_attention = ours if attention == "mlx-cpu" else stock
+    elif engine.model.config._attn_implementation != attention:
         engine.model.set_attn_implementation(attention)
     speculative._Lookup.graft = _SHIPPED_GRAFT if graft else _no_graft
 
@@ -114,7 +145,8 @@ def main() -> None:
     current = {}
     calibration.policy_for = lambda _engine, params: (
         current["calibration"].policy() if params.block_size == "auto" and params.speculative else None)
-    totals = {name: [0.0, 0] for name in ["plain", *variants]}
+    attentions = sorted({attention for attention, _ in variants.values()})
+    totals = {name: [0.0, 0] for name in [*(f"plain {a}" for a in attentions), *variants]}
     taus = {name: [0, 0] for name in variants}
     names = list(variants)
     prompts = load_prompts("embedded", args.samples)
@@ -123,16 +155,22 @@ def main() -> None:
               if text not in sampled]
     for index, prompt in enumerate(prompts):
         prompt_ids = _with_context(engine, prompt.turns[0], args.context, filler)
-        plain = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, speculative=False))
-        totals["plain"][0] += plain.decode_s
-        totals["plain"][1] += plain.completion_tokens - 1
-        line = [f"plain {plain.decode_tokens_per_s:.1f}"]
+        line, plains = [], {}
+        for attention in attentions[index % len(attentions):] + attentions[: index % len(attentions)]:
+            _use(engine, attention, graft=True)
+            plain = plains[attention] = run_ours(
+                engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, speculative=False))
+            totals[f"plain {attention}"][0] += plain.decode_s
+            totals[f"plain {attention}"][1] += plain.completion_tokens - 1
+            line.append(f"plain {attention} {plain.decode_tokens_per_s:.1f}")
+        if len({tuple(run.token_ids) for run in plains.values()}) > 1:
+            line.append("(plain outputs differ between attentions)")
         for name in names[index % len(names):] + names[: index % len(names)]:  # rotate the order
             attention, graft = variants[name]
             _use(engine, attention, graft)
             current["calibration"] = policies[name]
             run = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, block_size="auto"))
-            if run.token_ids != plain.token_ids:
+            if run.token_ids != plains[attention].token_ids:
                 sys.exit(f"{prompt.prompt_id}: {name} differs from plain decoding")
             totals[name][0] += run.decode_s
             totals[name][1] += run.completion_tokens - 1
@@ -140,14 +178,17 @@ def main() -> None:
             taus[name][1] += len(run.committed_per_round)
             line.append(f"{name} {run.decode_tokens_per_s:.1f}")
         print(f"[{index + 1}/{args.samples}] {prompt.prompt_id}: " + ", ".join(line), flush=True)
-    plain_rate = totals["plain"][1] / totals["plain"][0]
+    plain_rates = {a: totals[f"plain {a}"][1] / totals[f"plain {a}"][0] for a in attentions}
     summary = {"engine": args.engine, "samples": args.samples, "max_tokens": args.max_tokens,
-               "context": args.context,
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plain_tokens_per_s": round(plain_rate, 2),
+               "context": args.context, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "plain_tokens_per_s": {a: round(rate, 2) for a, rate in plain_rates.items()},
                "variants": {}}
-    for name in variants:
-        rate = totals[name][1] / totals[name][0]
-        summary["variants"][name] = {"tokens_per_s": round(rate, 2), "speedup": round(rate / plain_rate, 3),
+    for attention, rate in plain_rates.items():
+        print(f"plain {attention:10} {rate:6.1f} tokens/s", flush=True)
+    for name, (attention, _) in variants.items():
+        rate, plain_rate = totals[name][1] / totals[name][0], plain_rates[attention]
+        summary["variants"][name] = {"attention": attention, "tokens_per_s": round(rate, 2),
+                                     "speedup": round(rate / plain_rate, 3),
                                      "tau": round(taus[name][0] / max(taus[name][1], 1), 3)}
         summary["variants"][name]["calibration"] = policies[name].to_json()
         print(f"{name:10} {rate:6.1f} tokens/s  {rate / plain_rate:.2f}x  "

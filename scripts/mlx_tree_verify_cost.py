@@ -2,9 +2,10 @@
 
 Runs the engine's own MLXTargetRunner on the embedded target: at each context it times, in
 turn, a 1-token step, a chain verify of W rows and a tree verify of W rows (a branching tree of
-the shape auto's rounds verify), each followed by the commit a round that kept one row makes.
+the shape auto's rounds verify), each followed by the commit a round that kept one row makes
+(that row then trimmed too, so every pass runs on the same context).
 Medians; the ratios tree/chain and tree/step are what the tree layout decides. --attention
-both times every pass with mlx-lm's stock attention and with engines/mlx_cpu_attention.py, in
+both times every pass with mlx-lm's stock attention and with dflash_local/mlx_attention.py, in
 turn (the engine's choice on a CPU; --attention shipped times that alone).
 
     .venv/bin/python scripts/mlx_tree_verify_cost.py [--contexts 300,1000,1500] [--width 16]
@@ -38,7 +39,7 @@ def attention_kernels(module, both: bool) -> dict[str, object]:
         return {"": module.scaled_dot_product_attention}
     from mlx_lm.models.base import scaled_dot_product_attention as stock
 
-    from dflash_local.engines.mlx_cpu_attention import cpu_attention
+    from dflash_local.mlx_attention import cpu_attention
 
     return {"stock_": stock, "cpu_": cpu_attention}
 
@@ -73,6 +74,8 @@ def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, bot
                     runner.commit(1)
                 if repeat:  # the first round of each is a warm-up
                     seconds.append(time.perf_counter() - start)
+                for layer_cache in runner.cache:  # the kept row too: every pass on `context` tokens
+                    layer_cache.trim(1)
         ms = {key: statistics.median(values) * 1e3 for key, values in timings.items()}
         result = {"context": context, "width": width,
                   **{f"{label}{kind}_ms": round(value, 2) for (label, kind), value in ms.items()}}

@@ -16,6 +16,8 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 from tiny_models import VOCAB, make_tokenizer
 
+from dflash_local.mlx_attention import use_cpu_attention
+
 HIDDEN = 64
 INIT_STD = 0.15  # larger than default: greedy output depends on the prompt instead of collapsing
 
@@ -60,9 +62,10 @@ CONFIGS["gemma3"] = {"model_type": "gemma3", "vocab_size": VOCAB, "text_config":
 CONFIGS["gemma4"] = {"model_type": "gemma4", "vocab_size": VOCAB, "text_config": CONFIGS["gemma4_text"]}
 
 
-def build_model(family: str, seed: int = 0):
-    """A random model of the family, with mlx-lm's own classes; returns (model, config)."""
-    config = json.loads(json.dumps(CONFIGS[family]))
+def build_model(family: str, seed: int = 0, **overrides):
+    """A random model of the family (config entries overridden), with mlx-lm's own classes;
+    returns (model, config)."""
+    config = {**json.loads(json.dumps(CONFIGS[family])), **overrides}
     arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = arch.Model(arch.ModelArgs.from_dict(config))
     mx.random.seed(seed)
@@ -73,6 +76,7 @@ def build_model(family: str, seed: int = 0):
         params.append((name, value))
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
+    use_cpu_attention(model)  # as MLXEngine loads a target: every test runs the kernel users get
     return model, config
 
 

@@ -6,6 +6,7 @@ trees whose right path is never the first branch, token for token against plain 
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -198,6 +199,8 @@ def test_kept_path_leaves_the_cache_of_a_fresh_prefill(kind, family, node, tmp_p
 
 def test_mlx_tree_verify_puts_every_layers_rope_back_even_when_it_fails(monkeypatch):
     runner = _mlx_runner("qwen3")
+    from dflash_local.engines.mlx_adapters import RopeAtPositions
+
     layers = runner.adapter.text_model(runner.model).layers
     ropes = [layer.self_attn.rope for layer in layers]
     runner.prefill(PROMPT)
@@ -205,13 +208,54 @@ def test_mlx_tree_verify_puts_every_layers_rope_back_even_when_it_fails(monkeypa
     assert all(layer.self_attn.rope is rope for layer, rope in zip(layers, ropes, strict=True))
 
     def broken_run(*args, **kwargs):
-        assert all(type(layer.self_attn.rope).__name__ == "RopeAtPositions" for layer in layers)
+        assert all(isinstance(layer.self_attn.rope, RopeAtPositions) for layer in layers)
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(runner.adapter, "run", broken_run)
     with pytest.raises(RuntimeError, match="out of memory"):
         runner.verify_tree(ANCHOR, TREE)
     assert all(layer.self_attn.rope is rope for layer, rope in zip(layers, ropes, strict=True))
+
+
+def _check_nodes_score_as_their_paths(make_runner):
+    runner = make_runner()
+    assert runner.supports_tree
+    runner.prefill(PROMPT)
+    logits = runner.verify_tree(ANCHOR, TREE)
+    for node, path in PATHS.items():
+        fresh = make_runner()
+        fresh.prefill(PROMPT)
+        np.testing.assert_allclose(logits[node], fresh.verify([ANCHOR, *path])[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["ours", "mlx-lm's"])
+def test_mlx_trees_score_as_their_paths_with_either_attention(attention, monkeypatch):
+    """The tree's one-sequence pass with a boolean mask, through mlx_attention's kernel (what
+    the engine runs on a CPU) and through mlx-lm's stock one."""
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.models import base
+
+    from dflash_local.mlx_attention import NAME, cpu_attention
+
+    module = sys.modules[type(_mlx_model("llama")[0]).__module__]
+    monkeypatch.setattr(module, NAME, cpu_attention if attention == "ours" else base.scaled_dot_product_attention)
+    _check_nodes_score_as_their_paths(lambda: _mlx_runner("llama"))
+
+
+def test_mlx_trees_place_rows_through_scaled_ropes_and_refuse_the_dynamic_one():
+    pytest.importorskip("mlx_lm")
+    from mlx_tiny import build_model
+
+    from dflash_local.engines.mlx_adapters import adapter_for
+    from dflash_local.engines.mlx_engine import MLXTargetRunner
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    model, _ = build_model("llama", rope_scaling=llama3)
+    adapter = adapter_for("llama")
+    _check_nodes_score_as_their_paths(lambda: MLXTargetRunner(model, adapter, (1, 2), max_context=1024))
+    dynamic, _ = build_model("llama", rope_scaling={"type": "dynamic", "factor": 2.0})
+    assert not MLXTargetRunner(dynamic, adapter, (1, 2), max_context=1024).supports_tree
 
 
 def test_trees_only_where_one_mask_fits_every_layer():

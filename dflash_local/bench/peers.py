@@ -5,8 +5,9 @@ Transformers engine: `model.generate()` (the reference), prompt-lookup decoding
 (`assistant_model`). MLX engine: mlx-lm's `stream_generate`, plain and with its own draft-model
 speculative decoding. A peer that cannot run here (no AR draft model) stays in the table with
 the reason. Peers borrow the engine's loaded target (`engine.model`): same weights, same dtype,
-same kernels (on a CPU in float32, oneDNN-packed linears: engines/cpu_linear.py); the AR draft
-model gets the same packing.
+same kernels (on a CPU in float32, oneDNN-packed linears: engines/cpu_linear.py; on MLX's CPU
+backend the target's attention through dflash_local/mlx_attention.py); the AR draft model gets
+the same packing (an MLX AR draft of another mlx-lm model family keeps mlx-lm's attention).
 """
 
 from __future__ import annotations

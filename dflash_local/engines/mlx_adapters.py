@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE, YarnRoPE
 
 from dflash_local.errors import CheckpointError
 
@@ -28,6 +29,11 @@ class LayerRun:
     hidden: mx.array  # final-normed hidden states [1, T, H]
     taps: dict[int, mx.array] = field(default_factory=dict)  # layer index -> its output
     recurrent_inputs: dict[int, mx.array] = field(default_factory=dict)  # layer -> its input
+
+
+# RoPEs that take one offset per batch row (they hand it to mx.fast.rope); not the dynamic
+# NTK one, whose base depends on the sequence's length
+ROW_POSITIONED_ROPES = (nn.RoPE, Llama3RoPE, YarnRoPE, SuScaledRoPE)
 
 
 class RopeAtPositions(nn.Module):
@@ -42,7 +48,8 @@ class RopeAtPositions(nn.Module):
         self.rope = rope
         self.positions = positions
 
-    def __call__(self, x: mx.array, offset=None) -> mx.array:  # x: [1, heads, rows, head_dim]
+    def __call__(self, x: mx.array, offset=None) -> mx.array:
+        assert x.shape[0] == 1, "one sequence: its rows become the batch"  # x: [1, heads, rows, D]
         return self.rope(x.swapaxes(0, 2), offset=self.positions).swapaxes(0, 2)
 
 
@@ -53,17 +60,20 @@ class TargetAdapter:
 
     def can_verify_trees(self, model) -> bool:
         """Whether `run` with one mask for every layer is exact (all layers full attention) and
-        every layer's attention has a RoPE that `rows_at_positions` can place row by row."""
-        return all("rope" in getattr(layer, "self_attn", {}) for layer in self.text_model(model).layers)
+        every layer's RoPE can place rows one by one (`rows_at_positions`)."""
+        return all(isinstance(layer.self_attn.rope, ROW_POSITIONED_ROPES)
+                   for layer in self.text_model(model).layers)
 
     @contextmanager
     def rows_at_positions(self, model, positions: mx.array):
-        """While inside, the rows of a run sit at `positions` (one per row), not after the cache."""
+        """While inside, the rows of a run sit at `positions` (one per row), not after the cache.
+        It swaps the RoPE of the shared model's layers: one run per model at a time (an
+        engine's generations run on one worker thread)."""
         attentions = [layer.self_attn for layer in self.text_model(model).layers]
         ropes = [attention.rope for attention in attentions]
-        for attention, rope in zip(attentions, ropes, strict=True):
-            attention.rope = RopeAtPositions(rope, positions)
         try:
+            for attention, rope in zip(attentions, ropes, strict=True):
+                attention.rope = RopeAtPositions(rope, positions)
             yield
         finally:
             for attention, rope in zip(attentions, ropes, strict=True):
@@ -200,8 +210,7 @@ class Gemma4Adapter(TargetAdapter):
         return logits if cap is None else mx.tanh(logits / cap) * cap
 
     def run(self, model, token_ids, cache, tap_ids, record_recurrent=False, mask=None):
-        if mask is not None:
-            raise ValueError("Gemma 4 runs its own per-layer masks: no tree verify")
+        assert mask is None, "Gemma 4 runs its own per-layer masks: no tree verify"
         inner = self.text_model(model)
         embeds = inner.embed_tokens(token_ids)
         h = embeds * inner.embed_scale
