@@ -57,7 +57,9 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     block_size: int = 1  # width used this round (1 = plain step)
-    accepted_chars: int = 0  # how much of `text` (from its start) the drafter's accepted tokens made
+    accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
+    copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
+    copied_chars: int = 0  # of `accepted_chars`, the last ones those copied tokens made
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (block_policy.py)
     finish_reason: str | None = None  # "stop" | "length" on the last event
 

@@ -195,6 +195,8 @@ def generate(
                 policy.observe(depth + 1, accepted_len)
             else:
                 policy.observe(drafter_depth + 1, drafter_kept)
+        # the drafter's kept tokens come first on a path; a copy's follow them
+        drafter_accepted = 0 if lookup_draft is not None else accepted_len if drafter_kept is None else drafter_kept
         committed = [*kept_ids, next_id]
         committed, finish = _apply_stops(committed, stop_ids)
         if lookup:
@@ -203,9 +205,10 @@ def generate(
         if finish is None and produced >= params.max_tokens:
             finish = "length"
         anchor_id = committed[-1]
+        accepted = min(accepted_len, len(committed))
         yield StepEvent(
-            token_ids=tuple(committed), drafted=drafted, draft_depth=depth,
-            accepted=min(accepted_len, len(committed)), round_index=round_index,
+            token_ids=tuple(committed), drafted=drafted, draft_depth=depth, accepted=accepted,
+            copied=max(0, accepted - drafter_accepted), round_index=round_index,
             elapsed_s=time.perf_counter() - decode_start, block_size=width,
             finish_reason=finish, mode=mode,
         )

@@ -91,6 +91,9 @@ def check(engine, monkeypatch):
     lookups = [e for e in events[1:] if e.mode == LOOKUP]
     assert lookups and sum(e.accepted for e in lookups) > 0
     assert all(e.drafted == e.block_size - 1 for e in lookups)
+    # a lookup round's accepted drafts are all copies: the chat app colours them as such
+    assert all(e.copied == e.accepted and e.copied_chars == e.accepted_chars for e in lookups)
+    assert any(e.copied_chars > 0 for e in lookups)
 
     without, events_off = lookup_run(engine, monkeypatch, prompt_ids, reference, prompt_lookup=False)
     assert without == reference and LOOKUP not in {e.mode for e in events_off}
@@ -158,10 +161,15 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
 
     with_lookup = run()
     assert with_lookup and max(e.accepted for e in with_lookup) >= 2
+    # what the drafter got right is told apart from what a grafted copy brought after it
+    assert all(e.accepted - e.copied <= 1 for e in with_lookup)
+    assert all(e.copied >= 1 for e in with_lookup if e.accepted >= 2)
+    assert all(0 <= e.copied_chars <= e.accepted_chars for e in with_lookup)
     # the drafter is judged on its own drafts: never right past the first, so its estimate never
     # saw a round reach the third position, whatever copies grafted on kept
     assert policies[-1].estimate.seen[2] == 0 and policies[-1].rates()[1] < 0.5
-    assert max(e.accepted for e in run(prompt_lookup=False)) <= 1  # the control: the drafter alone
+    alone = run(prompt_lookup=False)
+    assert max(e.accepted for e in alone) <= 1 and not any(e.copied for e in alone)  # the control
     # sampling walks grafted trees too (acceptance.sampled_walk): it runs to max_tokens
     sampled = collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=len(reference), block_size="auto", temperature=0.7, seed=1, stop_token_ids=(-1,))))[1]

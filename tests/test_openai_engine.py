@@ -315,7 +315,8 @@ def test_remote_stream_equals_the_local_engines_round_for_round(service, remote,
     events = list(remote.stream_chat(MESSAGES, params))
     # the service gives a request with no block size its default ("auto" for a local pair)
     local = local_events(service[0], replace(params, block_size=service[0].loaded.default_block_size))
-    fields = ("token_ids", "drafted", "draft_depth", "accepted", "round_index", "block_size")
+    fields = ("token_ids", "drafted", "draft_depth", "accepted", "copied", "accepted_chars", "copied_chars",
+              "round_index", "block_size", "mode")
     assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
     assert "".join(e.text for e in events) == "".join(e.text for e in local)
     stats = remote.last_stats

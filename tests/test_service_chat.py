@@ -94,6 +94,8 @@ def test_dflash_fields_are_consistent(client, speculative):
     assert totals["decode_tokens_per_s"] > 0 and totals["prefill_tokens_per_s"] > 0
     assert (totals["drafted"] > 0) is speculative
     assert all(step["accepted"] <= step["draft_depth"] <= step["drafted"] for step in steps)
+    assert all(0 <= step["copied"] <= step["accepted"] and 0 <= step["copied_chars"] <= step["accepted_chars"]
+               for step in steps)
 
 
 @pytest.mark.parametrize("tree", [True, False])

@@ -191,6 +191,17 @@ def test_exact_accepted_characters_win_over_the_estimate():
     assert green == ["Hello"]
 
 
+def test_copied_drafts_are_coloured_apart_from_the_drafters():
+    from dflash_chat.widgets.message import accepted_text
+
+    # round 1: the drafter's accepted tokens made "He", a grafted copy's "llo", the bonus "X";
+    # round 2 (an older record: no copy count): its accepted draft "a", the bonus "b"
+    text = accepted_text("HelloXab", [[6, 4, 5, 5, 3], [2, 1, 2, 1]])
+    assert text.plain == "HelloXab"
+    spans = [(str(s.style), text.plain[s.start:s.end]) for s in text.spans if s.end > s.start]
+    assert spans == [("bold green", "He"), ("bold cyan", "llo"), ("bold green", "a")]
+
+
 def test_plain_fallback_rounds_are_counted_and_shown():
     from dflash_chat.protocol import StreamChunk
     from dflash_chat.stats import LiveStats

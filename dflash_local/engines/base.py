@@ -121,10 +121,14 @@ class LocalEngine(Engine):
         runner = self.make_runner(collect_taps=drafter is not None)
         detokenizer = StreamDetokenizer(self.tokenizer)
         for event in speculative.generate(runner, drafter, prompt_ids, params, policy):
-            # the accepted drafts first, apart, so a client can colour exactly what they wrote
-            drafted_text = detokenizer.add(event.token_ids[: event.accepted]) if event.accepted else ""
+            # the drafter's accepted tokens, a copy's, then the rest, each apart, so a client can
+            # colour exactly what each wrote
+            own = event.accepted - event.copied
+            drafted_text = detokenizer.add(event.token_ids[:own]) if own else ""
+            copied_text = detokenizer.add(event.token_ids[own : event.accepted]) if event.copied else ""
             rest = detokenizer.add(event.token_ids[event.accepted :])
-            yield replace(event, text=drafted_text + rest, accepted_chars=len(drafted_text))
+            yield replace(event, text=drafted_text + copied_text + rest,
+                          accepted_chars=len(drafted_text) + len(copied_text), copied_chars=len(copied_text))
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:

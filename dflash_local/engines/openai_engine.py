@@ -384,6 +384,7 @@ class EventBuilder:
             prompt_tokens=int(usage.get("prompt_tokens") or (step or {}).get("prompt_tokens") or 0),
             block_size=step["block_size"] if step else self.block_size, finish_reason=finish,
             accepted_chars=int((step or {}).get("accepted_chars") or 0),
+            copied=int((step or {}).get("copied") or 0), copied_chars=int((step or {}).get("copied_chars") or 0),
             mode=(step or {}).get("mode") or ("speculative" if self.speculative else "plain"))
 
     def _usage_tokens(self, usage: dict) -> int:

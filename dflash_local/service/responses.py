@@ -24,6 +24,7 @@ def sse(payload: dict | str) -> bytes:
 def step_dflash(event: StepEvent) -> dict:
     return {"token_ids": list(event.token_ids), "drafted": event.drafted,
             "draft_depth": event.draft_depth, "accepted": event.accepted, "accepted_chars": event.accepted_chars,
+            "copied": event.copied, "copied_chars": event.copied_chars,
             "round": event.round_index, "block_size": event.block_size, "mode": event.mode}
 
 

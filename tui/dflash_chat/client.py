@@ -117,7 +117,8 @@ def _chunk(choice: dict, dflash: dict) -> StreamChunk:
         draft_depth=dflash.get("draft_depth", 0),
         accepted=dflash.get("accepted", 0), round=dflash.get("round", 0),
         block_size=dflash.get("block_size", 1), finish_reason=choice.get("finish_reason"),
-        accepted_chars=dflash.get("accepted_chars"), mode=dflash.get("mode", MODE_SPECULATIVE))
+        accepted_chars=dflash.get("accepted_chars"), copied_chars=dflash.get("copied_chars"),
+        mode=dflash.get("mode", MODE_SPECULATIVE))
 
 
 def _http_error(status: int, body: str) -> ServiceError:

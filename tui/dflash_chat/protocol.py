@@ -35,11 +35,12 @@ class StreamChunk:
     token_ids: tuple[int, ...] = ()
     drafted: int = 0
     draft_depth: int = 0  # a tree's longest path (= drafted for a chain): the most it could keep
-    accepted: int = 0  # the first `accepted` of token_ids were the drafter's
+    accepted: int = 0  # the first `accepted` of token_ids were drafts (the drafter's, then a copy's)
     round: int = 0  # 0 = the prefill's token
     block_size: int = 1
     finish_reason: str | None = None
     accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
+    copied_chars: int | None = None  # of accepted_chars, the last ones a prompt-lookup copy made
     mode: str = MODE_SPECULATIVE
     received_at: float = field(default_factory=time.monotonic)
 

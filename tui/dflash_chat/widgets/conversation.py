@@ -183,7 +183,8 @@ class Conversation(VerticalScroll):
             reply.view.header = f"Assistant | {mode} | streaming (Esc stops)"
         for chunk in message.chunks:
             reply.stats.add(chunk)
-        rounds = [[len(c.text), c.accepted, len(c.token_ids), c.accepted_chars] for c in message.chunks]
+        rounds = [[len(c.text), c.accepted, len(c.token_ids), c.accepted_chars, c.copied_chars]
+                  for c in message.chunks]
         reply.meta["rounds"].extend(rounds)
         following = self.scroll_y >= self.max_scroll_y - 1  # unless the user scrolled up
         await reply.view.append("".join(c.text for c in message.chunks), rounds)

@@ -1,6 +1,6 @@
 """One chat message. A reply streams into its Markdown through `Markdown.get_stream()` (one
 widget update per batch, never per token); with colouring on, the same text is shown with the
-drafter's accepted tokens in green instead.
+drafter's accepted tokens in green instead, and tokens a prompt-lookup copy brought in cyan.
 
 The service sends one text delta per round, not per token, so within a round the split between
 the drafter's tokens and the target's own token is estimated by the token counts.
@@ -22,13 +22,15 @@ from dflash_chat.storage import Message
 from dflash_chat.widgets import widget_css
 
 DRAFT_STYLE = "bold green"
+COPY_STYLE = "bold cyan"  # accepted drafts copied from the context (prompt lookup), not drafted
 ACCEPTED_REFRESH_S = 0.2
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
 
 def accepted_text(text: str, rounds: list[list[int]]) -> Text:
-    """`text` with the drafter's tokens styled; rounds are [chars, accepted, committed] plus,
-    from services that say it, the exact count of characters the accepted drafts made."""
+    """`text` with the accepted drafts styled; rounds are [chars, accepted, committed] plus,
+    from services that say it, the exact count of characters the accepted drafts made and how
+    many of those (the last) a prompt-lookup copy made."""
     styled = Text()
     position = 0
     for chars, accepted, committed, *exact in rounds:
@@ -38,7 +40,9 @@ def accepted_text(text: str, rounds: list[list[int]]) -> Text:
             split = min(exact[0], len(piece))
         else:  # an older record or another server: share the round's characters by tokens
             split = round(len(piece) * accepted / committed) if committed else 0
-        styled.append(piece[:split], style=DRAFT_STYLE)
+        copied = min(exact[1] or 0, split) if len(exact) > 1 else 0
+        styled.append(piece[: split - copied], style=DRAFT_STYLE)
+        styled.append(piece[split - copied : split], style=COPY_STYLE)
         styled.append(piece[split:])
     styled.append(text[position:])
     return styled
