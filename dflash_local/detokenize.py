@@ -23,3 +23,23 @@ class StreamDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return delta
+
+    def add_split(self, token_ids, cuts) -> tuple[str, list[int]]:
+        """The delta for `token_ids`, fed slice by slice at the cuts (each slice's text out as
+        soon as its characters are complete), and for each cut (a count of token_ids from the
+        start) how many of the delta's characters the ids before it made. A character whose
+        bytes a cut splits counts after the cut; text an earlier call held back (it ended inside
+        a character) counts with the first ids, and a cut at 0 has made none."""
+        decode = self._tokenizer.decode
+        window_start, base = self._prefix_offset, len(self._ids)
+        prefix_chars = len(decode(self._ids[window_start : self._read_offset], skip_special_tokens=True))
+        delta, start = "", 0
+        for end in (*cuts, len(token_ids)):
+            if end > start:
+                delta += self.add(token_ids[start:end])
+                start = end
+        chars = []
+        for cut in cuts:
+            text = decode(self._ids[window_start : base + cut], skip_special_tokens=True) if cut else ""
+            chars.append(min(len(delta), max(0, len(text.rstrip("\ufffd")) - prefix_chars)))
+        return delta, chars

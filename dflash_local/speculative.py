@@ -196,7 +196,10 @@ def generate(
             else:
                 policy.observe(drafter_depth + 1, drafter_kept)
         # the drafter's kept tokens come first on a path; a copy's follow them
-        drafter_accepted = 0 if lookup_draft is not None else accepted_len if drafter_kept is None else drafter_kept
+        if lookup_draft is not None:
+            drafter_accepted = 0
+        else:
+            drafter_accepted = accepted_len if drafter_kept is None else drafter_kept
         committed = [*kept_ids, next_id]
         committed, finish = _apply_stops(committed, stop_ids)
         if lookup:

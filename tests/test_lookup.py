@@ -164,7 +164,12 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     # what the drafter got right is told apart from what a grafted copy brought after it
     assert all(e.accepted - e.copied <= 1 for e in with_lookup)
     assert all(e.copied >= 1 for e in with_lookup if e.accepted >= 2)
-    assert all(0 <= e.copied_chars <= e.accepted_chars for e in with_lookup)
+    assert any(e.copied >= 1 and e.accepted - e.copied == 1 for e in with_lookup)  # both kept
+    for e in with_lookup:  # and the text says which characters each made
+        copied_text = engine.decode(e.token_ids[e.accepted - e.copied : e.accepted])
+        if "\ufffd" not in engine.decode(e.token_ids):
+            assert e.text[e.accepted_chars - e.copied_chars : e.accepted_chars] == copied_text
+    assert any(e.copied_chars > 0 for e in with_lookup)
     # the drafter is judged on its own drafts: never right past the first, so its estimate never
     # saw a round reach the third position, whatever copies grafted on kept
     assert policies[-1].estimate.seen[2] == 0 and policies[-1].rates()[1] < 0.5

@@ -200,6 +200,21 @@ def test_copied_drafts_are_coloured_apart_from_the_drafters():
     assert text.plain == "HelloXab"
     spans = [(str(s.style), text.plain[s.start:s.end]) for s in text.spans if s.end > s.start]
     assert spans == [("bold green", "He"), ("bold cyan", "llo"), ("bold green", "a")]
+    # a stop string cut the round after "Hel": the drafter's "He" stays green, not the copy's colour
+    cut = accepted_text("Hel", [[3, 4, 5, 5, 3]])
+    assert [(str(s.style), cut.plain[s.start:s.end]) for s in cut.spans] == [
+        ("bold green", "He"), ("bold cyan", "l")]
+    unsaid = accepted_text("Hel", [[3, 2, 3, 2, None]])  # a service that sends no copy count
+    assert [(str(s.style), unsaid.plain[s.start:s.end]) for s in unsaid.spans if s.end > s.start] == [
+        ("bold green", "He")]
+
+
+def test_the_client_reads_the_copy_counts_of_a_chunk():
+    from dflash_chat.client import _chunk
+
+    chunk = _chunk({"delta": {"content": "Hello"}}, {"token_ids": [1, 2, 3], "accepted": 2, "copied": 1,
+                                                     "accepted_chars": 4, "copied_chars": 2, "mode": "speculative"})
+    assert (chunk.accepted, chunk.accepted_chars, chunk.copied_chars) == (2, 4, 2)
 
 
 def test_plain_fallback_rounds_are_counted_and_shown():

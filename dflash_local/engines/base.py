@@ -121,14 +121,12 @@ class LocalEngine(Engine):
         runner = self.make_runner(collect_taps=drafter is not None)
         detokenizer = StreamDetokenizer(self.tokenizer)
         for event in speculative.generate(runner, drafter, prompt_ids, params, policy):
-            # the drafter's accepted tokens, a copy's, then the rest, each apart, so a client can
-            # colour exactly what each wrote
-            own = event.accepted - event.copied
-            drafted_text = detokenizer.add(event.token_ids[:own]) if own else ""
-            copied_text = detokenizer.add(event.token_ids[own : event.accepted]) if event.copied else ""
-            rest = detokenizer.add(event.token_ids[event.accepted :])
-            yield replace(event, text=drafted_text + copied_text + rest,
-                          accepted_chars=len(drafted_text) + len(copied_text), copied_chars=len(copied_text))
+            # how much of the text the drafter's accepted tokens made, then a copy's: a client
+            # colours exactly what each wrote
+            text, (drafter_chars, accepted_chars) = detokenizer.add_split(
+                event.token_ids, (event.accepted - event.copied, event.accepted))
+            yield replace(event, text=text, accepted_chars=accepted_chars,
+                          copied_chars=accepted_chars - drafter_chars)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:

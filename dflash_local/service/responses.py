@@ -1,7 +1,8 @@
 """OpenAI response shapes as dicts, plus our `dflash` objects.
 
 Per chunk, `dflash` says what that step committed: `token_ids`, of which the first `accepted`
-came from the drafter (the rest is the target's bonus/correction token), `drafted` proposals,
+were drafts the target accepted (the last `copied` of them a prompt-lookup copy's, the others
+the drafter's; the rest is the target's bonus/correction token), `drafted` proposals,
 the `round` (0 = the prefill's token) and the `block_size` used. The final usage's `dflash`
 holds the generation's totals: tau, tokens/s, drafted/accepted, the accepted-per-round histogram;
 with tree drafts `drafted` counts every node and `draft_depth` only the longest paths' drafts,

@@ -24,7 +24,7 @@ FILE_NAME = "settings.toml"
 class Settings:
     theme: str = "textual-dark"
     speculative: bool = True  # the mode of the next message; F2 flips it
-    show_accepted: bool = True  # colour the tokens the drafter got right
+    show_accepted: bool = True  # colour accepted drafts: the drafter's green, lookup copies cyan
     thinking: str = "auto"
     temperature: float = 0.0
     top_p: float = 1.0

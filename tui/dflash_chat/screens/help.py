@@ -35,7 +35,8 @@ class HelpScreen(ModalScreen[None]):
             table.add_rows(help_rows(self.keymap))
             yield table
             yield Static("Green text in a reply (F3): tokens the drafter proposed and the target "
-                         "accepted. tau: tokens committed per verify round.", id="help-note")
+                         "accepted; cyan: accepted tokens copied from the context (prompt lookup). "
+                         "tau: tokens committed per verify round.", id="help-note")
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(result)

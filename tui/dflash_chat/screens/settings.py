@@ -24,7 +24,7 @@ NUMBERS = (  # field, label, type
 )
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it per message)"),
-    ("show_accepted", "Colour the drafter's accepted tokens (F3)"),
+    ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),
 )
 
 

@@ -2,8 +2,9 @@
 widget update per batch, never per token); with colouring on, the same text is shown with the
 drafter's accepted tokens in green instead, and tokens a prompt-lookup copy brought in cyan.
 
-The service sends one text delta per round, not per token, so within a round the split between
-the drafter's tokens and the target's own token is estimated by the token counts.
+The service sends one text delta per round, with how many of its characters the accepted
+drafts made (and of those, a prompt-lookup copy); from other servers the split between the
+drafts and the target's own token is estimated by the token counts.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def accepted_text(text: str, rounds: list[list[int]]) -> Text:
             split = min(exact[0], len(piece))
         else:  # an older record or another server: share the round's characters by tokens
             split = round(len(piece) * accepted / committed) if committed else 0
-        copied = min(exact[1] or 0, split) if len(exact) > 1 else 0
-        styled.append(piece[: split - copied], style=DRAFT_STYLE)
-        styled.append(piece[split - copied : split], style=COPY_STYLE)
+        # the copy's characters follow the drafter's; a piece a stop string cut keeps its start
+        own = min(exact[0] - (exact[1] or 0), split) if len(exact) > 1 and exact[0] is not None else split
+        styled.append(piece[:own], style=DRAFT_STYLE)
+        styled.append(piece[own:split], style=COPY_STYLE)
         styled.append(piece[split:])
     styled.append(text[position:])
     return styled
