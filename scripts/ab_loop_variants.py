@@ -9,9 +9,9 @@ Variants, each with its own calibration measured in this process:
 - "sdpa": Transformers' stock attention (Transformers engine only: skipped, and said, on MLX),
   no lookup grafts;
 - "mlx-stock": mlx-lm's stock attention for the target (MLX engine only: skipped, and said, on
-  Transformers; the drafter keeps dflash_local/mlx_attention.py), as shipped otherwise;
+  Transformers; the drafter keeps dflash_local/engines/mlx_attention.py), as shipped otherwise;
 - "no-graft": the engine's attention (on a CPU: engines/cpu_attention.py for Transformers,
-  dflash_local/mlx_attention.py for MLX), no lookup grafts;
+  dflash_local/engines/mlx_attention.py for MLX), no lookup grafts;
 - "graft": the engine as shipped: lookup drafts grafted onto drafter trees;
 - "flat": as shipped, but its calibration without context slopes (every round priced as on
   the calibration's short context; graft's calibration, the slopes dropped).
@@ -104,7 +104,7 @@ def _mlx_attentions():
     loads the fast BLAS before mlx's first import)."""
     from mlx_lm.models.base import scaled_dot_product_attention
 
-    from dflash_local.mlx_attention import cpu_attention
+    from dflash_local.engines.mlx_attention import cpu_attention
 
     return cpu_attention, scaled_dot_product_attention
 

@@ -5,8 +5,9 @@ turn, a 1-token step, a chain verify of W rows and a tree verify of W rows (a br
 the shape auto's rounds verify), each followed by the commit a round that kept one row makes
 (that row then trimmed too, so every pass runs on the same context).
 Medians; the ratios tree/chain and tree/step are what the tree layout decides. --attention
-both times every pass with mlx-lm's stock attention and with dflash_local/mlx_attention.py, in
-turn (the engine's choice on a CPU; --attention shipped times that alone).
+both times every pass with mlx-lm's stock attention and with
+dflash_local/engines/mlx_attention.py, in turn (the engine's choice on a CPU; --attention
+shipped times that alone).
 
     .venv/bin/python scripts/mlx_tree_verify_cost.py [--contexts 300,1000,1500] [--width 16]
         [--repeats 15] [--attention shipped|both] [--out runs/mlx-tree-verify.json]
@@ -39,7 +40,7 @@ def attention_kernels(module, both: bool) -> dict[str, object]:
         return {"": module.scaled_dot_product_attention}
     from mlx_lm.models.base import scaled_dot_product_attention as stock
 
-    from dflash_local.mlx_attention import cpu_attention
+    from dflash_local.engines.mlx_attention import cpu_attention
 
     return {"stock_": stock, "cpu_": cpu_attention}
 

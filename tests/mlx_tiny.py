@@ -16,7 +16,7 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 from tiny_models import VOCAB, make_tokenizer
 
-from dflash_local.mlx_attention import use_cpu_attention
+from dflash_local.engines.mlx_attention import use_cpu_attention
 
 HIDDEN = 64
 INIT_STD = 0.15  # larger than default: greedy output depends on the prompt instead of collapsing

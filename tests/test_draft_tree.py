@@ -235,7 +235,7 @@ def test_mlx_trees_score_as_their_paths_with_either_attention(attention, monkeyp
     pytest.importorskip("mlx_lm")
     from mlx_lm.models import base
 
-    from dflash_local.mlx_attention import NAME, cpu_attention
+    from dflash_local.engines.mlx_attention import NAME, cpu_attention
 
     module = sys.modules[type(_mlx_model("llama")[0]).__module__]
     monkeypatch.setattr(module, NAME, cpu_attention if attention == "ours" else base.scaled_dot_product_attention)

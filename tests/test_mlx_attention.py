@@ -13,8 +13,8 @@ pytest.importorskip("mlx_lm")
 from mlx_lm.models import base
 from mlx_tiny import build_model
 
-from dflash_local import mlx_attention
-from dflash_local.mlx_attention import NAME, cpu_attention, grouped_attention
+from dflash_local.engines import mlx_attention
+from dflash_local.engines.mlx_attention import NAME, cpu_attention, grouped_attention
 
 on_cpu = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="MLX runs on Metal here: stock kernel")
 

@@ -6,8 +6,8 @@ Transformers engine: `model.generate()` (the reference), prompt-lookup decoding
 speculative decoding. A peer that cannot run here (no AR draft model) stays in the table with
 the reason. Peers borrow the engine's loaded target (`engine.model`): same weights, same dtype,
 same kernels (on a CPU in float32, oneDNN-packed linears: engines/cpu_linear.py; on MLX's CPU
-backend the target's attention through dflash_local/mlx_attention.py); the AR draft model gets
-the same packing (an MLX AR draft of another mlx-lm model family keeps mlx-lm's attention).
+backend the target's attention through engines/mlx_attention.py); the AR draft model gets the
+same packing (an MLX AR draft of another mlx-lm model family keeps mlx-lm's attention).
 """
 
 from __future__ import annotations

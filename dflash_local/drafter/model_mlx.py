@@ -20,8 +20,8 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
+from dflash_local.engines.mlx_attention import attend
 from dflash_local.errors import CheckpointError
-from dflash_local.mlx_attention import attend
 
 
 class Attention(nn.Module):

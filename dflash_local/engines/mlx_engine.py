@@ -32,9 +32,9 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
+from dflash_local.engines.mlx_attention import use_cpu_attention
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities
-from dflash_local.mlx_attention import use_cpu_attention
 
 logger = logging.getLogger(__name__)
 
