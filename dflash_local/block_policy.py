@@ -41,9 +41,10 @@ class RoundCosts:
     (None), a lookup round is priced like a drafter round, which only makes lookup rarer.
 
     Both were timed on `base_context` tokens of context. A verify reads the whole cache, and a
-    wide one grows dearer with the context faster than a 1-row step (MLX on a CPU: 0.10 ms per
-    token of context for a 16-row tree verify, 0.01 for one row, the embedded pair's
-    calibration, calibration.LongContextTimer): `context_slopes[w - 1]` is the
+    wide one grows dearer with the context faster than a 1-row step (MLX on a CPU, the embedded
+    pair's calibrations, calibration.LongContextTimer: 0.042 ms per token of context for a
+    16-row verify, 0.010 for one row; 0.096 and 0.009 before trees ran as one sequence and
+    before engines/mlx_attention.py): `context_slopes[w - 1]` is the
     seconds each token of context past `base_context` adds to a round of width w (`at_context`)."""
 
     seconds: tuple[float, ...]

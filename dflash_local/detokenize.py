@@ -30,16 +30,24 @@ class StreamDetokenizer:
         start) how many of the delta's characters the ids before it made. A character whose
         bytes a cut splits counts after the cut; text an earlier call held back (it ended inside
         a character) counts with the first ids, and a cut at 0 has made none."""
-        decode = self._tokenizer.decode
         window_start, base = self._prefix_offset, len(self._ids)
-        prefix_chars = len(decode(self._ids[window_start : self._read_offset], skip_special_tokens=True))
-        delta, start = "", 0
-        for end in (*cuts, len(token_ids)):
+        prefix_ids = self._ids[window_start : self._read_offset]
+        delta, start, chars, held = "", 0, [], []
+        for index, end in enumerate((*cuts, len(token_ids))):
             if end > start:
                 delta += self.add(token_ids[start:end])
                 start = end
-        chars = []
-        for cut in cuts:
-            text = decode(self._ids[window_start : base + cut], skip_special_tokens=True) if cut else ""
-            chars.append(min(len(delta), max(0, len(text.rstrip("\ufffd")) - prefix_chars)))
+            if index == len(cuts):
+                break
+            if end == 0 or self._read_offset == len(self._ids):  # all text up to the cut is out
+                chars.append(len(delta) if end else 0)
+            else:  # `add` holds back a character the cut splits: decode up to the cut, below
+                held.append(index)
+                chars.append(end)
+        if held:  # rare (multi-byte characters split across tokens): two decodes more
+            decode = self._tokenizer.decode
+            prefix_chars = len(decode(prefix_ids, skip_special_tokens=True))
+            for index in held:
+                text = decode(self._ids[window_start : base + chars[index]], skip_special_tokens=True)
+                chars[index] = min(len(delta), max(0, len(text.rstrip("\ufffd")) - prefix_chars))
         return delta, chars

@@ -63,7 +63,10 @@ def _engine(name: str):
 def _variants(engine, wanted: list[str]) -> dict[str, tuple[str, bool]]:
     """name -> (attention implementation to set; grafts on)."""
     if engine.name == "mlx":
-        shipped = "mlx-cpu" if _mlx_module(engine).scaled_dot_product_attention is _mlx_attentions()[0] else "mlx-stock"
+        from dflash_local.engines.mlx_attention import NAME, attention_modules, cpu_attention
+
+        routed = all(getattr(module, NAME) is cpu_attention for module in attention_modules(engine.model))
+        shipped = "mlx-cpu" if routed else "mlx-stock"
     else:
         shipped = engine.model.config._attn_implementation
     variants = {}
@@ -95,24 +98,13 @@ def _with_context(engine, text: str, tokens: int, filler: list[str]) -> list[int
         notes.append(filler[len(notes)])
 
 
-def _mlx_module(engine):
-    return sys.modules[type(engine.model).__module__]
-
-
-def _mlx_attentions():
-    """(ours, mlx-lm's stock), imported once the engine has set up MLX (engines/mlx_engine.py
-    loads the fast BLAS before mlx's first import)."""
-    from mlx_lm.models.base import scaled_dot_product_attention
-
-    from dflash_local.engines.mlx_attention import cpu_attention
-
-    return cpu_attention, scaled_dot_product_attention
-
-
 def _use(engine, attention: str, graft: bool) -> None:
-    if engine.name == "mlx":
-        ours, stock = _mlx_attentions()
-        _mlx_module(engine).scaled_dot_product_attention = ours if attention == "mlx-cpu" else stock
+    if engine.name == "mlx":  # imported here: the engine loads the fast BLAS before mlx
+        from mlx_lm.models.base import scaled_dot_product_attention as stock
+
+        from dflash_local.engines.mlx_attention import cpu_attention, set_attention
+
+        set_attention(engine.model, cpu_attention if attention == "mlx-cpu" else stock)
     elif engine.model.config._attn_implementation != attention:
         engine.model.set_attn_implementation(attention)
     speculative._Lookup.graft = _SHIPPED_GRAFT if graft else _no_graft

@@ -34,10 +34,10 @@ def branching_tree(token_ids: list[int]) -> DraftTree:
     return DraftTree(tuple(token_ids), tuple(parents))
 
 
-def attention_kernels(module, both: bool) -> dict[str, object]:
-    """label -> the function the model's module should call ("" = as the engine set it)."""
+def attention_kernels(both: bool) -> dict[str, object]:
+    """label -> the attention to set before each pass (None: the engine's own choice)."""
     if not both:
-        return {"": module.scaled_dot_product_attention}
+        return {"": None}
     from mlx_lm.models.base import scaled_dot_product_attention as stock
 
     from dflash_local.engines.mlx_attention import cpu_attention
@@ -46,14 +46,12 @@ def attention_kernels(module, both: bool) -> dict[str, object]:
 
 
 def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, both: bool) -> list[dict]:
-    import sys
-
     from dflash_local.embedded import embedded_target_dir
     from dflash_local.engines.mlx_engine import MLXEngine
 
     engine = MLXEngine(target_dir or embedded_target_dir(), None)
-    module = sys.modules[type(engine.model).__module__]
-    kernels = attention_kernels(module, both)
+    from dflash_local.engines.mlx_attention import set_attention  # after the engine's fast BLAS
+    kernels = attention_kernels(both)
     text = engine.encode_chat([{"role": "user", "content": "Tell me about the history of maps. " * 200}])
     results = []
     for context in contexts:
@@ -65,7 +63,8 @@ def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, bot
         timings = {(label, kind): [] for label in kernels for kind in ("step", "chain", "tree")}
         for repeat in range(repeats + 1):
             for (label, kind), seconds in timings.items():
-                module.scaled_dot_product_attention = kernels[label]
+                if kernels[label] is not None:
+                    set_attention(engine.model, kernels[label])
                 start = time.perf_counter()
                 if kind == "tree":
                     runner.verify_tree(filler[0], tree)

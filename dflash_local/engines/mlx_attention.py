@@ -72,18 +72,29 @@ def cpu_attention(queries, keys, values, cache, scale: float, mask, sinks=None) 
     return _STOCK(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
+def attention_modules(model) -> list:
+    """The mlx-lm modules `model` is built from that call attention by `NAME` (a multimodal
+    wrapper's text model lives in another module than the wrapper)."""
+    modules = {sys.modules[type(part).__module__] for _, part in model.named_modules()}
+    return sorted((module for module in modules if NAME in vars(module)), key=lambda m: m.__name__)
+
+
+def set_attention(model, function) -> bool:
+    """Point `NAME` in every module of `attention_modules(model)` at `function`; True if any."""
+    modules = attention_modules(model)
+    for module in modules:
+        setattr(module, NAME, function)
+    return bool(modules)
+
+
 def use_cpu_attention(model) -> bool:
-    """Route the attention of every mlx-lm module `model` is built from (a multimodal wrapper's
-    text model lives in another) through `cpu_attention` when MLX runs on the CPU; True if any
+    """Route `model`'s attention through `cpu_attention` when MLX runs on the CPU; True if it
     now does. All models of those modules in the process share it (one name per module), plain
     decoding and mlx-lm's own generate included: both sides of a comparison run one kernel."""
     if mx.default_device() != mx.cpu:
         return False
-    modules = {sys.modules[type(part).__module__] for _, part in model.named_modules()}
-    routed = [module for module in modules if NAME in vars(module)]
-    for module in routed:
-        setattr(module, NAME, cpu_attention)
-    if not routed:
+    if not set_attention(model, cpu_attention):
         logger.info("%s calls no mlx-lm attention by name: its attention stays MLX's own",
                     type(model).__module__)
-    return bool(routed)
+        return False
+    return True
