@@ -99,7 +99,7 @@ def _with_context(engine, text: str, tokens: int, filler: list[str]) -> list[int
 
 
 def _use(engine, attention: str, graft: bool) -> None:
-    if engine.name == "mlx":  # imported here: the engine loads the fast BLAS before mlx
+    if engine.name == "mlx":  # imported here: mlx-lm only where the engine is MLX's
         from mlx_lm.models.base import scaled_dot_product_attention as stock
 
         from dflash_local.engines.mlx_attention import cpu_attention, set_attention

@@ -47,10 +47,10 @@ def attention_kernels(both: bool) -> dict[str, object]:
 
 def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, both: bool) -> list[dict]:
     from dflash_local.embedded import embedded_target_dir
+    from dflash_local.engines.mlx_attention import set_attention
     from dflash_local.engines.mlx_engine import MLXEngine
 
     engine = MLXEngine(target_dir or embedded_target_dir(), None)
-    from dflash_local.engines.mlx_attention import set_attention  # after the engine's fast BLAS
     kernels = attention_kernels(both)
     text = engine.encode_chat([{"role": "user", "content": "Tell me about the history of maps. " * 200}])
     results = []

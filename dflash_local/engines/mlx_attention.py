@@ -24,6 +24,10 @@ import logging
 import math
 import sys
 
+from dflash_local import blas
+
+blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
+
 import mlx.core as mx
 from mlx_lm.models import base
 
