@@ -304,24 +304,31 @@ def remote(service):
     engine.close()
 
 
-def local_events(state, params: GenerationParams):
+def local_events(state, params: GenerationParams, messages=MESSAGES):
     engine = state.loaded.engine
-    return list(engine.stream(engine.encode_chat(MESSAGES), params))
+    return list(engine.stream(engine.encode_chat(messages), params))
+
+
+# the tiny pair's greedy answer to it repeats itself: prompt-lookup rounds copy some of it
+COPYING_MESSAGES = [{"role": "user", "content": "Repeat after me: " + "alpha beta gamma delta " * 3}]
 
 
 @pytest.mark.parametrize("speculative", [True, False])
 def test_remote_stream_equals_the_local_engines_round_for_round(service, remote, speculative):
-    params = GenerationParams(max_tokens=24, speculative=speculative)
-    events = list(remote.stream_chat(MESSAGES, params))
+    params = GenerationParams(max_tokens=48, speculative=speculative)
+    events = list(remote.stream_chat(COPYING_MESSAGES, params))
     # the service gives a request with no block size its default ("auto" for a local pair)
-    local = local_events(service[0], replace(params, block_size=service[0].loaded.default_block_size))
+    local = local_events(service[0], replace(params, block_size=service[0].loaded.default_block_size),
+                         COPYING_MESSAGES)
     fields = ("token_ids", "drafted", "draft_depth", "accepted", "copied", "accepted_chars", "copied_chars",
               "round_index", "block_size", "mode")
     assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
     assert "".join(e.text for e in events) == "".join(e.text for e in local)
+    if speculative:  # the copied fields made the trip with something in them
+        assert sum(e.copied for e in local) > 0 and sum(e.copied_chars for e in local) > 0
     stats = remote.last_stats
     assert stats.source == "dflash" and stats.per_round_exact
-    assert stats.completion_tokens == 24 and stats.prompt_tokens > 0
+    assert stats.completion_tokens == 48 and stats.prompt_tokens > 0
     assert stats.accepted == sum(e.accepted for e in local) and stats.rounds == len(local) - 1
 
 
