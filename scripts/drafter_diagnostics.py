@@ -35,6 +35,7 @@ from dflash_local.drafter import model_torch
 from dflash_local.embedded import embedded_target_dir
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams
+from dflash_local.speculative import _common_start  # the loop's own prefix count
 
 PROBABILITY_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -83,7 +84,7 @@ class Recorder:
                 truth = [*kept_ids, next_id]
                 full, short = self.chains["full"], self.chains["short"]
                 self.rounds.append(([a == b for a, b in zip(full, short)],
-                                    _kept(full, truth), _kept(short, truth)))
+                                    _common_start(truth, full), _common_start(truth, short)))
                 self.chains = {}
             return result
         return wrapped
@@ -115,15 +116,6 @@ class Recorder:
 def _greedy(session, hidden) -> list[int]:
     with torch.inference_mode():
         return session.model.draft_token_ids(hidden)[0].tolist()
-
-
-def _kept(chain: list[int], truth: list[int]) -> int:
-    count = 0
-    for drafted, wanted in zip(chain, truth):
-        if drafted != wanted:
-            break
-        count += 1
-    return count
 
 
 def main() -> None:
