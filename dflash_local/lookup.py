@@ -39,12 +39,20 @@ class NgramIndex:
             self.tokens.append(int(token_id))
 
     def propose(self, max_tokens: int) -> LookupDraft | None:
-        """What followed the latest earlier occurrence of the longest matching suffix."""
+        """What followed the latest earlier occurrence of the longest matching suffix.
+
+        A copy that reaches the end of the text goes on with its own tokens (an overlapping copy,
+        as LZ77's): text repeating with a period shorter than max_tokens (a rule of dashes, a
+        run of spaces, a list of repeated lines) is proposed as far as asked, not cut at one
+        period."""
         if max_tokens < 1:
             return None
         end = len(self.tokens)
         for n in range(min(self.max_ngram, end), 0, -1):
             start = self._next.get(tuple(self.tokens[end - n :]))
             if start is not None:  # never the suffix itself: its continuation does not exist yet
-                return LookupDraft(tuple(self.tokens[start : start + max_tokens]), n)
+                draft = self.tokens[start : start + max_tokens]
+                while len(draft) < max_tokens:  # start < end: the copy's own tokens come first
+                    draft.append(draft[len(draft) - (end - start)])
+                return LookupDraft(tuple(draft), n)
         return None

@@ -5,6 +5,7 @@ output, with lookup rounds taken when copying pays and not taken when it does no
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair
@@ -29,11 +30,20 @@ def test_index_proposes_what_followed_the_latest_longest_match():
     assert index.propose(1).token_ids == (2,)
 
 
+def test_a_copy_reaching_the_end_of_the_text_goes_on_with_its_own_tokens():
+    """Periodic text (period shorter than the draft) is proposed as far as asked."""
+    index = NgramIndex([7, 1, 2, 3, 1, 2, 3])
+    draft = index.propose(5)
+    assert draft.token_ids == (1, 2, 3, 1, 2) and draft.ngram == 3
+    assert NgramIndex([9, 5, 5, 5]).propose(4).token_ids == (5, 5, 5, 5)
+    assert NgramIndex([1, 2, 3, 1]).propose(2).token_ids == (2, 3)  # no overlap needed: as before
+
+
 def test_index_never_proposes_from_the_suffix_itself_or_without_a_match():
     assert NgramIndex([1, 2, 3]).propose(4) is None  # every token new: nothing to copy
     assert NgramIndex([]).propose(4) is None
     index = NgramIndex([4, 4])
-    assert index.propose(3).token_ids == (4,)  # the earlier 4 is followed by the last one
+    assert index.propose(3).token_ids == (4, 4, 4)  # the earlier 4 is followed by the last one, on
     assert index.propose(0) is None
     with pytest.raises(ValueError):
         NgramIndex([1], max_ngram=0)
@@ -125,6 +135,18 @@ def test_fixed_block_sizes_stay_pure_dflash(tmp_path_factory):
     assert LOOKUP not in {e.mode for e in events}
 
 
+def _one_period_propose(index: NgramIndex, max_tokens: int):
+    """NgramIndex.propose without the overlapping copy: at most what the text holds."""
+    draft = _OVERLAPPING_PROPOSE(index, max_tokens)
+    if draft is None:
+        return None
+    start = index._next[tuple(index.tokens[len(index.tokens) - draft.ngram :])]
+    return replace(draft, token_ids=draft.token_ids[: len(index.tokens) - start])
+
+
+_OVERLAPPING_PROPOSE = NgramIndex.propose
+
+
 def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_factory, monkeypatch):
     """Under auto with trees, a drafter round verifies the lookup draft too, grafted onto its
     tree (draft_tree.DraftTree.graft): the drafter here is right on one draft a round at most,
@@ -149,6 +171,9 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
         return policies[-1]
 
     monkeypatch.setattr(calibration, "policy_for", policy_for)
+    # copies cut at the end of the text (one period of this loop): a copy then rides along more
+    # often than it goes alone, so rounds where the drafter and a copy both kept tokens occur
+    monkeypatch.setattr(NgramIndex, "propose", _one_period_propose)
     monkeypatch.setattr(engine, "make_drafter", lambda: ScriptedTreeDrafter(
         prompt_ids, follow(reference, len(prompt_ids), right=1), chain=4,
         inner=DraftSession(engine.drafter)))
