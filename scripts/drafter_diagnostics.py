@@ -90,6 +90,9 @@ class Recorder:
         return wrapped
 
     def report(self) -> dict:
+        if not self.nodes or not self.rounds:
+            raise SystemExit("no drafter tree round was verified: nothing to report (a drafter "
+                             "whose target keeps chains, or prompts decoded plainly throughout)")
         nodes = np.array(self.nodes, dtype=np.float64).reshape(-1, 3)
         depth, prob, kept = nodes[:, 0], nodes[:, 1], nodes[:, 2]
         by_depth = [{"depth": int(d), "nodes": int((depth == d).sum()),

@@ -47,8 +47,12 @@ def main() -> None:
     parser.add_argument("--per-package", type=int, default=30)
     parser.add_argument("--site-packages", type=Path, default=Path(sysconfig.get_paths()["purelib"]))
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.site_packages.is_dir():
+        parser.error(f"--site-packages {args.site_packages} is not a directory")
     links = subpackage_dirs(args.site_packages.resolve(), args.per_package)
+    if not links:
+        parser.error(f"no subpackage folder with Python files under {args.site_packages}")
+    args.out.mkdir(parents=True, exist_ok=True)
     for link, folder in links:
         path = args.out / link
         if not path.is_symlink():
