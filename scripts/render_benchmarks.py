@@ -1,0 +1,177 @@
+"""Render the benchmark records (docs/records/*.json) into docs/benchmarks.md, and into the blocks
+of README.md and models/README.md marked `<!-- benchmark:NAME -->` ... `<!-- /benchmark -->`.
+
+A record is one benchmark run: title, what was measured, the command that made it, the day, the
+machine, engine, dataset, settings, and its rows of figures. The prose never holds a figure the
+records do not, so it cannot drift from them. Deterministic: records newest day first, then by
+name.
+
+    .venv/bin/python scripts/render_benchmarks.py          # rewrite the files
+    .venv/bin/python scripts/render_benchmarks.py --check  # exit 1 when a file is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS_DIR = Path("docs/records")
+BENCHMARKS_MD = Path("docs/benchmarks.md")
+BLOCK_FILES = (Path("README.md"), Path("models/README.md"))
+BLOCK = re.compile(r"(<!-- benchmark:(?P<name>[\w.-]+) -->\n).*?(<!-- /benchmark -->)", re.DOTALL)
+REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "dataset", "settings",
+            "row_header", "columns", "rows", "source")
+
+
+def load_records(root: Path = ROOT) -> dict[str, dict]:
+    """name (the file's stem) -> record, checked for the fields the renderer needs."""
+    records = {}
+    for path in sorted((root / RECORDS_DIR).glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        missing = [field for field in REQUIRED if field not in record]
+        if missing:
+            raise ValueError(f"{path.name}: missing fields {', '.join(missing)}")
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"]):
+            raise ValueError(f"{path.name}: date {record['date']!r} is not YYYY-MM-DD")
+        records[path.stem] = record
+    return records
+
+
+def number(value: float, decimals: int) -> str:
+    """At least `decimals` places, more when the record holds more (1.375 stays 1.375)."""
+    text = f"{value:.{decimals}f}"
+    return text if float(text) == value else repr(value)
+
+
+def cell_text(cell, column: dict) -> str:
+    if cell is None:
+        return ""
+    if isinstance(cell, str):
+        return cell
+    if isinstance(cell, int | float):
+        return number(cell, column.get("decimals", 2))
+    if isinstance(cell, dict) and "speedup" in cell:
+        text = f"{number(cell['speedup'], 2)}×"
+        return text + (f" (τ {number(cell['tau'], 2)})" if cell.get("tau") is not None else "")
+    raise ValueError(f"column {column['key']!r}: cannot render cell {cell!r}")
+
+
+def table(record: dict) -> str:
+    columns = record["columns"]
+    lines = ["| " + " | ".join([record["row_header"], *(c["label"] for c in columns)]) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    for row in record["rows"]:
+        bold = bool(row.get("bold"))
+        cells = [f"**{row['label']}**" if bold else row["label"]]
+        for column in columns:
+            cell, text = row.get(column["key"]), cell_text(row.get(column["key"]), column)
+            # a highlighted row's speedups stand out, not its plain figures
+            cells.append(f"**{text}**" if bold and isinstance(cell, dict) else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def commands(record: dict) -> list[str]:
+    command = record["command"]
+    return [command] if isinstance(command, str) else list(command)
+
+
+def command_lines(record: dict) -> str:
+    listed = commands(record)
+    if len(listed) == 1:
+        return f"Command: `{listed[0]}`"
+    return "Commands:\n" + "\n".join(f"- `{command}`" for command in listed)
+
+
+def settings_text(settings: dict) -> str:
+    return "; ".join(f"{key.replace('_', ' ')} {value}" for key, value in settings.items())
+
+
+def record_section(name: str, record: dict) -> str:
+    facts = (f"Date: {record['date']}. Machine: {record['machine']}. Engine: {record['engine']}. "
+             f"Dataset: {record['dataset']}. Settings: {settings_text(record['settings'])}.")
+    parts = [f"## {record['title']}", record["measured"], table(record), command_lines(record),
+             facts]
+    parts += record.get("notes", [])
+    parts.append(f"Record: [`records/{name}.json`](records/{name}.json).")
+    return "\n\n".join(parts)
+
+
+def order(item: tuple[str, dict]) -> tuple:
+    name, record = item
+    year, month, day = (int(part) for part in record["date"].split("-"))
+    return (-year, -month, -day, name)
+
+
+def render_benchmarks(records: dict[str, dict]) -> str:
+    head = ("# Benchmarks\n\n"
+            "Rendered by `scripts/render_benchmarks.py` from the records in "
+            "[`records/`](records/): edit a record and rerun the script, not this page. "
+            "Newest first. Every figure was measured on a shared virtual machine whose speed "
+            "drifts between runs: compare figures within one table.\n\n"
+            "How to read them: speedup is decode tokens per second over plain decoding's in the "
+            "same run; τ is the mean number of tokens each round commits (accepted drafts plus "
+            "the target's own token).")
+    sections = [record_section(name, record) for name, record in sorted(records.items(), key=order)]
+    return "\n\n".join([head, *sections]) + "\n"
+
+
+def render_block(name: str, records: dict[str, dict]) -> str:
+    if name not in records:
+        raise ValueError(f"no record {name!r} in {RECORDS_DIR} (markers name a record's file stem)")
+    record = records[name]
+    return (f"{table(record)}\n\n{command_lines(record)} ({record['date']}, "
+            f"[details](docs/benchmarks.md))\n")
+
+
+def rewrite_blocks(text: str, records: dict[str, dict], link_prefix: str = "") -> str:
+    def replace(match: re.Match) -> str:
+        block = render_block(match["name"], records)
+        block = block.replace("](docs/", f"]({link_prefix}docs/")
+        return f"{match.group(1)}{block}{match.group(3)}"
+
+    return BLOCK.sub(replace, text)
+
+
+def rendered_files(root: Path = ROOT) -> dict[Path, str]:
+    """Every file the renderer owns (whole or in part) -> its content as rendered now."""
+    records = load_records(root)
+    files = {BENCHMARKS_MD: render_benchmarks(records)}
+    for path in BLOCK_FILES:
+        if (root / path).exists():
+            prefix = "../" * (len(path.parts) - 1)
+            files[path] = rewrite_blocks((root / path).read_text(encoding="utf-8"), records, prefix)
+    return files
+
+
+def stale_files(root: Path = ROOT) -> list[Path]:
+    """The files whose content differs from what rendering would write (empty: all current)."""
+    stale = []
+    for path, content in rendered_files(root).items():
+        current = root / path
+        if not current.exists() or current.read_text(encoding="utf-8") != content:
+            stale.append(path)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 when a rendered file is out of date")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files()
+        for path in stale:
+            print(f"{path} is out of date: run scripts/render_benchmarks.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, content in rendered_files().items():
+        (ROOT / path).write_text(content, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
