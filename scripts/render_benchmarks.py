@@ -124,9 +124,9 @@ def render_block(name: str, records: dict[str, dict]) -> str:
     if name not in records:
         raise ValueError(f"no record {name!r} in {RECORDS_DIR} (markers name a record's file stem)")
     record = records[name]
-    return (f"{table(record)}\n\n{command_lines(record)}\n\n"
-            f"Measured {record['date']} on a {record['machine']} "
-            f"([details](docs/benchmarks.md)).\n")
+    parts = [table(record), command_lines(record), *record.get("notes", []),
+             f"Measured {record['date']} on a {record['machine']} ([details](docs/benchmarks.md))."]
+    return "\n\n".join(parts) + "\n"
 
 
 def rewrite_blocks(text: str, records: dict[str, dict], link_prefix: str = "") -> str:
