@@ -1,16 +1,17 @@
 """Calibration: what one round costs at each block width on this machine, for a loaded pair.
 
-Boundary: measures through the engine's own TargetRunner and Drafter (no framework import here)
-and caches the result as JSON under data_dir()/calibration/, one file per machine + engine +
-pair (+ drafter weights' size and mtime) + dtype + framework versions. Two parts:
-- costs: runner.verify + commit (+ drafter.propose when w > 1; both kept, a prompt-lookup
-  round pays only the first; a tree round where the loop would run one, speculative.can_tree)
-  for widths 1..B on a short context, the widths shuffled within each repetition, the lower
-  quartile per width, then made non-decreasing in w (a wider verify never costs less; what
-  says otherwise is noise); and how much each width's verify grows per token of context, from a
-  few verifies on LONG_CONTEXT tokens (block_policy.RoundCosts.at_context);
+An explicit step at load (the engine's `calibrate`, shown as a phase by the CLI, the service
+and the app): it measures through the engine's own TargetRunner and Drafter (no framework
+import here) the rounds the planners run (planning.timed_rounds), and caches the result as JSON
+under data_dir()/calibration/, one file per machine + engine + pair (+ drafter weights' size and
+mtime) + dtype + framework versions. Two parts:
+- costs: runner.verify + commit (+ the drafter's pass when w > 1; both kept, a prompt-lookup
+  round pays only the first) for widths 1..B on a short context, the widths shuffled within
+  each repetition, the lower quartile per width, then made non-decreasing in w (a wider verify
+  never costs less; what says otherwise is noise); and how much each width's verify grows per
+  token of context, from a few verifies on LONG_CONTEXT tokens (RoundCosts.at_context);
 - prior: per-position acceptance of a short full-width generation on two fixed prompts, the
-  starting point that block_policy.py moves away from as a generation goes.
+  starting point that the auto planner moves away from as a generation goes.
 """
 
 from __future__ import annotations
@@ -26,19 +27,21 @@ import random
 import re
 import statistics
 import time
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from dflash_local import paths
-from dflash_local.block_policy import BlockPolicy, RoundCosts, smoothed_rates
-from dflash_local.draft_tree import DraftTree
-from dflash_local.events import GenerationParams
-from dflash_local.speculative import can_tree, is_tree_round
+from dflash_local.events import Fixed, GenerationParams, StepEvent
+from dflash_local.planning import RoundShape, timed_rounds
+from dflash_local.planning.costs import RoundCosts, smoothed_rates
+
+if TYPE_CHECKING:
+    from dflash_local.speculative import Drafter, TargetRunner
 
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
@@ -62,7 +65,14 @@ LONG_CONTEXT = 1024  # tokens of context where the slopes are timed: a chat some
 SLOPE_REPETITIONS = 4  # of the long context's verifies, in the first repetitions of the short ones
 FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
 
-_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> Calibration
+
+class Measurable(Protocol):
+    """What calibration measures through: a local engine's per-generation parts."""
+
+    def make_runner(self, collect_taps: bool) -> TargetRunner: ...
+    def make_drafter(self) -> Drafter | None: ...
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]: ...
 
 
 @dataclass(frozen=True)
@@ -72,9 +82,6 @@ class Calibration:
     key: dict
     measured_at: str
     measure_s: float
-
-    def policy(self, max_width: int | None = None) -> BlockPolicy:
-        return BlockPolicy(self.costs, self.prior, max_width=max_width)
 
     def to_json(self) -> dict:
         return {
@@ -96,25 +103,10 @@ class Calibration:
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0))
 
 
-def uses_calibration(engine, block_size: int | str | None, speculative: bool = True) -> bool:
-    """Whether generating at this block size chooses widths from the calibration."""
-    return block_size == "auto" and speculative and engine.pair.drafter is not None
-
-
-def policy_for(engine, params: GenerationParams) -> BlockPolicy | None:
-    """A fresh policy for one generation when params ask for block_size "auto", else None."""
-    if not uses_calibration(engine, params.block_size, params.speculative):
-        return None
-    return load_or_measure(engine).policy()
-
-
-def load_or_measure(engine, force: bool = False,
+def load_or_measure(engine: Measurable, key: dict, force: bool = False,
                     on_measure: Callable[[], None] | None = None) -> Calibration:
-    """This engine's calibration: from memory, else from the cache file, else measured now
-    (`on_measure` is called first: a caller shows what the wait is for)."""
-    if not force and engine in _MEMORY:
-        return _MEMORY[engine]
-    key = calibration_key(engine)
+    """The calibration for `key`: from its cache file, else measured now (`on_measure` is
+    called first: a caller shows what the wait is for); `force`: measure again."""
     path = cache_path(key)
     calibration = None if force else _read(path, key)
     if calibration is None:
@@ -122,20 +114,19 @@ def load_or_measure(engine, force: bool = False,
             on_measure()
         calibration = measure(engine, key)
         _write(path, calibration)
-    _MEMORY[engine] = calibration
     return calibration
 
 
-def measure(engine, key: dict | None = None, repetitions: int = REPETITIONS) -> Calibration:
+def measure(engine: Measurable, key: dict, repetitions: int = REPETITIONS) -> Calibration:
     started = time.perf_counter()
     costs = measure_costs(engine, repetitions)
     prior = measure_prior(engine)
-    return Calibration(costs, prior, key or calibration_key(engine),
+    return Calibration(costs, prior, key,
                        datetime.now(UTC).isoformat(timespec="seconds"),
                        time.perf_counter() - started)
 
 
-def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
+def measure_costs(engine: Measurable, repetitions: int = REPETITIONS) -> RoundCosts:
     """Seconds of one round per width 1..B (the lower quartile of the repetitions, widths in a
     shuffled order each time); one discarded warm-up pass first.
 
@@ -144,40 +135,39 @@ def measure_costs(engine, repetitions: int = REPETITIONS) -> RoundCosts:
     write the drafter off for good. Verify and draft are fitted apart, each non-decreasing in w:
     a noisy plain step can then never make a speculative round look free (cost(w) >= cost(1) +
     a drafter pass). The drafter pass is timed at each drafted width; under auto's tree rounds,
-    which draft the widest width allowed and verify a prefix, BlockPolicy.round_seconds adds
-    that widest pass to every verified width.
+    which draft the widest width allowed and verify a prefix, the width policy adds that widest
+    pass to every verified width.
     """
     runner, drafter = engine.make_runner(collect_taps=True), engine.make_drafter()
-    trees = can_tree(runner, drafter, GenerationParams())
     context_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
     _, taps = runner.prefill(context_ids)
     anchor_id = context_ids[-1]
     drafter.propose(anchor_id, taps, 2)  # the context enters the drafter's cache once
     block = drafter.block_size
-    widths = list(range(1, block + 1))
+    shapes = timed_rounds(block, runner.supports_tree and drafter.tree_drafts)
     filler = (context_ids * block)[:block]
     # each verify below keeps one row: on average they run on half of those rows more context
     timed_context = len(context_ids) + (repetitions + 1) * block // 2
-    long = LongContextTimer.open(engine, context_ids, block, trees, timed_context)
-    verify_s: dict[int, list[float]] = {w: [] for w in widths}
-    draft_s: dict[int, list[float]] = {w: [] for w in widths[1:]}
+    long = LongContextTimer.open(engine, context_ids, shapes, timed_context)
+    verify_s: dict[int, list[float]] = {shape.width: [] for shape in shapes}
+    draft_s: dict[int, list[float]] = {shape.width: [] for shape in shapes[1:]}
     order = random.Random(0)
     for repetition in range(repetitions + 1):
-        order.shuffle(widths)
-        for width in widths:
-            seconds, new_taps = _time_verify(runner, anchor_id, filler, width, trees)
+        order.shuffle(shapes)
+        for shape in shapes:
+            seconds, new_taps = _time_verify(runner, anchor_id, shape.filler_draft(filler))
             started = time.perf_counter()
-            if is_tree_round(trees, width):
-                drafter.propose_tree(anchor_id, new_taps, width - 1)
-            elif width > 1:
-                drafter.propose(anchor_id, new_taps, width)
+            if shape.tree:
+                drafter.propose_tree(anchor_id, new_taps, shape.width - 1)
+            elif shape.width > 1:
+                drafter.propose(anchor_id, new_taps, shape.width)
             drafted = time.perf_counter()
             if long is not None and repetition <= SLOPE_REPETITIONS:  # fewer: a long verify is dear
-                long.time(width, keep=repetition > 0)  # right after the short one: drift hits both
+                long.time(shape, keep=repetition > 0)  # right after the short one: drift hits both
             if repetition:
-                verify_s[width].append(seconds)
-                if width > 1:
-                    draft_s[width].append(drafted - started)
+                verify_s[shape.width].append(seconds)
+                if shape.width > 1:
+                    draft_s[shape.width].append(drafted - started)
     verify = non_decreasing([lower_quartile(verify_s[w]) for w in sorted(verify_s)])
     draft = non_decreasing([lower_quartile(draft_s[w]) for w in sorted(draft_s)])
     slopes = long.slopes(verify, timed_context) if long is not None else None
@@ -191,9 +181,9 @@ class LongContextTimer:
     (widths 1, 2, the first tree width, B/2 and B timed, the rest interpolated, non-decreasing
     in w). Only the verify is priced: the drafter pass is taken to cost the same on any context."""
 
-    def __init__(self, runner, anchor_id: int, filler: list[int], widths: list[int], trees: bool,
-                 tokens: int, kept_rows: int):
-        self.runner, self.anchor_id, self.filler, self.trees = runner, anchor_id, filler, trees
+    def __init__(self, runner: TargetRunner, anchor_id: int, filler: list[int],
+                 widths: list[int], tokens: int, kept_rows: int):
+        self.runner, self.anchor_id, self.filler = runner, anchor_id, filler
         self.tokens, self.kept_rows = tokens, kept_rows
         self.seconds: dict[int, list[float]] = {w: [] for w in widths}
 
@@ -202,11 +192,13 @@ class LongContextTimer:
         return sorted(self.seconds)
 
     @classmethod
-    def open(cls, engine, text_ids: list[int], block: int, trees: bool, short_context: int,
-             repetitions: int = SLOPE_REPETITIONS) -> LongContextTimer | None:
+    def open(cls, engine: Measurable, text_ids: list[int], shapes: list[RoundShape],
+             short_context: int, repetitions: int = SLOPE_REPETITIONS) -> LongContextTimer | None:
         """A runner prefilled with `text_ids` repeated to the long context; None where the
         target's context window is too short for one at least twice `short_context`."""
-        widths = sorted({1, min(2, block), min(3 if trees else 2, block), max(1, block // 2), block})
+        block = len(shapes)
+        first_tree = min((s.width for s in shapes if s.tree), default=2)
+        widths = sorted({1, min(2, block), min(first_tree, block), max(1, block // 2), block})
         kept_rows = (repetitions + 1) * len(widths)  # one per verify: the context grows as it times
         runner = engine.make_runner(collect_taps=True)  # as the loop runs it: taps cost too
         tokens = min(LONG_CONTEXT, runner.max_context - block - kept_rows - 1)
@@ -214,14 +206,14 @@ class LongContextTimer:
             return None
         context_ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
         runner.prefill(context_ids)
-        return cls(runner, context_ids[-1], (context_ids * block)[:block], widths, trees, tokens, kept_rows)
+        return cls(runner, context_ids[-1], (context_ids * block)[:block], widths, tokens, kept_rows)
 
-    def time(self, width: int, keep: bool = True) -> None:
-        """One verify + commit at this width, if it is one of the timed widths."""
-        if width in self.seconds:
-            seconds, _ = _time_verify(self.runner, self.anchor_id, self.filler, width, self.trees)
+    def time(self, shape: RoundShape, keep: bool = True) -> None:
+        """One verify + commit of this round, if its width is one of the timed widths."""
+        if shape.width in self.seconds:
+            seconds, _ = _time_verify(self.runner, self.anchor_id, shape.filler_draft(self.filler))
             if keep:
-                self.seconds[width].append(seconds)
+                self.seconds[shape.width].append(seconds)
 
     def slopes(self, short_verify: list[float], short_context: int) -> tuple[float, ...]:
         """Per width 1..B, from `short_verify` timed on `short_context` tokens on average."""
@@ -232,15 +224,11 @@ class LongContextTimer:
         return tuple(non_decreasing([float(x) for x in np.interp(range(1, block + 1), timed, slopes)]))
 
 
-def _time_verify(runner, anchor_id: int, filler: list[int], width: int, trees: bool):
-    """(seconds, the kept row's taps) of the verify + commit the loop runs at this width."""
+def _time_verify(runner: TargetRunner, anchor_id: int, draft) -> tuple[float, object]:
+    """(seconds, the kept row's taps) of the verify + commit of this draft, the anchor kept."""
     start = time.perf_counter()
-    if is_tree_round(trees, width):
-        runner.verify_tree(anchor_id, DraftTree.chain(filler[: width - 1]))
-        new_taps = runner.commit_path([0])
-    else:
-        runner.verify([anchor_id, *filler[: width - 1]])
-        new_taps = runner.commit(1)
+    runner.verify(anchor_id, draft)
+    new_taps = runner.commit([0])
     return time.perf_counter() - start, new_taps
 
 
@@ -248,11 +236,11 @@ def lower_quartile(values: list[float]) -> float:
     return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
 
 
-def measure_prior(engine, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
+def measure_prior(engine: Measurable, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
     """Per-position acceptance of full-width generations on PRIOR_PROMPTS."""
-    block_size = engine.pair.block_size
+    block_size = engine.make_drafter().block_size
     hits, trials = [0] * (block_size - 1), [0] * (block_size - 1)
-    params = GenerationParams(max_tokens=max_tokens, block_size=block_size)
+    params = GenerationParams(max_tokens=max_tokens, block_size=Fixed(block_size))
     for text in PRIOR_PROMPTS:
         prompt_ids = engine.encode_chat([{"role": "user", "content": text}])
         for event in engine.stream(prompt_ids, params):
@@ -276,14 +264,15 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(count)]
 
 
-def calibration_key(engine) -> dict:
-    pair = engine.pair
+def calibration_key(pair, threads: int | None) -> dict:
+    """What a calibration holds for: the pair (engines/base.PairInfo) as loaded, on this machine
+    with this many compute threads and these framework versions."""
     return {
-        "engine": engine.name, "dtype": pair.dtype, "block_size": pair.block_size,
+        "engine": pair.engine, "dtype": pair.dtype, "block_size": pair.block_size,
         "target": str(pair.target_path or pair.target), "drafter": str(pair.drafter_path or pair.drafter),
         "drafter_weights": _weights_stamp(pair.drafter_path),
         "draft_vocab": pair.draft_vocab_size,  # a smaller draft head is a cheaper draft pass
-        "machine": machine_info(), "threads": engine.compute_threads(), "versions": framework_versions(),
+        "machine": machine_info(), "threads": threads, "versions": framework_versions(),
     }
 
 

@@ -16,7 +16,13 @@ from pathlib import Path
 from dflash_local import paths
 from dflash_local.bench import cli as bench_cli
 from dflash_local.errors import DFlashError, ModelNotFoundError
-from dflash_local.events import GenerationParams, GenerationStats, block_size_arg
+from dflash_local.events import (
+    AUTO,
+    GenerationParams,
+    GenerationStats,
+    block_size_arg,
+    widest_block,
+)
 from dflash_local.precision import DTYPE_CHOICES
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
@@ -57,7 +63,7 @@ def _add_generate(commands) -> None:
     gen.add_argument("--target", metavar="DIR|REPO",
                      help="target model (default: the embedded pair)")
     gen.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
-    gen.add_argument("--block-size", type=block_size_arg, metavar="N|auto", default="auto",
+    gen.add_argument("--block-size", type=block_size_arg, metavar="N|auto", default=AUTO,
                      help="auto (default): the calibrated policy picks each round's width, plain "
                           "decoding when speculation would lose; N: always draft N-1 tokens")
     gen.add_argument("--max-tokens", type=int, default=256, metavar="N")
@@ -101,6 +107,9 @@ def run_generate(args: argparse.Namespace) -> int:
     _quiet_frameworks()
     engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
     try:
+        if params.speculative:  # under auto: this machine's round costs, a visible phase
+            engine.prepare(params.block_size, on_wait=lambda phase: _warn(
+                f"{phase}: round costs on this machine, measured once per pair"))
         if args.raw:
             prompt_ids = engine.encode_raw(args.prompt)
         else:
@@ -109,7 +118,7 @@ def run_generate(args: argparse.Namespace) -> int:
         token_ids, text, stats = stream_completion(engine, prompt_ids, params, echo=not args.json)
     finally:
         engine.close()
-    block_size = effective_block_size(engine, params)
+    block_size = widest_block(params, engine.pair.block_size)
     if args.json:
         print(json.dumps(_report(engine, prompt_ids, token_ids, text, stats, block_size)))
     else:
@@ -171,16 +180,6 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
             sys.stdout.write("\n")
             sys.stdout.flush()
     return token_ids, "".join(pieces), stats
-
-
-def effective_block_size(engine, params: GenerationParams) -> int:
-    """The widest block the loop may draft: the drafter's own unless asked for less."""
-    trained = engine.pair.block_size
-    if not params.speculative or engine.pair.drafter is None:
-        return 1
-    if params.block_size is None or params.block_size == "auto":
-        return trained
-    return min(params.block_size, trained)
 
 
 def _report(engine, prompt_ids, token_ids, text, stats: GenerationStats, block_size: int) -> dict:

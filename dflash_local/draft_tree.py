@@ -36,6 +36,11 @@ class DraftTree:
     def chain(cls, token_ids) -> DraftTree:
         return cls(tuple(int(t) for t in token_ids), tuple(range(len(token_ids))))
 
+    @property
+    def is_chain(self) -> bool:
+        """One path from the anchor (no node has two children): a causal verify suffices."""
+        return all(parent == node for node, parent in enumerate(self.parents))
+
     def prefix(self, nodes: int) -> DraftTree:
         """The first `nodes` nodes: a tree again (every parent comes before its children)."""
         return DraftTree(self.token_ids[:nodes], self.parents[:nodes], self.path_probs[:nodes])

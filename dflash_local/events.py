@@ -9,6 +9,64 @@ from dflash_local.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
+class Fixed:
+    """Every round drafts `size` - 1 tokens (never more than the drafter's block; None: all of
+    it). Fixed(1) is plain decoding, the honest baseline."""
+
+    size: int | None = None
+
+    def __post_init__(self):
+        if self.size is not None and (not isinstance(self.size, int) or self.size < 1):
+            raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.size!r}")
+
+    def __str__(self) -> str:
+        return "full" if self.size is None else str(self.size)
+
+    @property
+    def request_value(self) -> int | None:
+        """As a request or a record writes it (None: the drafter's whole block)."""
+        return self.size
+
+
+@dataclass(frozen=True)
+class Auto:
+    """Each round's width chosen from this machine's measured round costs (planning/auto.py)."""
+
+    def __str__(self) -> str:
+        return "auto"
+
+    @property
+    def request_value(self) -> str:
+        return "auto"
+
+
+BlockSize = Fixed | Auto
+AUTO = Auto()
+WHOLE_BLOCK = Fixed()  # the drafter's own block, every round
+
+
+def parse_block_size(value: int | str | None) -> BlockSize:
+    """A request's or a command line's block size: an integer >= 1, "auto", or None (the
+    drafter's whole block)."""
+    if value is None:
+        return WHOLE_BLOCK
+    if value == "auto":
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"block_size must be an integer or 'auto', got {value!r}")
+    return Fixed(value)
+
+
+def widest_block(params: GenerationParams, drafter_block: int | None) -> int:
+    """The widest round the loop may run: 1 (plain) without a drafter or speculation; the
+    drafter's block under auto; a fixed size never past the block the drafter was trained on."""
+    if not params.speculative or not drafter_block or drafter_block < 2:
+        return 1
+    size = params.block_size.size if isinstance(params.block_size, Fixed) else None
+    return drafter_block if size is None else min(size, drafter_block)
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 256
     temperature: float = 0.0
@@ -16,9 +74,9 @@ class GenerationParams:
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
     speculative: bool = True
-    block_size: int | str | None = None  # None = the drafter's own; "auto" = block_policy.py
+    block_size: BlockSize = WHOLE_BLOCK  # parse_block_size makes one from a request's value
     stop_token_ids: tuple[int, ...] = ()
-    prompt_lookup: bool = True  # with block_size "auto": rounds may verify lookup.py drafts
+    prompt_lookup: bool = True  # with block_size auto: rounds may verify lookup.py drafts
     tree: bool = True  # drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
 
     def __post_init__(self):
@@ -30,13 +88,9 @@ class GenerationParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
-        if isinstance(self.block_size, str):
-            if self.block_size != "auto":
-                raise InvalidRequestError(
-                    f"block_size must be an integer or 'auto', got {self.block_size!r}"
-                )
-        elif self.block_size is not None and self.block_size < 1:
-            raise InvalidRequestError(f"block_size must be >= 1, got {self.block_size!r}")
+        if not isinstance(self.block_size, Fixed | Auto):
+            raise InvalidRequestError(
+                f"block_size must be Fixed(n) or Auto() (parse_block_size), got {self.block_size!r}")
 
     @property
     def greedy(self) -> bool:
@@ -60,7 +114,7 @@ class StepEvent:
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
     copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
     copied_chars: int = 0  # of `accepted_chars`, the last ones those copied tokens made
-    mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (block_policy.py)
+    mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (planning/)
     finish_reason: str | None = None  # "stop" | "length" on the last event
 
 
@@ -125,16 +179,13 @@ class EngineCapabilities:
     max_context: int
     hybrid_targets: bool = False
     block_size_per_request: bool = True
+    tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
+    tree_verify: bool = False  # a round may verify a draft tree, not only a chain (draft_tree.py)
 
 
-def block_size_arg(value: str) -> int | str:
+def block_size_arg(value: str) -> BlockSize:
     """The command-line form of GenerationParams.block_size: an integer >= 1 or "auto"."""
-    if value == "auto":
-        return value
     try:
-        size = int(value)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {value!r}")
-    return size
+        return parse_block_size(value if value == "auto" else int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {value!r}") from None

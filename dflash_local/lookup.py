@@ -5,7 +5,7 @@ way it went the last time the same few tokens appeared. `NgramIndex` remembers, 
 n-gram of length 1..max_ngram seen so far, where its latest continuation starts, updated as
 tokens are committed (O(max_ngram) per token), and proposes the tokens that followed the
 longest suffix of the text that occurred before. The loop verifies them like DFlash drafts
-(acceptance.py), so output stays exactly the target's; block_policy.LookupPolicy decides per
+(acceptance.py), so output stays exactly the target's; planning/copies.py decides per
 round whether a lookup draft is expected to beat the drafter's block or a plain step.
 """
 

@@ -15,7 +15,7 @@ Variants, each with its own calibration measured in this process:
 - "graft": the engine as shipped: lookup drafts grafted onto drafter trees;
 - "flat": as shipped, but its calibration without context slopes (every round priced as on
   the calibration's short context; graft's calibration, the slopes dropped).
-"No-graft" replaces `speculative._Lookup.graft` with one that grafts nothing: an A/B of the
+"No-graft" makes `planning.auto.AutoPlanner._graft_length` graft nothing: an A/B of the
 loop's internals, not a user setting. --context N puts held-out text from the end of the list
 (never one of the sampled prompts) before each prompt until it is N tokens long: a long chat.
 Every run is greedy, block size auto, lookup and trees on, and must equal plain decoding token
@@ -36,17 +36,18 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from dflash_local import calibration, paths, speculative
+from dflash_local import calibration, paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.bench.measure import run_ours
 from dflash_local.embedded import embedded_target_dir
-from dflash_local.events import GenerationParams
+from dflash_local.events import AUTO, GenerationParams
+from dflash_local.planning.auto import AutoPlanner
 
-_SHIPPED_GRAFT = speculative._Lookup.graft
+_SHIPPED_GRAFT = AutoPlanner._graft_length
 
 
-def _no_graft(self, tree, draft, sizer, drafted_width):
-    return tree, ()
+def _no_graft(self, tree, copy, drafted_width, held):
+    return 0
 
 
 def _engine(name: str):
@@ -107,7 +108,7 @@ def _use(engine, attention: str, graft: bool) -> None:
         set_attention(engine.model, cpu_attention if attention == "mlx-cpu" else stock)
     elif engine.model.config._attn_implementation != attention:
         engine.model.set_attn_implementation(attention)
-    speculative._Lookup.graft = _SHIPPED_GRAFT if graft else _no_graft
+    AutoPlanner._graft_length = _SHIPPED_GRAFT if graft else _no_graft
 
 
 def main() -> None:
@@ -127,16 +128,14 @@ def main() -> None:
         if name == "flat" and "graft" in policies:
             measured = policies["graft"]
         else:
-            measured = calibration.measure(engine)
+            measured = calibration.measure(engine, calibration.calibration_key(
+                engine.pair, engine.compute_threads()))
         if name == "flat":
             measured = replace(measured, costs=replace(measured.costs, context_slopes=None))
         policies[name] = measured
         costs = policies[name].costs
         print(f"calibrated {name}: a {costs.max_width}-row verify = "
               f"{costs.verify_only[-1] / costs.at(1):.2f} plain steps", flush=True)
-    current = {}
-    calibration.policy_for = lambda _engine, params: (
-        current["calibration"].policy() if params.block_size == "auto" and params.speculative else None)
     attentions = sorted({attention for attention, _ in variants.values()})
     totals = {name: [0.0, 0] for name in [*(f"plain {a}" for a in attentions), *variants]}
     taus = {name: [0, 0] for name in variants}
@@ -160,8 +159,8 @@ def main() -> None:
         for name in names[index % len(names):] + names[: index % len(names)]:  # rotate the order
             attention, graft = variants[name]
             _use(engine, attention, graft)
-            current["calibration"] = policies[name]
-            run = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, block_size="auto"))
+            engine.calibration = policies[name]
+            run = run_ours(engine, prompt_ids, GenerationParams(max_tokens=args.max_tokens, block_size=AUTO))
             if run.token_ids != plains[attention].token_ids:
                 sys.exit(f"{prompt.prompt_id}: {name} differs from plain decoding")
             totals[name][0] += run.decode_s

@@ -16,11 +16,11 @@ from dataclasses import replace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from dflash_local import calibration, paths
+from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.bench.measure import run_ours, summarize
 from dflash_local.embedded import embedded_target_dir
-from dflash_local.events import GenerationParams
+from dflash_local.events import AUTO, GenerationParams, block_size_arg
 
 DRAFTER = paths.shipped_models_dir() / "smollm2-135m-dflash"
 
@@ -35,7 +35,7 @@ def load(engine_name: str, draft_vocab: bool):
 
 def draft_pass_cost(engine, recalibrate: bool) -> str:
     """The calibration's draft pass (round minus verify) per width, in 1-token steps."""
-    costs = calibration.load_or_measure(engine, force=recalibrate).costs
+    costs = engine.calibrate(force=recalibrate).costs
     step = costs.verify_only[0]
     extra = [(r - v) / step for r, v in zip(costs.seconds, costs.verify_only)]
     return " ".join(f"w{w + 1}={x:.2f}" for w, x in enumerate(extra) if w + 1 in (2, 4, 8, 16))
@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--datasets", default="embedded,humaneval")
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--block-size", default="auto", type=lambda v: v if v == "auto" else int(v),
+    parser.add_argument("--block-size", default=AUTO, type=block_size_arg,
                         help="auto or a fixed width")
     parser.add_argument("--recalibrate", action="store_true")
     args = parser.parse_args()

@@ -34,8 +34,8 @@ from dflash_local.bench.datasets import load_prompts
 from dflash_local.drafter import model_torch
 from dflash_local.embedded import embedded_target_dir
 from dflash_local.engines.torch_engine import TorchEngine
-from dflash_local.events import GenerationParams
-from dflash_local.speculative import _common_start  # the loop's own prefix count
+from dflash_local.events import AUTO, GenerationParams
+from dflash_local.planning.auto import common_start  # the planner's own prefix count
 
 PROBABILITY_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -73,10 +73,13 @@ class Recorder:
         with torch.inference_mode():
             return session.model.draft(block, new_taps[:, :0].to(session._dtype), session.cache)[:, 1:]
 
-    def verify_tree(self, original):
-        def wrapped(runner, anchor_id, tree, params, rng):
-            result = original(runner, anchor_id, tree, params, rng)
-            path, kept_ids, next_id = set(result[0]), result[1], result[2]
+    def accept(self, original):
+        def wrapped(tree, logits, params, rng):
+            result = original(tree, logits, params, rng)
+            if not tree.path_probs:  # a chain: a lookup copy or a plain step
+                return result
+            path, next_id = set(result[0]), result[1]
+            kept_ids = [tree.token_ids[node - 1] for node in result[0]]
             for node, prob in enumerate(tree.path_probs, start=1):
                 if prob > 0:  # 0: a grafted lookup token, not the drafter's
                     self.nodes.append((tree.depths[node], prob, node in path))
@@ -84,7 +87,7 @@ class Recorder:
                 truth = [*kept_ids, next_id]
                 full, short = self.chains["full"], self.chains["short"]
                 self.rounds.append(([a == b for a, b in zip(full, short)],
-                                    _common_start(truth, full), _common_start(truth, short)))
+                                    common_start(truth, full), common_start(truth, short)))
                 self.chains = {}
             return result
         return wrapped
@@ -134,10 +137,11 @@ def main() -> None:
         parser.error(f"--width must be between 2 and the drafter's block size - 1 ({engine.pair.block_size - 1})")
     recorder = Recorder(args.width)
     with (patched(model_torch.DraftSession, "_draft", recorder.draft),
-          patched(speculative, "_verify_tree", recorder.verify_tree)):
+          patched(speculative, "_accept", recorder.accept)):
+        engine.calibrate()
         for prompt in load_prompts("embedded", args.samples):
             ids = engine.encode_chat([{"role": "user", "content": prompt.turns[0]}])
-            for _ in engine.stream(ids, GenerationParams(max_tokens=args.max_tokens, block_size="auto")):
+            for _ in engine.stream(ids, GenerationParams(max_tokens=args.max_tokens, block_size=AUTO)):
                 pass
     report = {"samples": args.samples, "max_tokens": args.max_tokens, "drafter": str(args.drafter),
               **recorder.report()}

@@ -68,10 +68,10 @@ def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, bot
                 start = time.perf_counter()
                 if kind == "tree":
                     runner.verify_tree(filler[0], tree)
-                    runner.commit_path([0])
+                    runner.commit([0])
                 else:
-                    runner.verify(filler[: 1 if kind == "step" else width])
-                    runner.commit(1)
+                    runner.verify_chain(filler[: 1 if kind == "step" else width])
+                    runner.commit([0])
                 if repeat:  # the first round of each is a warm-up
                     seconds.append(time.perf_counter() - start)
                 for layer_cache in runner.cache:  # the kept row too: every pass on `context` tokens

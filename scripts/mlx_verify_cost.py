@@ -74,8 +74,8 @@ def measure(target_dir: Path, context: int, repeats: int) -> dict:
     for _ in range(repeats):
         for width in (1, 16):
             start = time.perf_counter()
-            runner.verify([7] * width)
-            runner.commit(1)  # width 16: rolls 15 rows back, as a round with nothing accepted
+            runner.verify_chain([7] * width)
+            runner.commit([0])  # width 16: rolls 15 rows back, as a round with nothing accepted
             timings[width].append(time.perf_counter() - start)
     step_ms, verify_ms = (statistics.median(timings[w]) * 1e3 for w in (1, 16))
     status = blas.blas_status(warn=False)

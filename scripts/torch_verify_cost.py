@@ -42,8 +42,8 @@ def verify_costs(engine: TorchEngine) -> dict[int, float]:
             runner.prefill(prompt)
             start = time.perf_counter()
             for _ in range(6):
-                runner.verify([100 + j for j in range(width)])
-                runner.commit(1)
+                runner.verify_chain([100 + j for j in range(width)])
+                runner.commit([0])
             runs.append((time.perf_counter() - start) / 6)
         costs[width] = statistics.median(runs)
     return costs
@@ -63,7 +63,7 @@ def tree_verify_costs(engine: TorchEngine, context: int) -> tuple[dict[int, floa
         for _ in range(8):
             start = time.perf_counter()
             out = runner.verify_tree(100, tree)
-            runner.commit_path([0])
+            runner.commit([0])
             runs.append(time.perf_counter() - start)
             logits.setdefault(width, out)
         costs[width] = statistics.median(runs)

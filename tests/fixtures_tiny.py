@@ -15,10 +15,27 @@ import tiny_models
 import torch
 
 from dflash_local.draft_tree import DraftTree
+from dflash_local.events import GenerationParams, parse_block_size
 
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two threads
 # make each small matmul wait for a busy core: one thread was ~30x faster under load here.
 torch.set_num_threads(1)
+
+def params_of(**fields) -> GenerationParams:
+    """GenerationParams with block_size given as a request gives it (an int, "auto" or None)."""
+    if "block_size" in fields:
+        fields["block_size"] = parse_block_size(fields["block_size"])
+    return GenerationParams(**fields)
+
+
+def use_policy(monkeypatch, make: Callable) -> None:
+    """Auto planners build their width policy with `make(max_width, whole_block_drafts)`: a
+    test's own costs, prior and probing, whatever the engine's calibration says."""
+    from dflash_local.planning import auto
+
+    monkeypatch.setattr(auto, "BlockPolicy", lambda _costs, _prior, *, max_width, whole_block_drafts:
+                        make(max_width, whole_block_drafts))
+
 
 _PAIRS: dict[tuple, Pair] = {}
 _ENGINES: dict[tuple, object] = {}
@@ -74,6 +91,8 @@ class ScriptedDrafter:
     given, still runs every round so its cache goes through the same path.
     """
 
+    tree_drafts = False  # ScriptedTreeDrafter drafts trees
+
     def __init__(self, prompt_ids: list[int], script: Script, block_size: int = 16, inner=None):
         self.prompt_ids = list(prompt_ids)
         self.script = script
@@ -111,6 +130,7 @@ class ScriptedTreeDrafter(ScriptedDrafter):
     def __init__(self, prompt_ids, script: Script, chain: int, block_size: int = 16, inner=None,
                  vocab: int = tiny_models.VOCAB):
         super().__init__(prompt_ids, script, block_size, inner)
+        self.tree_drafts = True
         self.chain, self.vocab = chain, vocab
 
     def propose_tree(self, anchor_id: int, new_taps, nodes: int) -> DraftTree:
@@ -155,6 +175,8 @@ class ReferenceDrafter:
     output where `right(anchor_index, offset)` says so, a wrong token elsewhere. It finds its
     place by counting the tap rows it was handed, so a missing or extra row fails loudly; rounds
     it did not draft (plain, lookup) reach it as joined taps with its next block."""
+
+    tree_drafts = False
 
     def __init__(self, inner, prompt_len: int, reference: list[int],
                  right: Callable[[int, int], bool]):

@@ -9,22 +9,17 @@ import json
 
 import numpy as np
 import pytest
-from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair
+from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use_policy
 
 from dflash_local import calibration
-from dflash_local.block_policy import (
-    FALLBACK,
-    LOOKUP,
-    PROBE,
-    SPECULATIVE,
-    BlockPolicy,
-    LookupPolicy,
-    RoundCosts,
-    TreeSizer,
-    expected_committed,
-)
 from dflash_local.errors import InvalidRequestError
-from dflash_local.events import GenerationParams
+from dflash_local.events import AUTO, GenerationParams, parse_block_size
+from dflash_local.planning import timed_rounds
+from dflash_local.planning.copies import LookupPolicy
+from dflash_local.planning.costs import RoundCosts, expected_committed
+from dflash_local.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
+from dflash_local.planning.trees import TreeSizer
+from dflash_local.planning.widths import BlockPolicy
 
 # a drafter pass that costs half a plain step: speculation must earn it back (MLX-like)
 COSTS = RoundCosts(tuple([1.0] + [1.5 + 0.05 * (w - 1) for w in range(2, 17)]))
@@ -138,9 +133,11 @@ def test_never_wider_than_the_tokens_left():
 
 
 def test_params_accept_auto_and_nothing_else():
-    assert GenerationParams(block_size="auto").block_size == "auto"
+    assert GenerationParams(block_size=parse_block_size("auto")).block_size == AUTO
     with pytest.raises(InvalidRequestError, match="integer or 'auto'"):
-        GenerationParams(block_size="wide")
+        GenerationParams(block_size=parse_block_size("wide"))
+    with pytest.raises(InvalidRequestError, match=r"Fixed\(n\) or Auto\(\)"):
+        GenerationParams(block_size="auto")
 
 
 # --- the real loop: lossless with "auto", through fallback, probes and recovery ---
@@ -154,9 +151,9 @@ def is_good(index: int) -> bool:
 
 
 def auto_run(engine, monkeypatch, prompt_ids, reference):
-    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
-        COSTS, [0.8] * 15, max_width=engine.pair.block_size, probe_every=3, max_probe_every=6,
-        probe_budget=1.0))
+    use_policy(monkeypatch, lambda width, whole: BlockPolicy(
+        COSTS, [0.8] * 15, max_width=width, probe_every=3, max_probe_every=6,
+        probe_budget=1.0, whole_block_drafts=whole))
     real = type(engine).make_drafter.__get__(engine)
     def right(index: int, offset: int) -> bool:  # good phases: the first drafts of a block
         return is_good(index) and offset < RIGHT_PREFIX
@@ -164,7 +161,7 @@ def auto_run(engine, monkeypatch, prompt_ids, reference):
     monkeypatch.setattr(engine, "make_drafter",
                         lambda: ReferenceDrafter(real(), len(prompt_ids), reference, right))
     # lookup rounds off: this checks the block policy alone (test_lookup.py checks them)
-    params = GenerationParams(max_tokens=MAX_TOKENS, block_size="auto", stop_token_ids=(-1,),
+    params = GenerationParams(max_tokens=MAX_TOKENS, block_size=parse_block_size("auto"), stop_token_ids=(-1,),
                               prompt_lookup=False)
     return collect(engine.stream(prompt_ids, params))
 
@@ -213,8 +210,8 @@ def test_auto_is_lossless_through_fallback_and_recovery_mlx(tmp_path, monkeypatc
 def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path_factory.mktemp("calibration_home")))
     engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
-    calibration._MEMORY.pop(engine, None)
-    measured = calibration.load_or_measure(engine)
+    engine.calibration = None
+    measured = engine.calibrate()
     block = engine.pair.block_size
     seconds = measured.costs.seconds
     assert len(seconds) == block and len(measured.prior) == block - 1
@@ -223,16 +220,16 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     slopes = measured.costs.context_slopes  # timed on a long context: >= 0, wider never flatter
     assert len(slopes) == block and all(b >= a >= 0 for a, b in itertools.pairwise(slopes))
     assert 0 < measured.costs.base_context < calibration.LONG_CONTEXT
-    cached = calibration.cache_path(calibration.calibration_key(engine))
+    cached = calibration.cache_path(calibration.calibration_key(engine.pair, engine.compute_threads()))
     assert json.loads(cached.read_text())["round_seconds"] == list(seconds)
-    calibration._MEMORY.pop(engine)
-    assert calibration.load_or_measure(engine).costs == measured.costs  # read back, not re-measured
-    assert calibration.policy_for(engine, GenerationParams(block_size=4)) is None
+    engine.calibration = None
+    assert engine.calibrate().costs == measured.costs  # read back, not re-measured
+    assert engine.calibration.costs == measured.costs  # the engine holds it for its generations
 
     prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
     plain, _ = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, speculative=False)))
     tokens, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30,
-                                                                        block_size="auto")))
+                                                                        block_size=parse_block_size("auto"))))
     assert tokens == plain
     assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE, LOOKUP}
 
@@ -243,8 +240,8 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
     policy must price that drafter pass (measured per drafted width) at every verified width."""
     engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
     policies, nodes = [], []
-    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: policies.append(
-        BlockPolicy(COSTS, [0.8] * 15, max_width=engine.pair.block_size)) or policies[-1])
+    use_policy(monkeypatch, lambda width, whole: policies.append(
+        BlockPolicy(COSTS, [0.8] * 15, max_width=width, whole_block_drafts=whole)) or policies[-1])
     make_drafter = engine.make_drafter
 
     def recording_drafter():
@@ -258,7 +255,7 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
     prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
     max_tokens = 3 * engine.pair.block_size
     _, events = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=max_tokens, block_size="auto", stop_token_ids=(-1,), prompt_lookup=False,
+        max_tokens=max_tokens, block_size=parse_block_size("auto"), stop_token_ids=(-1,), prompt_lookup=False,
         tree=tree)))
     assert policies[0].whole_block_drafts is tree
     left, allowed = max_tokens, []  # the tokens left before each drafter round
@@ -297,10 +294,10 @@ def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch
     seconds = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
     costs = RoundCosts(seconds, seconds, base_context=1, context_slopes=tuple([0.001] * 16))
     priced = []
-    policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.block_size)
+    policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.block_size, whole_block_drafts=True)
     price_context = policy.price_context
     policy.price_context = lambda tokens: priced.append(tokens) or price_context(tokens)
-    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: policy)
+    use_policy(monkeypatch, lambda width, whole: policy)
     current = {TreeSizer: [], LookupPolicy: []}  # each pricing part: priced as the policy is?
     for part, method in ((TreeSizer, "size"), (LookupPolicy, "plan")):
         original = getattr(part, method)
@@ -308,7 +305,7 @@ def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch
             current[_part].append(self.costs is policy.costs) or _original(self, *args)))
     prompt_ids = engine.encode_chat([{"role": "user", "content": "the cat and the cat and the"}])
     _, events = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=40, block_size="auto", stop_token_ids=(-1,))))
+        max_tokens=40, block_size=parse_block_size("auto"), stop_token_ids=(-1,))))
     produced = list(itertools.accumulate(len(event.token_ids) for event in events))
     assert priced == [len(prompt_ids) + count for count in produced[:-1]]  # before every round
     assert policy.costs.at(1) == pytest.approx(1.0 + 0.001 * (priced[-1] - 1))
@@ -330,17 +327,11 @@ class _ClockedRunner:
         self.length = len(ids)
         return None, None
 
-    def verify(self, ids):
-        self.clock.now += 0.01 + 1e-5 * len(ids) * self.length
+    def verify(self, anchor_id, tree):
+        self.clock.now += 0.01 + 1e-5 * (len(tree.token_ids) + 1) * self.length
 
-    def commit(self, kept):
-        self.length += kept
-
-    def verify_tree(self, anchor_id, tree):
-        self.verify([anchor_id, *tree.token_ids])
-
-    def commit_path(self, rows):
-        self.commit(len(rows))
+    def commit(self, rows):
+        self.length += len(rows)
 
 
 class _ClockedEngine:
@@ -354,18 +345,19 @@ class _ClockedEngine:
 def test_context_slopes_recover_how_a_verify_grows_with_the_context(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock.now)
-    timer = calibration.LongContextTimer.open(_ClockedEngine(clock, 8192), list(range(40)), 16, True,
-                                              short_context=100, repetitions=4)
+    timer = calibration.LongContextTimer.open(_ClockedEngine(clock, 8192), list(range(40)),
+                                              timed_rounds(16, True), short_context=100, repetitions=4)
     assert timer.widths == [1, 2, 3, 8, 16]
     for repetition in range(5):
-        for width in range(1, 17):
-            timer.time(width, keep=repetition > 0)
+        for shape in timed_rounds(16, True):
+            timer.time(shape, keep=repetition > 0)
     assert timer.runner.length == timer.tokens + 5 * 5  # only the timed widths ran, one row kept each
     short = [0.01 + 1e-5 * w * 100 for w in range(1, 17)]  # as if timed on 100 tokens
     assert timer.slopes(short, 100) == pytest.approx([1e-5 * w for w in range(1, 17)], rel=0.05)
     # a context window too short to time a long context: no slopes, not made-up ones
-    assert calibration.LongContextTimer.open(_ClockedEngine(clock, 250), list(range(40)), 16, True,
-                                             short_context=120, repetitions=4) is None
+    assert calibration.LongContextTimer.open(_ClockedEngine(clock, 250), list(range(40)),
+                                             timed_rounds(16, True), short_context=120,
+                                             repetitions=4) is None
 
 
 def test_calibration_costs_ignore_rounds_that_other_work_slowed_down():

@@ -43,8 +43,8 @@ def _verify_both(engine, prompt: list[int], anchor: int, tree: DraftTree, chain:
     runner = engine.make_runner(False)
     runner.prefill(prompt)
     tree_logits = runner.verify_tree(anchor, tree)
-    runner.commit_path([0])
-    return tree_logits, runner.verify([anchor, *chain])
+    runner.commit([0])
+    return tree_logits, runner.verify_chain([anchor, *chain])
 
 
 def test_the_cpu_engine_uses_it_and_still_verifies_trees(engine):
@@ -72,9 +72,9 @@ def test_verify_logits_equal_stock_sdpa_bit_for_bit_without_copying_the_cache(en
 
 def test_speculative_equals_plain_with_it(target_dir):
     import tiny_models
+    from fixtures_tiny import params_of
 
     from dflash_local.engines.torch_engine import TorchEngine
-    from dflash_local.events import GenerationParams
 
     drafter = tiny_models.make_drafter(target_dir.parent / "drafter", target_dir, block_size=8)
     paired = TorchEngine(target_dir, drafter)
@@ -82,7 +82,7 @@ def test_speculative_equals_plain_with_it(target_dir):
     prompt_ids = paired.encode_chat([{"role": "user", "content": "def add(a, b):"}])
 
     def tokens(**params):
-        events = paired.stream(prompt_ids, GenerationParams(max_tokens=24, stop_token_ids=(10_000,), **params))
+        events = paired.stream(prompt_ids, params_of(max_tokens=24, stop_token_ids=(10_000,), **params))
         return [t for event in events for t in event.token_ids]
 
     plain = tokens(speculative=False)

@@ -72,9 +72,9 @@ def test_the_engine_lets_go_of_the_checkpoint_file_once_its_linears_are_packed(t
 
 def test_an_untied_head_is_packed_and_released_and_speculative_still_equals_plain(tmp_path):
     import tiny_models
+    from fixtures_tiny import params_of
 
     from dflash_local.engines.torch_engine import TorchEngine
-    from dflash_local.events import GenerationParams
 
     target = tiny_models.make_target(tmp_path / "target", tie=False)
     drafter = tiny_models.make_drafter(tmp_path / "drafter", target, block_size=8)
@@ -85,7 +85,7 @@ def test_an_untied_head_is_packed_and_released_and_speculative_still_equals_plai
     prompt_ids = engine.encode_chat([{"role": "user", "content": "def add(a, b):"}])
 
     def tokens(**params):
-        events = engine.stream(prompt_ids, GenerationParams(max_tokens=24, stop_token_ids=(10_000,), **params))
+        events = engine.stream(prompt_ids, params_of(max_tokens=24, stop_token_ids=(10_000,), **params))
         return [t for event in events for t in event.token_ids]
 
     plain = tokens(speculative=False)

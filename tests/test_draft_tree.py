@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from fixtures_tiny import ScriptedTreeDrafter, collect, follow, tiny_engine, tiny_pair
 
-from dflash_local.block_policy import RoundCosts, TreeSizer
 from dflash_local.draft_tree import DraftTree, build_tree, tree_from_logits
 from dflash_local.drafter.model_torch import DraftSession
-from dflash_local.events import GenerationParams
+from dflash_local.events import GenerationParams, parse_block_size
+from dflash_local.planning.costs import RoundCosts
+from dflash_local.planning.trees import TreeSizer
 
 PROMPT = [5, 17, 99, 42, 7, 250, 31, 8, 64, 120, 11, 9]
 ANCHOR = 77
@@ -177,7 +178,7 @@ def _check_nodes_score_as_their_paths(make_runner):
     for node, path in PATHS.items():
         fresh = make_runner()
         fresh.prefill(PROMPT)
-        expected = fresh.verify([ANCHOR, *path])[-1]
+        expected = fresh.verify_chain([ANCHOR, *path])[-1]
         np.testing.assert_allclose(logits[node], expected, atol=1e-4, rtol=1e-4, err_msg=str(node))
 
 
@@ -193,13 +194,13 @@ def test_kept_path_leaves_the_cache_of_a_fresh_prefill(kind, family, node, tmp_p
     runner.prefill(PROMPT)
     runner.verify_tree(ANCHOR, TREE)
     rows = [0] + [n for n in sorted(PATHS) if n and PATHS[n] == PATHS[node][: len(PATHS[n])]]
-    taps = runner.commit_path(rows)
+    taps = runner.commit(rows)
     kept = [ANCHOR, *PATHS[node]]
     fresh = _runner(kind, family, tmp_path_factory)
     _, fresh_taps = fresh.prefill(PROMPT + kept)
     np.testing.assert_allclose(np.array(taps), np.array(fresh_taps[:, len(PROMPT):]), atol=1e-4)
     follow_up = [12, 13, 14]
-    np.testing.assert_allclose(runner.verify(follow_up), fresh.verify(follow_up), atol=1e-4)
+    np.testing.assert_allclose(runner.verify_chain(follow_up), fresh.verify_chain(follow_up), atol=1e-4)
 
 
 def test_mlx_tree_verify_puts_every_layers_rope_back_even_when_it_fails(monkeypatch):
@@ -289,7 +290,7 @@ def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatc
 
     monkeypatch.setattr(engine, "make_drafter", make_drafter)
     tokens, events = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=24, stop_token_ids=(NEVER,), block_size=block_size)))
+        max_tokens=24, stop_token_ids=(NEVER,), block_size=parse_block_size(block_size))))
     assert tokens == plain
     full = [event for event in events[1:] if event.block_size == block_size]
     assert len(full) >= 2
@@ -298,14 +299,14 @@ def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatc
     assert [event.accepted for event in full] == [keep] * len(full)
     assert all(event.draft_depth == block_size - 2 for event in full)
     chains, chain_events = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=24, stop_token_ids=(NEVER,), block_size=block_size, tree=False)))
+        max_tokens=24, stop_token_ids=(NEVER,), block_size=parse_block_size(block_size), tree=False)))
     assert chains == plain
     assert all(event.draft_depth == event.drafted for event in chain_events[1:])  # chains only
 
 
 def test_sampling_verifies_trees_unless_asked_for_chains(engine):
     prompt_ids = engine.encode_chat([{"role": "user", "content": "hello world"}])
-    sampled = GenerationParams(max_tokens=16, temperature=0.8, seed=3, block_size=8, stop_token_ids=(NEVER,))
+    sampled = GenerationParams(max_tokens=16, temperature=0.8, seed=3, block_size=parse_block_size(8), stop_token_ids=(NEVER,))
     _, events = collect(engine.stream(prompt_ids, sampled))
     assert any(event.draft_depth < event.drafted for event in events[1:])
     _, chains = collect(engine.stream(prompt_ids, replace(sampled, tree=False)))

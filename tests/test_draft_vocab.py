@@ -30,7 +30,7 @@ from dflash_local.drafter.draft_vocab import (
 )
 from dflash_local.engines.cpu_linear import PackedLinear, packing_available
 from dflash_local.errors import CheckpointError
-from dflash_local.events import GenerationParams
+from dflash_local.events import GenerationParams, parse_block_size
 
 HIDDEN = 64
 SUBSET = sorted(np.random.default_rng(7).choice(VOCAB, size=40, replace=False).tolist())
@@ -146,7 +146,7 @@ def test_the_torch_engine_drafts_from_the_set_and_stays_lossless(tmp_path, tmp_p
     off = TorchEngine(pair.target, _with_vocab(tmp_path / "off", pair, SUBSET), draft_vocab=False)
     assert (full.pair.draft_vocab_size, restricted.pair.draft_vocab_size, off.pair.draft_vocab_size) == (
         None, len(SUBSET), None)
-    assert calibration.calibration_key(restricted)["draft_vocab"] == len(SUBSET)
+    assert calibration.calibration_key(restricted.pair, restricted.compute_threads())["draft_vocab"] == len(SUBSET)
     if packing_available():
         assert isinstance(restricted.drafter._draft_head[0], PackedLinear)
     session = restricted.make_drafter()
@@ -157,7 +157,7 @@ def test_the_torch_engine_drafts_from_the_set_and_stays_lossless(tmp_path, tmp_p
                                                                 stop_token_ids=(10_000,))))
     for block_size in (2, 8, 16):
         tokens, _ = collect(restricted.stream(prompt, GenerationParams(
-            max_tokens=24, block_size=block_size, stop_token_ids=(10_000,))))
+            max_tokens=24, block_size=parse_block_size(block_size), stop_token_ids=(10_000,))))
         assert tokens == expected, block_size
 
 
@@ -210,7 +210,7 @@ def test_mlx_and_transformers_engines_agree_round_for_round_with_a_set(tmp_path,
     pair = tiny_pair(tmp_path_factory)
     plain_engine = TorchEngine(pair.target, None)
     prompt = plain_engine.encode_chat([{"role": "user", "content": "abc abc abc"}])
-    params = GenerationParams(max_tokens=24, block_size=8, stop_token_ids=(10_000,))
+    params = GenerationParams(max_tokens=24, block_size=parse_block_size(8), stop_token_ids=(10_000,))
     plain, _ = collect(plain_engine.stream(prompt, GenerationParams(max_tokens=24, speculative=False,
                                                                      stop_token_ids=(10_000,))))
     # a set of the output's two most frequent ids: the drafter can only propose those, so some

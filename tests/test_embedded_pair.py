@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fixtures_tiny import params_of
 
 from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
-from dflash_local.events import GenerationParams
 
 TOKENS = 40
 PROMPTS = [p.turns[0] for p in load_prompts("embedded", 2)] + [
@@ -26,7 +26,7 @@ def drafter_dir() -> Path:
 
 def tokens(engine, prompt: str, **params) -> tuple[list[int], list]:
     ids = engine.encode_chat([{"role": "user", "content": prompt}])
-    events = list(engine.stream(ids, GenerationParams(max_tokens=TOKENS, **params)))
+    events = list(engine.stream(ids, params_of(max_tokens=TOKENS, **params)))
     return [t for e in events for t in e.token_ids], events
 
 

@@ -8,12 +8,14 @@ import json
 from dataclasses import replace
 
 import pytest
-from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair
+from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use_policy
 
-from dflash_local import calibration
-from dflash_local.block_policy import LOOKUP, BlockPolicy, LookupPolicy, RoundCosts
-from dflash_local.events import GenerationParams
+from dflash_local.events import GenerationParams, parse_block_size
 from dflash_local.lookup import NgramIndex
+from dflash_local.planning.copies import LookupPolicy
+from dflash_local.planning.costs import RoundCosts
+from dflash_local.planning.modes import LOOKUP
+from dflash_local.planning.widths import BlockPolicy
 
 # the shape measured here with torch on the CPU: a verify of 2 rows costs 1.3 plain steps, of 16
 # rows 2.0; a drafter pass costs as much as a plain step
@@ -76,14 +78,14 @@ def test_lookup_policy_widens_within_a_few_rounds_and_stops_after_rejections():
 
 
 def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
-    monkeypatch.setattr(calibration, "policy_for", lambda _engine, _params: BlockPolicy(
-        COSTS, [0.5] * 15, max_width=engine.pair.block_size))
+    use_policy(monkeypatch, lambda width, whole: BlockPolicy(
+        COSTS, [0.5] * 15, max_width=width, whole_block_drafts=whole))
     real = type(engine).make_drafter.__get__(engine)
     # every draft of the drafter is wrong: the block policy falls back, any gain is lookup's
     monkeypatch.setattr(engine, "make_drafter", lambda: ReferenceDrafter(
         real(), len(prompt_ids), reference, right=lambda index, offset: False))
     return collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=len(reference), block_size="auto", stop_token_ids=(-1,), **params)))
+        max_tokens=len(reference), block_size=parse_block_size("auto"), stop_token_ids=(-1,), **params)))
 
 
 def repeating_prompt(engine) -> list[int]:
@@ -131,7 +133,7 @@ def test_lookup_rounds_are_lossless_and_save_rounds_mlx(tmp_path, monkeypatch):
 def test_fixed_block_sizes_stay_pure_dflash(tmp_path_factory):
     engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
     prompt_ids = repeating_prompt(engine)
-    _, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, block_size=4)))
+    _, events = collect(engine.stream(prompt_ids, GenerationParams(max_tokens=30, block_size=parse_block_size(4))))
     assert LOOKUP not in {e.mode for e in events}
 
 
@@ -153,8 +155,8 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     so a drafter round that keeps more kept the copy."""
     from fixtures_tiny import ScriptedTreeDrafter, follow
 
-    from dflash_local.block_policy import SPECULATIVE
     from dflash_local.drafter.model_torch import DraftSession
+    from dflash_local.planning.modes import SPECULATIVE
 
     engine = tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
     # this tiny target's plain continuation goes round in short loops: a copy is often right
@@ -166,11 +168,11 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     costs = RoundCosts((1.0, *(v + 0.05 for v in verify[1:])), verify)
     policies = []
 
-    def policy_for(_engine, _params):
-        policies.append(BlockPolicy(costs, [0.9] * 15, max_width=engine.pair.block_size))
+    def make_policy(width, whole):
+        policies.append(BlockPolicy(costs, [0.9] * 15, max_width=width, whole_block_drafts=whole))
         return policies[-1]
 
-    monkeypatch.setattr(calibration, "policy_for", policy_for)
+    use_policy(monkeypatch, make_policy)
     # copies cut at the end of the text (one period of this loop): a copy then rides along more
     # often than it goes alone, so rounds where the drafter and a copy both kept tokens occur
     monkeypatch.setattr(NgramIndex, "propose", _one_period_propose)
@@ -180,7 +182,7 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
 
     def run(**params):
         tokens, events = collect(engine.stream(prompt_ids, GenerationParams(
-            max_tokens=len(reference), block_size="auto", stop_token_ids=(-1,), **params)))
+            max_tokens=len(reference), block_size=parse_block_size("auto"), stop_token_ids=(-1,), **params)))
         assert tokens == reference  # token for token
         return [e for e in events[1:] if e.mode == SPECULATIVE]
 
@@ -202,5 +204,5 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     assert max(e.accepted for e in alone) <= 1 and not any(e.copied for e in alone)  # the control
     # sampling walks grafted trees too (acceptance.sampled_walk): it runs to max_tokens
     sampled = collect(engine.stream(prompt_ids, GenerationParams(
-        max_tokens=len(reference), block_size="auto", temperature=0.7, seed=1, stop_token_ids=(-1,))))[1]
+        max_tokens=len(reference), block_size=parse_block_size("auto"), temperature=0.7, seed=1, stop_token_ids=(-1,))))[1]
     assert len(sampled) > 1 and sum(len(e.token_ids) for e in sampled) == len(reference)

@@ -20,7 +20,7 @@ from mlx_tiny import write_target
 from tiny_models import VOCAB, make_drafter
 
 from dflash_local.engines.mlx_engine import MLXEngine
-from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.events import GenerationParams, GenerationStats, parse_block_size
 
 PROMPT = [1, 40, 71, 88, 101, 33, 72, 99, 12, 250, 5, 64]
 MAX_TOKENS = 40
@@ -31,6 +31,8 @@ class ScriptedDrafter:
     """Runs the real drafter (its cache stays in step), then proposes the known continuation
     for the first `right` positions and wrong tokens after: all right, none, one, half, all
     but one, cyclically."""
+
+    tree_drafts = False
 
     def __init__(self, inner, reference: list[int]):
         self.inner, self.reference = inner, reference
@@ -50,7 +52,7 @@ class ScriptedDrafter:
 def run(engine, block_size: int | None, reference: list[int] | None = None):
     """Greedy generation through the engine; returns (tokens, accepted-per-round)."""
     params = GenerationParams(
-        max_tokens=MAX_TOKENS, speculative=block_size is not None, block_size=block_size,
+        max_tokens=MAX_TOKENS, speculative=block_size is not None, block_size=parse_block_size(block_size),
         stop_token_ids=(-1,),  # random targets emit EOS early: never stop on it here
     )
     if reference is not None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures_tiny import ScriptedDrafter, collect, follow, tiny_engine, tiny_pair
+from fixtures_tiny import ScriptedDrafter, collect, follow, params_of, tiny_engine, tiny_pair
 
 from dflash_local.drafter.model_torch import DraftSession
 from dflash_local.engines.cpu_linear import packing_available
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import PromptTooLongError
-from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.events import GenerationStats
 
 PROMPTS = ["hello world", "def add(a, b):\n    return", "Once upon a time, in a"]
 NEVER = 10_000  # a stop id no tiny model emits: runs go to max_tokens
@@ -32,7 +32,7 @@ def plain_runs():
 
 
 def run(engine, prompt_ids, **params):
-    return collect(engine.stream(prompt_ids, GenerationParams(**params)))
+    return collect(engine.stream(prompt_ids, params_of(**params)))
 
 
 def plain(engine, prompt_ids, cache=None, **params):

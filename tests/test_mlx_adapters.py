@@ -84,14 +84,14 @@ def test_commit_leaves_the_cache_of_a_fresh_prefill(family, kept_rows):
     taps = (1, 2)
     speculative = MLXTargetRunner(model, adapter, taps, max_context=1024)
     speculative.prefill(PROMPT)
-    speculative.verify(BLOCK)
-    committed_taps = speculative.commit(kept_rows)
+    speculative.verify_chain(BLOCK)
+    committed_taps = speculative.commit(list(range(kept_rows)))
     fresh = MLXTargetRunner(model, adapter, taps, max_context=1024)
     _, fresh_taps = fresh.prefill(PROMPT + BLOCK[:kept_rows])
     np.testing.assert_allclose(np.array(committed_taps), np.array(fresh_taps[:, len(PROMPT):]),
                                atol=1e-4)
     follow_up = [12, 13, 14]
-    np.testing.assert_allclose(speculative.verify(follow_up), fresh.verify(follow_up), atol=1e-4)
+    np.testing.assert_allclose(speculative.verify_chain(follow_up), fresh.verify_chain(follow_up), atol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

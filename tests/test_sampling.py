@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from fixtures_tiny import ScriptedDrafter, tiny_engine, tiny_pair
+from fixtures_tiny import ScriptedDrafter, params_of, tiny_engine, tiny_pair
 
 from dflash_local import speculative
 from dflash_local.acceptance import sample_from, sampled_walk, target_probs
@@ -21,7 +21,7 @@ from dflash_local.events import GenerationParams
 
 
 def sample_params(**kwargs) -> GenerationParams:
-    return GenerationParams(temperature=kwargs.pop("temperature", 1.0), **kwargs)
+    return params_of(temperature=kwargs.pop("temperature", 1.0), **kwargs)
 
 
 # --- filters ---
@@ -339,24 +339,16 @@ class RecordingRunner:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def verify(self, block_ids):
-        self._rows = list(block_ids)
-        return self.runner.verify(block_ids)
-
-    def commit(self, kept_rows):
-        self.committed += self._rows[:kept_rows]
-        return self.runner.commit(kept_rows)
-
-    def verify_tree(self, anchor_id, tree):
+    def verify(self, anchor_id, tree):
         self._rows, self._tree = [anchor_id, *tree.token_ids], tree
-        return self.runner.verify_tree(anchor_id, tree)
+        return self.runner.verify(anchor_id, tree)
 
-    def commit_path(self, rows):
+    def commit(self, rows):
         self.committed += [self._rows[row] for row in rows]
         firsts = {children[0][1] for children in map(self._tree.children_of, range(len(self._rows)))
                   if children}
         self.branches += any(row not in firsts for row in rows[1:])
-        return self.runner.commit_path(rows)
+        return self.runner.commit(rows)
 
 
 class TableTreeDrafter:
@@ -365,6 +357,7 @@ class TableTreeDrafter:
     the third token of a top-3 filter is left to the residual draw."""
 
     block_size = 4
+    tree_drafts = True
 
     def __init__(self, runner: RecordingRunner, prompt_len: int, tables: dict):
         self.runner, self.prompt_len, self.tables = runner, prompt_len, tables

@@ -10,6 +10,8 @@ import openai
 import pytest
 from service_support import make_pair, start_service, wait_until
 
+from dflash_local.events import AUTO, Fixed
+
 PROMPTS = ["Tell me a long story.", "Write a poem."]  # the tiny pair runs past 900 tokens on these
 EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
 
@@ -315,7 +317,7 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     from dflash_local import calibration
 
     state, server, seen = empty_service
-    state.load("transformers", *pair, served_name="tiny", block_size="auto")
+    state.load("transformers", *pair, served_name="tiny", block_size=AUTO)
     assert seen == [("tiny", "calibrating", "tiny", "calibrating")]  # shown while it measured
     status = httpx.get(server.url + "/dflash/status", timeout=10).json()
     assert status["loaded"]["default_block_size"] == "auto" and status["loading_phase"] is None
@@ -331,11 +333,11 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     assert reply.status_code == 200, reply.text
     wait_until(lambda: not state.loaded.worker.busy)  # the reply can arrive before it is idle
     # a new load of the same pair reads the cache; a fixed block size needs none
-    for block_size in ("auto", 4):
+    for block_size in (AUTO, Fixed(4)):
         state.load("transformers", *pair, served_name="tiny", block_size=block_size)
     assert len(seen) == 1
     monkeypatch.setattr(calibration, "measure", real_measure)  # again when asked (disturbed)
-    state.load("transformers", *pair, served_name="tiny", block_size="auto", recalibrate=True)
+    state.load("transformers", *pair, served_name="tiny", block_size=AUTO, recalibrate=True)
     assert [phase for _, phase, _, _ in seen] == ["calibrating", "calibrating"]
 
 
@@ -344,8 +346,8 @@ def test_a_calibration_that_cannot_be_cached_still_loads(pair, empty_service, ca
 
     state, _server, seen = empty_service
     (calibration.paths.data_dir() / "calibration").write_text("a file where the cache goes")
-    state.load("transformers", *pair, served_name="tiny", block_size="auto")
-    assert state.loaded is not None and state.loaded.engine in calibration._MEMORY
+    state.load("transformers", *pair, served_name="tiny", block_size=AUTO)
+    assert state.loaded is not None and state.loaded.engine.calibration is not None
     assert [phase for _, phase, _, _ in seen] == ["calibrating"]
     assert "could not be cached" in caplog.text and "measures again" in caplog.text
 
@@ -364,7 +366,7 @@ def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empt
 
     monkeypatch.setattr(calibration, "measure", interrupted)
     with pytest.raises(RuntimeError, match="interrupted"):
-        state.load("transformers", *pair, served_name="tiny", block_size="auto")
+        state.load("transformers", *pair, served_name="tiny", block_size=AUTO)
     status = httpx.get(server.url + "/dflash/status", timeout=10).json()
     assert status["loaded"] is None and status["loading"] is None
     assert status["load_error"] == "RuntimeError: interrupted" and len(closed) == 1

@@ -15,7 +15,7 @@ from tiny_models import make_target
 
 from dflash_local.cli import main
 from dflash_local.errors import DFlashError
-from dflash_local.events import GenerationParams
+from dflash_local.events import GenerationParams, parse_block_size
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_one_command_makes_a_drafter_the_engine_loads_and_runs_losslessly(target
     engine = TorchEngine(target, out)
     assert engine.pair.draft_vocab_size == 40
     prompt = engine.encode_chat([{"role": "user", "content": "Hello there"}])
-    spec, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, block_size=4)))
+    spec, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, block_size=parse_block_size(4))))
     plain, _ = collect(engine.stream(prompt, GenerationParams(max_tokens=20, speculative=False)))
     assert spec == plain
 

@@ -278,7 +278,7 @@ def test_prompt_lookup_rounds_are_counted_and_shown_apart_from_fallback():
 def test_the_apps_round_modes_are_the_ones_the_service_streams():
     from dflash_chat import protocol
 
-    from dflash_local import block_policy
+    from dflash_local.planning import modes
 
     assert (protocol.MODE_SPECULATIVE, protocol.MODE_FALLBACK, protocol.MODE_PROBE, protocol.MODE_LOOKUP) == (
-        block_policy.SPECULATIVE, block_policy.FALLBACK, block_policy.PROBE, block_policy.LOOKUP)
+        modes.SPECULATIVE, modes.FALLBACK, modes.PROBE, modes.LOOKUP)

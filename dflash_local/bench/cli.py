@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.errors import DFlashError
-from dflash_local.events import GenerationParams, block_size_arg
+from dflash_local.events import AUTO, BlockSize, GenerationParams, block_size_arg
 from dflash_local.precision import DTYPE_CHOICES
 
 
@@ -24,7 +24,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dataset", default="embedded", metavar="NAME[,NAME]",
                         help=f"one or more of: {', '.join(DATASETS)} (default: embedded)")
     parser.add_argument("--max-samples", type=int, default=10, metavar="N")
-    parser.add_argument("--block-size", type=block_sizes, default=("auto",), metavar="B|auto",
+    parser.add_argument("--block-size", type=block_sizes, default=(AUTO,), metavar="B|auto",
                         help="block size, 'auto', or a comma-separated list measured side by "
                              "side (e.g. auto,4,16); default auto")
     parser.add_argument("--lookup", choices=["on", "off", "both"], default="on",
@@ -54,7 +54,7 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def block_sizes(text: str) -> tuple[int | str, ...]:
+def block_sizes(text: str) -> tuple[BlockSize, ...]:
     return tuple(dict.fromkeys(block_size_arg(part.strip().lower()) for part in text.split(",")))
 
 

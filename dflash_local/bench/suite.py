@@ -21,7 +21,7 @@ from dflash_local.bench.datasets import BenchPrompt
 from dflash_local.bench.measure import RunFigures, fastest, run_ours, summarize
 from dflash_local.bench.noise import cpu_ticks, steal_share
 from dflash_local.bench.peers import Peer, peers_for
-from dflash_local.events import GenerationParams
+from dflash_local.events import AUTO, BlockSize, Fixed, GenerationParams
 
 PLAIN = "plain"
 WARMUP_TOKENS = 24
@@ -29,7 +29,7 @@ WARMUP_TOKENS = 24
 
 @dataclass(frozen=True)
 class BenchSettings:
-    block_sizes: tuple[int | str, ...] = ("auto",)  # each one is a measured speculative method
+    block_sizes: tuple[BlockSize, ...] = (AUTO,)  # each one is a measured speculative method
     lookup: str = "on"  # auto's prompt-lookup rounds: "on", "off", or "both" (two methods)
     tree: str = "on"  # drafter rounds verify trees: "on", "off", or "both" (two methods each)
     max_tokens: int = 256
@@ -43,9 +43,9 @@ class BenchSettings:
     repeats: int = 1  # tries of every method per sample, the fastest kept
 
 
-def method_name(block_size: int | str, lookup: bool = True, tree: bool = True) -> str:
-    name = "dflash auto" if block_size == "auto" else f"dflash B={block_size}"
-    if block_size == "auto" and not lookup:
+def method_name(block_size: BlockSize, lookup: bool = True, tree: bool = True) -> str:
+    name = "dflash auto" if block_size == AUTO else f"dflash B={block_size}"
+    if block_size == AUTO and not lookup:
         name += ", no lookup"
     return name if tree else name + ", chains"
 
@@ -56,9 +56,9 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
     log = log or _stderr
     started = time.perf_counter()
     calibrated = None
-    if "auto" in settings.block_sizes:
+    if AUTO in settings.block_sizes:
         log("calibrating block widths (cached per machine and pair)...")
-        calibrated = calibration.load_or_measure(engine, force=settings.recalibrate)
+        calibrated = engine.calibrate(force=settings.recalibrate)
     peers = peers_for(engine, settings.ar_draft) if settings.peers else []
     methods = _methods(engine, settings, peers)
     first = next((p for ps in prompts.values() for p in ps), None)
@@ -80,7 +80,8 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "drafter_block_size": engine.pair.block_size,
         "draft_vocab_size": engine.pair.draft_vocab_size,
         "context_length": engine.capabilities.max_context,
-        "settings": {**settings.__dict__, "block_sizes": list(settings.block_sizes)},
+        "settings": {**settings.__dict__,
+                     "block_sizes": [size.request_value for size in settings.block_sizes]},
         "calibration": calibrated.to_json() if calibrated else None,
         "datasets": results,
         "wall_s": round(time.perf_counter() - started, 1),
@@ -92,7 +93,7 @@ def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
     methods = {PLAIN: lambda ids, params: run_ours(engine, ids, replace(params, speculative=False))}
     switch = {"on": (True,), "off": (False,), "both": (True, False)}
     for block_size in settings.block_sizes:
-        for lookup in switch[settings.lookup] if block_size == "auto" else (False,):
+        for lookup in switch[settings.lookup] if block_size == AUTO else (False,):
             for tree in switch[settings.tree]:
                 methods[method_name(block_size, lookup, tree)] = (
                     lambda ids, params, b=block_size, look=lookup, t=tree: run_ours(
@@ -124,7 +125,7 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
             samples.append(_sample_record(item, turn, prompt_ids, figures))
             messages.append({"role": "assistant", "content": figures[spec_method].text})
             log(_progress(name, index, len(items), turn, figures))
-    width = max((b for b in settings.block_sizes if isinstance(b, int)), default=0)
+    width = max((b.size or 0 for b in settings.block_sizes if isinstance(b, Fixed)), default=0)
     max_width = max(width, engine.pair.block_size)
     summaries = {method: summarize(method_runs, runs[PLAIN], max_width)
                  for method, method_runs in runs.items()}

@@ -288,6 +288,8 @@ class DFlashDrafter(nn.Module):
 class DraftSession:
     """One generation's drafter (the `speculative.Drafter` interface): owns the context cache."""
 
+    tree_drafts = True
+
     def __init__(self, model: DFlashDrafter, window: int | None = None):
         self.model = model
         self.block_size = model.config.block_size

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
-from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent
+from dflash_local.events import (
+    Auto,
+    BlockSize,
+    EngineCapabilities,
+    GenerationParams,
+    StepEvent,
+    widest_block,
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,6 @@ class Engine(abc.ABC):
     name: str
     capabilities: EngineCapabilities
     pair: PairInfo
-    tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
     last_stats = None  # a served engine: its server's totals for the last generation
 
     @abc.abstractmethod
@@ -63,11 +69,11 @@ class Engine(abc.ABC):
         """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
         return self.stream(self.encode_chat(messages, thinking), params)
 
-    def prepare(self, block_size: int | str | None, on_wait: Callable[[str], None] | None = None,
+    def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:
-        """Do now what the first generation at this default block size would otherwise wait
-        for; `on_wait(what)` before a wait worth telling the user about. `recalibrate`:
-        measure again what is cached. A served engine has nothing to prepare."""
+        """The work at load that generations at this default block size need (a local engine's
+        calibration under auto); `on_wait(what)` before a wait worth telling the user about.
+        `recalibrate`: measure again what is cached. A served engine has nothing to prepare."""
 
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
@@ -81,6 +87,8 @@ class LocalEngine(Engine):
         self.pair = pair
         self.capabilities = capabilities
         self.eos_token_ids = end_of_turn_ids(tokenizer)
+        # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
+        self.calibration: calibration.Calibration | None = None
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> speculative.TargetRunner:
@@ -94,13 +102,20 @@ class LocalEngine(Engine):
         """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
         return None
 
-    def prepare(self, block_size: int | str | None, on_wait: Callable[[str], None] | None = None,
+    def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:
-        """With "auto", this machine's calibration for the pair: measured once (~20-30 s for the
-        embedded pair on two cores), then read from its cache file, unless `recalibrate`."""
-        if calibration.uses_calibration(self, block_size):
-            calibration.load_or_measure(
-                self, force=recalibrate, on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
+        if isinstance(block_size, Auto) and self.pair.drafter is not None:
+            self.calibrate(force=recalibrate,
+                           on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
+
+    def calibrate(self, force: bool = False,
+                  on_measure: Callable[[], None] | None = None) -> calibration.Calibration:
+        """This machine's round costs for the pair, which the auto planner prices rounds with:
+        measured once (~20-30 s for the embedded pair on two cores), then read from its cache
+        file, unless `force`. Kept in `self.calibration`."""
+        key = calibration.calibration_key(self.pair, self.compute_threads())
+        self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         return chat_prompt_ids(self.tokenizer, messages, thinking)
@@ -114,13 +129,15 @@ class LocalEngine(Engine):
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         if not params.stop_token_ids:
             params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
-        policy = calibration.policy_for(self, params)  # None unless block_size "auto"
-        # block size 1 is plain decoding: no drafter, no taps
-        wants_drafter = params.speculative and params.block_size != 1
-        drafter = self.make_drafter() if wants_drafter else None
+        # plain decoding (block 1) runs without a drafter and collects no taps
+        drafter = self.make_drafter() if widest_block(params, self.pair.block_size) > 1 else None
         runner = self.make_runner(collect_taps=drafter is not None)
+        measured = self.calibration
+        planner = speculative.default_planner(
+            runner, drafter, prompt_ids, params, measured.costs if measured else None,
+            measured.prior if measured else ())
         detokenizer = StreamDetokenizer(self.tokenizer)
-        for event in speculative.generate(runner, drafter, prompt_ids, params, policy):
+        for event in speculative.generate(runner, drafter, prompt_ids, params, planner):
             # how much of the text the drafter's accepted tokens made, then a copy's: a client
             # colours exactly what each wrote
             text, (drafter_chars, accepted_chars) = detokenizer.add_split(

@@ -53,7 +53,8 @@ class _Verified:
 
 
 class MLXTargetRunner:
-    """The `speculative.TargetRunner` interface for one generation (owns the target cache)."""
+    """The `speculative.TargetRunner` interface for one generation (owns the target cache).
+    A chain is verified as one causal sequence; any other tree with a mask (`verify_tree`)."""
 
     def __init__(self, model, adapter: TargetAdapter, tap_ids: tuple[int, ...] | None,
                  max_context: int):
@@ -89,7 +90,13 @@ class MLXTargetRunner:
         taps = mx.concatenate(chunks, axis=1) if self.tap_ids is not None else None
         return np.array(logits[0, -1]), taps
 
-    def verify(self, block_ids: list[int]) -> np.ndarray:
+    def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
+        if tree.is_chain:
+            return self.verify_chain([anchor_id, *tree.token_ids])
+        return self.verify_tree(anchor_id, tree)
+
+    def verify_chain(self, block_ids: list[int]) -> np.ndarray:
+        """The rows as one causal sequence after the cache: the cheaper verify of a chain."""
         states = {i: list(self.cache[i].cache) for i in self._recurrent}
         run, taps = self._run(block_ids, record_recurrent=bool(self._recurrent))
         logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
@@ -112,8 +119,8 @@ class MLXTargetRunner:
         self._verified = _Verified(rows, taps, {}, {})
         return np.array(logits[0])
 
-    def commit_path(self, rows: list[int]):
-        """Move the kept rows' keys and values to the positions after the cache; `commit`
+    def commit(self, rows: list[int]):
+        """Move the kept rows' keys and values to the positions after the cache; `_keep`
         then trims the rest."""
         if rows != list(range(len(rows))):
             past = self.cache[0].offset - self._verified.width
@@ -125,9 +132,9 @@ class MLXTargetRunner:
             mx.eval([layer_cache.state for layer_cache in self.cache])
             if self._verified.taps is not None:
                 self._verified.taps = self._verified.taps[:, mx.array(rows)]
-        return self.commit(len(rows))
+        return self._keep(len(rows))
 
-    def commit(self, kept_rows: int):
+    def _keep(self, kept_rows: int):
         verified, self._verified = self._verified, None
         rejected = verified.width - kept_rows
         if rejected > 0:
@@ -240,7 +247,7 @@ class MLXEngine(LocalEngine):
         """A 1-row step and a 16-row verify through the decoding path: what the thread count is for."""
         runner = self.make_runner(collect_taps=False)
         runner.prefill([0])
-        runner.verify([0] * 16)
+        runner.verify_chain([0] * 16)
 
     def compute_threads(self) -> int | None:
         return blas.blas_threads()

@@ -167,7 +167,6 @@ class RemoteEngine(Engine):
     speculation, used when a request asks for speculation off and the main server cannot."""
 
     name = "openai"
-    tokenizes = False
 
     def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
                  plain_base_url: str | None = None, drafter: str | None = None,
@@ -194,7 +193,8 @@ class RemoteEngine(Engine):
                              dtype="server", block_size=self.main.block_size)
         self.capabilities = EngineCapabilities(
             speculative_toggle=own or (self.plain is not None and self.main.drafter is not None),
-            sampling=True, max_context=self.main.max_context, block_size_per_request=own)
+            sampling=True, max_context=self.main.max_context, block_size_per_request=own,
+            tokenizes=False)
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         raise EngineUnavailableError(f"{self.main.url} tokenizes on the server: use stream_chat")
@@ -273,8 +273,8 @@ def request_body(endpoint: Endpoint, messages: list[dict], params: GenerationPar
         body["chat_template_kwargs"] = {"enable_thinking": thinking}
     if endpoint.kind == "dflash-local":
         body["speculative"] = speculative
-        if params.block_size is not None:
-            body["block_size"] = params.block_size
+        if params.block_size.request_value is not None:
+            body["block_size"] = params.block_size.request_value
     elif endpoint.kind in ("vllm", "sglang"):
         body["stream_options"]["continuous_usage_stats"] = True
         if params.top_k:

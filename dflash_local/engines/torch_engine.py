@@ -115,11 +115,17 @@ class TorchTargetRunner:
         self._length = len(prompt_ids)
         return logits[-1], taps
 
-    def verify(self, block_ids: list[int]) -> np.ndarray:
+    def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
+        if tree.is_chain:
+            return self.verify_chain([anchor_id, *tree.token_ids])
+        return self.verify_tree(anchor_id, tree)
+
+    def verify_chain(self, block_ids: list[int]) -> np.ndarray:
+        """The rows as one causal sequence after the cache: the cheaper verify of a chain."""
         logits, self._pending_taps = self._forward(block_ids, logits_to_keep=0)
         return logits
 
-    def commit(self, kept_rows: int):
+    def _keep(self, kept_rows: int):
         verified = self.cache.get_seq_length() - self._length
         if verified > kept_rows:
             self.cache.crop(-(verified - kept_rows))
@@ -145,9 +151,9 @@ class TorchTargetRunner:
         return logits
 
     @torch.inference_mode()
-    def commit_path(self, rows: list[int]):
+    def commit(self, rows: list[int]):
         """Move the kept rows' keys, values and taps to the front of the last verify's rows;
-        `commit` then keeps them and drops the rest."""
+        `_keep` then keeps them and drops the rest."""
         if rows != list(range(len(rows))):
             index = torch.tensor(rows, device=self.model.device)
             past = self._length
@@ -156,7 +162,7 @@ class TorchTargetRunner:
                     tensor[:, :, past : past + len(rows)] = tensor.index_select(2, index + past)
             if self._pending_taps is not None:
                 self._pending_taps = self._pending_taps[:, index]
-        return self.commit(len(rows))
+        return self._keep(len(rows))
 
     def join_taps(self, chunks: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(chunks, dim=1)

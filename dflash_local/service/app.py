@@ -18,6 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from dflash_local import __version__
 from dflash_local.catalog import is_available
+from dflash_local.events import parse_block_size
 from dflash_local.service import chat, responses
 from dflash_local.service.downloads import follow
 from dflash_local.service.errors import error_response, install_handlers
@@ -83,12 +84,13 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.post("/dflash/load")
     async def load(body: LoadRequest) -> dict:
+        block_size = parse_block_size(body.block_size) if body.block_size is not None else None
         if body.pair is not None:
-            await asyncio.to_thread(state.load_pair, body.pair, body.engine, body.block_size,
+            await asyncio.to_thread(state.load_pair, body.pair, body.engine, block_size,
                                     body.recalibrate)
         else:
             await asyncio.to_thread(state.load_repos, body.engine, body.target,
-                                    body.drafter, body.block_size, body.recalibrate)
+                                    body.drafter, block_size, body.recalibrate)
         return _status(state)
 
     @app.get("/dflash/status")

@@ -14,7 +14,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dflash_local.errors import DFlashError, InvalidRequestError
-from dflash_local.events import EngineCapabilities, GenerationParams
+from dflash_local.events import (
+    Auto,
+    EngineCapabilities,
+    GenerationParams,
+    parse_block_size,
+    widest_block,
+)
 from dflash_local.service import responses
 from dflash_local.service.errors import error_body, status_of
 from dflash_local.service.schemas import ChatCompletionRequest
@@ -41,7 +47,8 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
         temperature=body.temperature if body.temperature is not None else 0.0,
         top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, speculative=speculative,
-        block_size=body.block_size or loaded.default_block_size,
+        block_size=(parse_block_size(body.block_size) if body.block_size is not None
+                    else loaded.default_block_size),
         prompt_lookup=body.prompt_lookup is not False,
         tree=body.tree is not False,
     )
@@ -61,16 +68,6 @@ def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabili
             raise InvalidRequestError(f"this engine runs its own speculation: {name} cannot be set per request")
     if body.temperature and not capabilities.sampling:
         raise InvalidRequestError("this engine decodes greedily only: temperature must be 0")
-
-
-def effective_block_size(loaded: LoadedPair, params: GenerationParams) -> int:
-    """The widest block a round may draft (with "auto", rounds choose up to the drafter's B)."""
-    drafter_block = loaded.engine.pair.block_size
-    if not params.speculative or loaded.engine.pair.drafter is None:
-        return 1
-    if params.block_size in (None, "auto"):
-        return drafter_block
-    return min(params.block_size, drafter_block)
 
 
 async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):
@@ -149,8 +146,8 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
 def _usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
     params = job.request.params
     return responses.usage(finished.stats, loaded.engine.pair.engine,
-                           effective_block_size(loaded, params), params.speculative,
-                           auto=params.block_size == "auto" and params.speculative)
+                           widest_block(params, loaded.engine.pair.block_size), params.speculative,
+                           auto=isinstance(params.block_size, Auto) and params.speculative)
 
 
 async def _next(job: Job, watcher: asyncio.Task):

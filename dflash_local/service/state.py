@@ -24,6 +24,7 @@ from dflash_local.errors import (
     InvalidRequestError,
     ModelNotFoundError,
 )
+from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize
 from dflash_local.hub import is_repo_id, resolve_model
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.errors import BusyError, NoModelLoadedError
@@ -56,7 +57,7 @@ class LoadedPair:
     engine: Engine
     worker: GenerationWorker
     pair_id: str | None = None
-    default_block_size: int | str | None = None  # "auto": calibrated per round
+    default_block_size: BlockSize = WHOLE_BLOCK
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -67,7 +68,8 @@ class LoadedPair:
         pair = self.engine.pair
         return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
                 "target": pair.target, "drafter": pair.drafter, "dtype": pair.dtype,
-                "drafter_block_size": pair.block_size, "default_block_size": self.default_block_size}
+                "drafter_block_size": pair.block_size,
+                "default_block_size": self.default_block_size.request_value}
 
 
 def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None) -> str:
@@ -129,7 +131,7 @@ class ServiceState:
     # --- blocking: the app calls these in a thread ---
 
     def load_pair(self, pair_id: str, engine: str | None = None,
-                  block_size: int | str | None = None, recalibrate: bool = False) -> LoadedPair:
+                  block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
         pair = self.catalog.get(pair_id)
         self._ensure_idle()  # before any slow preparation (the embedded import)
         engine = pick_engine(engine, pair.engines)
@@ -156,7 +158,7 @@ class ServiceState:
             return None, f"{exc}: decoding without speculation"
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
-                   block_size: int | str | None = None, recalibrate: bool = False) -> LoadedPair:
+                   block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -174,14 +176,14 @@ class ServiceState:
                          recalibrate=recalibrate)
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
-             served_name: str, pair_id: str | None = None, block_size: int | str | None = None,
+             served_name: str, pair_id: str | None = None, block_size: BlockSize | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None,
              recalibrate: bool = False) -> LoadedPair:
         """Unload the current pair and load this one (local paths are trusted: CLI and internal).
-        A local pair with no block size given defaults to "auto" (calibrated widths);
+        A local pair with no block size given defaults to auto (calibrated widths);
         `recalibrate` measures this machine again (a first measurement disturbed by other work)."""
-        if block_size is None and engine in LOCAL_ENGINES and drafter is not None:
-            block_size = "auto"
+        if block_size is None:
+            block_size = AUTO if engine in LOCAL_ENGINES and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
             raise BusyError("another load is in progress")
         try:

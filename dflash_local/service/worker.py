@@ -238,12 +238,12 @@ class GenerationWorker:
     def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
         """A served engine learns the prompt's length only from the server's final usage."""
         served = self.engine.last_stats
-        if not self.engine.tokenizes and served is not None and not stats.prompt_tokens:
+        if not self.engine.capabilities.tokenizes and served is not None and not stats.prompt_tokens:
             stats.prompt_tokens = served.prompt_tokens
         return stats
 
     def _open_stream(self, request: JobRequest):
-        if not self.engine.tokenizes:  # a served engine: its server templates and caps max_tokens
+        if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
         prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
         return self.engine.stream(prompt_ids, self._fit_max_tokens(request, len(prompt_ids)))

@@ -1,0 +1,120 @@
+"""The auto planner: each round, the proposer and width with the most expected tokens per second.
+
+It prices every kind of round from this machine's measured costs (calibration.py) at the
+context the round runs on, and the acceptance seen so far in this generation:
+- a drafter round of the width `BlockPolicy` chooses (widths.py; width 1 is a plain step, and it
+  falls back to plain while speculation would lose, probing now and then);
+- with trees, that round drafts all it may and verifies the prefix of the tree the `TreeSizer`
+  expects to pay most (trees.py), a prompt-lookup copy grafted on where its rows pay;
+- a prompt-lookup round (no drafter pass) when a copy from the text is expected to beat the
+  drafter's best round (copies.py).
+It owns every estimator and hears each round once, in `observe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dflash_local.draft_tree import DraftTree
+from dflash_local.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
+from dflash_local.planning.copies import LookupPolicy
+from dflash_local.planning.costs import RoundCosts
+from dflash_local.planning.modes import LOOKUP, SPECULATIVE
+from dflash_local.planning.trees import TreeSizer
+from dflash_local.planning.widths import BlockPolicy
+from dflash_local.proposers import (
+    Draft,
+    DrafterChain,
+    DrafterTree,
+    GraftedCopy,
+    LookupChain,
+    NoDraft,
+    Proposer,
+)
+
+
+class AutoPlanner:
+    mode = SPECULATIVE
+
+    def __init__(self, costs: RoundCosts, prior: Sequence[float], widest: int, trees: bool,
+                 prompt_ids: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM):
+        """`prompt_ids`: the text prompt lookup copies from; None: no lookup rounds."""
+        self.policy = BlockPolicy(costs, prior, max_width=widest, whole_block_drafts=trees)
+        self.sizer = TreeSizer(costs) if trees else None
+        self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
+        self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
+
+    def plan(self, context: int, remaining: int) -> Proposer:
+        self._price(context)
+        limit = max(1, min(self.policy.max_width, remaining))  # the widest round allowed now
+        copy = self._copy(limit)
+        if copy is not None:
+            alone = self._lookup_alone(copy, limit)
+            if alone is not None:
+                return LookupChain(alone)
+        choice = self.policy.choose(remaining)
+        if choice.width == 1:
+            return NoDraft(choice.mode)
+        if self.sizer is None:
+            return DrafterChain(choice.width, choice.mode)
+        tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
+            drafted.path_probs, limit))
+        return tree if copy is None else GraftedCopy(tree, copy, self._graft_length)
+
+    def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
+        kept_ids = [draft.tree.token_ids[node - 1] for node in path]
+        if self.index is not None:
+            self.index.extend(committed)
+        if draft.mode == LOOKUP:
+            self.lookup.observe(draft.copy.ngram, len(draft.tree.token_ids) + 1, len(path))
+            return
+        if draft.grafted:
+            self.lookup.observe(draft.copy.ngram, len(draft.grafted) + 1,
+                                common_start(kept_ids, draft.grafted))
+        if self.sizer is not None and draft.drafter_nodes:
+            # a drafter round is judged on its own nodes: a copy grafted on comes after them
+            kept = draft.drafter_kept(path)
+            self.sizer.observe(draft.tree.path_probs, kept)
+            self.policy.observe(draft.tree.prefix(draft.drafter_nodes).depth + 1, kept)
+        else:  # a tree is judged by its depth: the positions a kept path could reach
+            self.policy.observe(draft.tree.depth + 1, len(path))
+
+    def _price(self, context: int) -> None:
+        """Every part that prices rounds prices them at the context the next round runs on."""
+        costs = self.policy.price_context(context)
+        if self.sizer is not None:
+            self.sizer.costs = costs
+        if self.lookup is not None:
+            self.lookup.costs = costs
+
+    def _copy(self, limit: int) -> LookupDraft | None:
+        """This round's lookup draft, as long as the round may be; None without a match."""
+        if self.index is None:
+            return None
+        self.lookup.next_round()
+        return self.index.propose(limit - 1)
+
+    def _lookup_alone(self, copy: LookupDraft, limit: int) -> LookupDraft | None:
+        """The copy cut to its best width when a lookup round of its own is expected to beat
+        the block policy's best choice; else None."""
+        width, speed = self.lookup.plan(copy.ngram, len(copy.token_ids), limit)
+        if width < 2 or speed <= self.policy.best_tokens_per_s(limit):
+            return None
+        return LookupDraft(copy.token_ids[: width - 1], copy.ngram)
+
+    def _graft_length(self, tree: DraftTree, copy: LookupDraft, drafted_width: int,
+                      held: tuple[int, int]) -> int:
+        node, shared = held
+        survival = self.lookup.survival(copy.ngram, min(len(copy.token_ids), drafted_width - 1))
+        return self.sizer.graft_length(tree.path_probs, drafted_width, survival, shared,
+                                       taken=tree.children_mass(node))
+
+
+def common_start(kept: list[int], chain: tuple[int, ...]) -> int:
+    """How many of the chain's first tokens the round kept."""
+    count = 0
+    for token, wanted in zip(kept, chain):
+        if token != wanted:
+            break
+        count += 1
+    return count

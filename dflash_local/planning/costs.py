@@ -1,0 +1,95 @@
+"""What a round costs and what it is expected to commit: the arithmetic every planner prices with.
+
+With a_j = P(draft j accepted | drafts 1..j-1 accepted), a round of width w commits
+
+    E[committed | w] = 1 + sum_{k=1..w-1} a_1 * a_2 * ... * a_k     (the bonus token included)
+
+and a planner compares E[committed | w] / cost(w) across widths and kinds of round. The costs are
+this machine's, measured at load (calibration.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_PRIOR = 0.5  # per-position acceptance assumed without a calibration run
+DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain step (CPU, small B)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """seconds[w - 1] = one round of width w: verify + commit, plus the drafter pass when w > 1.
+    verify_seconds[w - 1] = the same without the drafter pass (a prompt-lookup round); unknown
+    (None), a lookup round is priced like a drafter round, which only makes lookup rarer.
+
+    Both were timed on `base_context` tokens of context. A verify reads the whole cache, and a
+    wide one grows dearer with the context faster than a 1-row step (MLX on a CPU: a 16-row
+    verify of the embedded target adds about four times what one row adds per token of context):
+    `context_slopes[w - 1]` is the seconds each token of context past `base_context` adds to a
+    round of width w (`at_context`)."""
+
+    seconds: tuple[float, ...]
+    verify_seconds: tuple[float, ...] | None = None
+    base_context: int = 0
+    context_slopes: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        if not self.seconds or any(not s > 0 for s in self.seconds):
+            raise ValueError(f"round costs must be positive seconds per width, got {self.seconds!r}")
+        verify = self.verify_seconds
+        if verify is not None and (len(verify) != len(self.seconds) or any(not s > 0 for s in verify)):
+            raise ValueError(f"verify costs must be positive seconds for each width, got {verify!r}")
+        slopes = self.context_slopes
+        if slopes is not None and (len(slopes) != len(self.seconds) or any(not s >= 0 for s in slopes)):
+            raise ValueError(f"context slopes must be seconds >= 0 for each width, got {slopes!r}")
+
+    def at_context(self, tokens: int) -> RoundCosts:
+        """The costs of a round on `tokens` of context (never below the timed ones); a priced
+        copy, without slopes: price from the calibrated costs each time."""
+        if not self.context_slopes or tokens <= self.base_context:
+            return self
+        extra = [(tokens - self.base_context) * slope for slope in self.context_slopes]
+        return RoundCosts(tuple(s + e for s, e in zip(self.seconds, extra)),
+                          tuple(v + e for v, e in zip(self.verify_only, extra)), tokens)
+
+    @property
+    def max_width(self) -> int:
+        return len(self.seconds)
+
+    def at(self, width: int) -> float:
+        return self.seconds[width - 1]
+
+    def draft_seconds(self, width: int) -> float:
+        """The drafter pass of a round of this width (its cost over the verify alone)."""
+        return self.at(width) - self.verify_only[width - 1]
+
+    @property
+    def verify_only(self) -> tuple[float, ...]:
+        """Per width, a round without the drafter pass (a prompt-lookup round)."""
+        return self.verify_seconds or self.seconds
+
+    @classmethod
+    def uncalibrated(cls, max_width: int, slope: float = DEFAULT_COST_SLOPE) -> RoundCosts:
+        return cls(tuple(1.0 + slope * (w - 1) for w in range(1, max_width + 1)))
+
+
+def expected_committed(rates: Sequence[float], width: int) -> float:
+    """E[tokens committed by a round of `width`]; rates[j-1] = a_j as in the module docstring."""
+    survival = np.cumprod(np.asarray(rates[: width - 1], dtype=np.float64))
+    return 1.0 + float(survival.sum())
+
+
+def speeds_by_width(rates: Sequence[float], seconds: Sequence[float], limit: int) -> np.ndarray:
+    """speeds[w-1] = E[committed | w] / seconds[w-1] for widths 1..limit, in one pass."""
+    survival = np.concatenate([[1.0], np.cumprod(np.asarray(rates[: limit - 1], dtype=np.float64))])
+    return np.cumsum(survival) / np.asarray(seconds[:limit])
+
+
+def smoothed_rates(hits: Sequence[float], trials: Sequence[float],
+                   prior: float = DEFAULT_PRIOR) -> list[float]:
+    """a_j from counts (hits[j] of the trials[j] rounds that reached position j+1 kept it),
+    with one pseudo-trial at `prior` so that a position seen rarely is not 0 or 1 outright."""
+    return [(h + prior) / (t + 1.0) for h, t in zip(hits, trials)]

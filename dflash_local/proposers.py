@@ -1,0 +1,135 @@
+"""Where a round's draft comes from: the proposers, each of which makes a DraftTree.
+
+A planner (planning/) chooses one proposer per round; the loop (speculative.py) runs it and
+verifies what it made. Every draft is a tree (draft_tree.py): a chain is a tree of one path,
+plain decoding the empty tree. The sources a proposer draws on live in `DraftSources`: the
+drafter, fed the taps of every committed row (they wait for its next pass), and nothing else:
+a prompt-lookup draft arrives already made (the planner read it from the lookup index to
+price it). A new kind of drafter is a new proposer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dflash_local.draft_tree import DraftTree
+from dflash_local.lookup import LookupDraft
+from dflash_local.planning.modes import LOOKUP, SPECULATIVE
+
+if TYPE_CHECKING:
+    from dflash_local.speculative import Drafter, TargetRunner
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A round's draft and who proposed it: nodes 1..drafter_nodes are the drafter's, the nodes
+    after them a prompt-lookup copy's (`copy`); `grafted` is the copy's chain where it rides
+    along in a drafter tree (the tokens the tree already held included)."""
+
+    tree: DraftTree
+    mode: str
+    drafter_nodes: int = 0
+    copy: LookupDraft | None = None
+    grafted: tuple[int, ...] = ()
+
+    def drafter_kept(self, path: list[int]) -> int:
+        """How many of the kept path's nodes are the drafter's (they come first on a path)."""
+        return sum(node <= self.drafter_nodes for node in path)
+
+
+class DraftSources:
+    """The drafter of one generation, with the taps of the rows it has not seen yet."""
+
+    def __init__(self, drafter: Drafter | None, runner: TargetRunner):
+        self.drafter = drafter
+        self._join = runner.join_taps
+        self._pending: list[Any] = []
+
+    def add_taps(self, taps: Any) -> None:
+        """The committed rows' taps: the drafter reads them with its next block."""
+        if self.drafter is not None:
+            self._pending.append(taps)
+
+    def _taps(self) -> Any:
+        taps = self._pending[0] if len(self._pending) == 1 else self._join(self._pending)
+        self._pending = []
+        return taps
+
+    def chain(self, anchor_id: int, width: int) -> list[int]:
+        return self.drafter.propose(anchor_id, self._taps(), width)
+
+    def tree(self, anchor_id: int, nodes: int) -> DraftTree:
+        return self.drafter.propose_tree(anchor_id, self._taps(), nodes)
+
+
+class Proposer(Protocol):
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft: ...
+
+
+@dataclass(frozen=True)
+class NoDraft:
+    """A plain step: the anchor alone is verified."""
+
+    mode: str
+
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
+        return Draft(DraftTree.chain(()), self.mode)
+
+
+@dataclass(frozen=True)
+class DrafterChain:
+    """The drafter's argmax at each of the block's `width` - 1 positions."""
+
+    width: int
+    mode: str = SPECULATIVE
+
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
+        tree = DraftTree.chain(sources.chain(anchor_id, self.width))
+        return Draft(tree, self.mode, drafter_nodes=len(tree.token_ids))
+
+
+@dataclass(frozen=True)
+class DrafterTree:
+    """The drafter's `nodes` most probable paths; `keep` (the auto planner's tree sizer) says how
+    many of them, best first, are worth verifying (None: all)."""
+
+    nodes: int
+    mode: str = SPECULATIVE
+    keep: Callable[[DraftTree], int] | None = None
+
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
+        tree = sources.tree(anchor_id, self.nodes)
+        if self.keep is not None:
+            tree = tree.prefix(self.keep(tree))
+        return Draft(tree, self.mode, drafter_nodes=len(tree.token_ids))
+
+
+@dataclass(frozen=True)
+class LookupChain:
+    """A prompt-lookup copy verified alone: no drafter pass."""
+
+    copy: LookupDraft
+
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
+        return Draft(DraftTree.chain(self.copy.token_ids), LOOKUP, copy=self.copy)
+
+
+@dataclass(frozen=True)
+class GraftedCopy:
+    """A drafter tree with a lookup copy grafted on as one more path (DraftTree.graft);
+    `length(tree, copy, drafted_width, held)` says how many of the copy's tokens pay their rows
+    (`held`: DraftTree.held of the copy)."""
+
+    tree: DrafterTree
+    copy: LookupDraft
+    length: Callable[[DraftTree, LookupDraft, int, tuple[int, int]], int]
+
+    def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
+        draft = self.tree.propose(sources, anchor_id)
+        chain = self.copy.token_ids[: self.tree.nodes]
+        node, shared = draft.tree.held(chain)
+        length = self.length(draft.tree, self.copy, self.tree.nodes + 1, (node, shared))
+        tree = draft.tree.graft(chain[:length], (node, min(shared, length)))
+        return replace(draft, tree=tree, copy=self.copy, grafted=chain[:length])
