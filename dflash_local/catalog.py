@@ -14,7 +14,6 @@ from typing import Any
 
 from dflash_local import paths
 from dflash_local.errors import CheckpointError, ModelNotFoundError
-from dflash_local.events import BlockSize, parse_block_size
 
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
 THINKING_MODES = ("off", "on", "none")
@@ -47,10 +46,9 @@ class PairSpec:
     block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
 
-    def block_size_for(self, engine: str) -> BlockSize | None:
-        """The recommended block size on this engine; None: the engine's default."""
-        size = dict(self.block_sizes).get(engine)
-        return None if size is None else parse_block_size(size)
+    def block_size_for(self, engine: str) -> int | str | None:
+        """The recommended block size on this engine, as the catalog writes it; None: none."""
+        return dict(self.block_sizes).get(engine)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,

@@ -15,6 +15,7 @@ from dflash_local.bench.cli import block_sizes
 from dflash_local.bench.measure import RunFigures, fastest, histogram
 from dflash_local.bench.report import format_table
 from dflash_local.cli import main
+from dflash_local.events import AUTO, Fixed
 
 
 @pytest.fixture
@@ -205,8 +206,8 @@ def test_embedded_and_adversarial_prompts_are_offline_and_fixed():
 
 
 def test_block_size_option_and_histogram():
-    assert block_sizes("auto,4,16,4") == ("auto", 4, 16)
-    assert block_sizes("8") == (8,)
+    assert block_sizes("auto,4,16,4") == (AUTO, Fixed(4), Fixed(16))
+    assert block_sizes("8") == (Fixed(8),)
     with pytest.raises(Exception, match="integer >= 1 or 'auto'"):
         block_sizes("0")
     assert histogram([1, 1, 3, 4], 4) == [2, 0, 1, 1]

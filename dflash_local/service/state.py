@@ -24,7 +24,7 @@ from dflash_local.errors import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize
+from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.hub import is_repo_id, resolve_model
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.errors import BusyError, NoModelLoadedError
@@ -70,6 +70,12 @@ class LoadedPair:
                 "target": pair.target, "drafter": pair.drafter, "dtype": pair.dtype,
                 "drafter_block_size": pair.block_size,
                 "default_block_size": self.default_block_size.request_value}
+
+
+def _recommended(pair, engine: str) -> BlockSize | None:
+    """The catalog's block size for the pair on this engine, if it names one."""
+    size = pair.block_size_for(engine)
+    return None if size is None else parse_block_size(size)
 
 
 def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None) -> str:
@@ -144,7 +150,7 @@ class ServiceState:
         else:  # a served engine fetches the models itself
             target, drafter, warning = pair.target.repo, pair.drafter.repo, None
         return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
-                         block_size=block_size or pair.block_size_for(engine),
+                         block_size=block_size or _recommended(pair, engine),
                          aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate)
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:

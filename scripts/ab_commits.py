@@ -1,0 +1,115 @@
+"""Two checkouts of this repo side by side on one engine: the same prompts, interleaved per prompt.
+
+    .venv/bin/python scripts/ab_commits.py OLD_DIR NEW_DIR [--engine mlx|transformers]
+        [--samples 30] [--max-tokens 128] [--out docs/records/NAME.json]
+
+Each checkout runs in a worker process of its own (PYTHONPATH=DIR), which loads the embedded
+pair once, calibrates it as the CLI does (both read the same calibration cache when their
+calibrations agree on the key), then decodes each prompt greedily with block size auto when
+asked. The order of the two alternates from prompt to prompt, so a machine's drift hits both
+alike. Every run must equal the other checkout's token for token. Reports decode tokens/s of
+each (total tokens over total decode time) and new/old; make a checkout with
+`git worktree add --detach DIR COMMIT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# the worker runs in the checkout's own code: only what both the old and the new API offer
+WORKER = r"""
+import json, sys
+from dflash_local import events
+from dflash_local.cli import pair_names
+from dflash_local.engines import load_engine
+auto = events.AUTO if hasattr(events, "AUTO") else "auto"
+engine = load_engine(sys.argv[1], *pair_names(None, None, speculative=True), dtype="auto")
+engine.prepare(auto)
+print(json.dumps({"ready": engine.name}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    ids = engine.encode_chat([{"role": "user", "content": request["prompt"]}])
+    params = events.GenerationParams(max_tokens=request["max_tokens"], block_size=auto)
+    stats, tokens = events.GenerationStats(), []
+    for event in engine.stream(ids, params):
+        stats.add(event)
+        tokens.extend(event.token_ids)
+    print(json.dumps({"tokens": tokens, "decode_s": stats.decode_s, "tau": stats.tau}), flush=True)
+"""
+
+
+class Worker:
+    def __init__(self, checkout: Path, engine: str):
+        env = {**os.environ, "PYTHONPATH": f"{checkout}:{checkout / 'tui'}", "OMP_WAIT_POLICY": "PASSIVE"}
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, engine], cwd=checkout, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()  # loaded and calibrated
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            sys.exit(f"a worker stopped (exit {self.process.wait()})")
+        return json.loads(line)
+
+    def run(self, prompt: str, max_tokens: int) -> dict:
+        self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("--engine", choices=["mlx", "transformers"], default="mlx")
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from dflash_local.bench.datasets import load_prompts
+
+    prompts = load_prompts("embedded", args.samples)
+    workers = {"old": Worker(args.old.resolve(), args.engine), "new": Worker(args.new.resolve(), args.engine)}
+    totals = {side: {"tokens": 0, "decode_s": 0.0, "taus": []} for side in workers}
+    for index, prompt in enumerate(prompts):
+        order = ["old", "new"] if index % 2 == 0 else ["new", "old"]
+        runs = {side: workers[side].run(prompt.turns[0], args.max_tokens) for side in order}
+        if runs["old"]["tokens"] != runs["new"]["tokens"]:
+            sys.exit(f"{prompt.prompt_id}: the two checkouts' outputs differ")
+        for side, run in runs.items():
+            totals[side]["tokens"] += len(run["tokens"]) - 1
+            totals[side]["decode_s"] += run["decode_s"]
+            totals[side]["taus"].append(run["tau"])
+        print(f"[{index + 1}/{len(prompts)}] {prompt.prompt_id}: "
+              + ", ".join(f"{side} {(len(r['tokens']) - 1) / r['decode_s']:.1f} tok/s" for side, r in runs.items()),
+              flush=True)
+    for worker in workers.values():
+        worker.close()
+    speeds = {side: t["tokens"] / t["decode_s"] for side, t in totals.items()}
+    record = {
+        "title": f"Before and after a change, {args.engine}, block size auto",
+        "command": " ".join(["scripts/ab_commits.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"), "engine": args.engine, "samples": len(prompts),
+        "max_tokens": args.max_tokens, "identical": len(prompts),
+        "tokens_per_s": {side: round(speed, 2) for side, speed in speeds.items()},
+        "mean_tau": {side: round(sum(t["taus"]) / len(t["taus"]), 3) for side, t in totals.items()},
+        "new_over_old": round(speeds["new"] / speeds["old"], 4),
+    }
+    print(json.dumps(record, indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
