@@ -2,7 +2,7 @@
 
 Boundary: parse and validate the TOML, answer "which pairs does engine X run", and locate a pair's
 models on this machine (the embedded target, the shipped drafter, or the Hugging Face cache).
-Downloading is hub.py's job; loading is the engines'.
+Downloading is hub_download.py's job; loading is the engines'.
 """
 
 from __future__ import annotations

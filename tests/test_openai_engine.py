@@ -19,7 +19,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from dflash_local.engines.openai_engine import SERVER_SIDE_DRAFTER, RemoteEngine
+from dflash_local.engines.openai_endpoint import SERVER_SIDE_DRAFTER
+from dflash_local.engines.openai_engine import RemoteEngine
 from dflash_local.engines.server_flags import parse_prometheus
 from dflash_local.errors import (
     EngineUnavailableError,

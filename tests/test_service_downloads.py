@@ -14,7 +14,9 @@ import httpx
 import pytest
 from service_support import LocalHub, make_pair, start_service, torch_loader, wait_until
 
-from dflash_local.hub import Download, RepoRef, estimate_fit, kv_cache_bytes, resolve_model
+from dflash_local.hub import resolve_model
+from dflash_local.hub_download import Download, RepoRef
+from dflash_local.memory_fit import estimate_fit, kv_cache_bytes
 
 TARGET, DRAFTER = "test/tiny-target", "test/tiny-drafter"
 HOLD_AFTER = 64 * 1024  # bytes of a big file the local hub sends before holding the rest
@@ -125,7 +127,7 @@ def test_offline_mode_fails_with_a_clear_message(tmp_path):
     """HF_HUB_OFFLINE is read when huggingface_hub is imported: a fresh process, for real."""
     code = textwrap.dedent(f"""
         import json
-        from dflash_local.hub import Download, RepoRef
+        from dflash_local.hub_download import Download, RepoRef
         d = Download([RepoRef("nobody/no-such-model")], cache_dir={str(tmp_path)!r}).start()
         d.wait(60)
         print(json.dumps(d.snapshot()))

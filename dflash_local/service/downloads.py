@@ -1,8 +1,8 @@
 """Downloads of catalog pairs, as the service runs them: start, follow (SSE), cancel.
 
-Each download is a hub.Download in its own thread; its progress reaches an SSE client through
-an asyncio queue fed with `call_soon_threadsafe`. Only catalog pairs can be downloaded: a remote
-caller never names an arbitrary repo or a path.
+Each download is a hub_download.Download in its own thread; its progress reaches an SSE client
+through an asyncio queue fed with `call_soon_threadsafe`. Only catalog pairs can be downloaded: a
+remote caller never names an arbitrary repo or a path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dflash_local.catalog import Catalog
 from dflash_local.errors import InvalidRequestError
-from dflash_local.hub import TERMINAL_STATUSES, Download, RepoRef
+from dflash_local.hub_download import TERMINAL_STATUSES, Download, RepoRef
 from dflash_local.service.errors import NotFoundError
 
 KEEP_FINISHED = 32  # finished downloads kept for GET .../events after the fact
