@@ -153,7 +153,7 @@ TEMPLATES_BY_KIND = (
     (COMPARE_TEMPLATES, COMPARISONS),
 )
 
-# added for step 12: more requests of the same kinds, and new ways of asking about the first
+# more requests of the same kinds, and new ways of asking about the first
 # topics. Appended after the first kinds, so every earlier request keeps its place in
 # templated_chat_prompts() (a follow-up is chosen by that place).
 MORE_CONCEPT_TEMPLATES = (

@@ -44,7 +44,7 @@ def load_sequences(data_dir: Path) -> list[dict]:
     shards = sorted(data_dir.glob("regen-*.pt"))
     if not shards:
         raise DFlashError(f"no regenerated data (regen-*.pt) in {data_dir}: run the regenerate step first")
-    # mapped, not read: the taps outgrow memory (~20 GB for the embedded drafter's step 11), and a
+    # mapped, not read: the taps outgrow memory (~20 GB for the embedded drafter's data), and a
     # training step reads only the few sequences it samples
     sequences = [s for shard in shards for s in torch.load(shard, weights_only=True, mmap=True)]
     return [s for s in sequences if len(s["tokens"]) - s["prompt_len"] >= 2]
