@@ -7,11 +7,8 @@ keeps every layer's output alive); the target cache is rolled back by cropping.
 from __future__ import annotations
 
 import inspect
-import os
 from functools import partial
 from pathlib import Path
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2-core machines stall under load otherwise
 
 import numpy as np
 import torch
