@@ -11,11 +11,10 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-from dflash_local import paths
 from dflash_local.bench import cli as bench_cli
-from dflash_local.errors import DFlashError, ModelNotFoundError
+from dflash_local.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
+from dflash_local.errors import DFlashError
 from dflash_local.events import (
     AUTO,
     GenerationParams,
@@ -27,7 +26,7 @@ from dflash_local.precision import DTYPE_CHOICES
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
 
-EMBEDDED_DRAFTER_DIR = "smollm2-135m-dflash"  # under the repo's models/
+__all__ = ["EMBEDDED_DRAFTER_DIR", "build_parser", "main", "pair_names"]
 EXIT_ERROR = 2
 
 
@@ -128,38 +127,6 @@ def run_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def pair_names(
-    target: str | None, drafter: str | None, speculative: bool
-) -> tuple[str, str | None]:
-    """The names to load: as given, or the embedded pair when no --target is given."""
-    if target is not None:
-        if drafter is None and speculative:
-            _warn("no --drafter given: decoding without speculation")
-        return target, drafter
-    target = str(embedded_target())
-    if drafter is not None:
-        return target, drafter
-    shipped = paths.shipped_models_dir() / EMBEDDED_DRAFTER_DIR
-    if (shipped / "config.json").is_file():
-        return target, str(shipped)
-    if speculative:
-        _warn(f"the embedded drafter is not in {shipped.parent} yet: decoding without speculation")
-    return target, None
-
-
-def embedded_target() -> Path:
-    """The imported embedded target directory; a clear error when it is not imported yet."""
-    from dflash_local import embedded
-
-    path = embedded.embedded_target_dir()
-    if not embedded.is_complete_import(path):
-        raise ModelNotFoundError(
-            f"no --target given and the embedded target is not imported yet ({path}): "
-            f"run `dflash-local models import-embedded` once, or pass --target DIR|REPO"
-        )
-    return path
 
 
 def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, echo: bool):

@@ -9,9 +9,9 @@ Variants, each with its own calibration measured in this process:
 - "sdpa": Transformers' stock attention (Transformers engine only: skipped, and said, on MLX),
   no lookup grafts;
 - "mlx-stock": mlx-lm's stock attention for the target (MLX engine only: skipped, and said, on
-  Transformers; the drafter keeps dflash_local/engines/mlx_attention.py), as shipped otherwise;
-- "no-graft": the engine's attention (on a CPU: engines/cpu_attention.py for Transformers,
-  dflash_local/engines/mlx_attention.py for MLX), no lookup grafts;
+  Transformers; the drafter keeps dflash_local/accel/mlx_attention.py), as shipped otherwise;
+- "no-graft": the engine's attention (on a CPU: accel/torch_attention.py for Transformers,
+  dflash_local/accel/mlx_attention.py for MLX), no lookup grafts;
 - "graft": the engine as shipped: lookup drafts grafted onto drafter trees;
 - "flat": as shipped, but its calibration without context slopes (every round priced as on
   the calibration's short context; graft's calibration, the slopes dropped).
@@ -53,9 +53,9 @@ def _no_graft(self, tree, copy, drafted_width, held):
 def _engine(name: str):
     drafter = paths.shipped_models_dir() / "smollm2-135m-dflash"
     if name == "mlx":
-        from dflash_local.engines.mlx_engine import MLXEngine
+        from dflash_local.engines import engine_class_for
 
-        return MLXEngine(embedded_target_dir(), drafter)
+        return engine_class_for("mlx")(embedded_target_dir(), drafter)
     from dflash_local.engines.torch_engine import TorchEngine
 
     return TorchEngine(embedded_target_dir(), drafter)
@@ -64,7 +64,7 @@ def _engine(name: str):
 def _variants(engine, wanted: list[str]) -> dict[str, tuple[str, bool]]:
     """name -> (attention implementation to set; grafts on)."""
     if engine.name == "mlx":
-        from dflash_local.engines.mlx_attention import NAME, attention_modules, cpu_attention
+        from dflash_local.accel.mlx_attention import NAME, attention_modules, cpu_attention
 
         routed = all(getattr(module, NAME) is cpu_attention for module in attention_modules(engine.model))
         shipped = "mlx-cpu" if routed else "mlx-stock"
@@ -103,7 +103,7 @@ def _use(engine, attention: str, graft: bool) -> None:
     if engine.name == "mlx":  # imported here: mlx-lm only where the engine is MLX's
         from mlx_lm.models.base import scaled_dot_product_attention as stock
 
-        from dflash_local.engines.mlx_attention import cpu_attention, set_attention
+        from dflash_local.accel.mlx_attention import cpu_attention, set_attention
 
         set_attention(engine.model, cpu_attention if attention == "mlx-cpu" else stock)
     elif engine.model.config._attn_implementation != attention:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from mlx_verify_cost import write_random_qwen3
 
-from dflash_local.engines.mlx_engine import MLXEngine
+from dflash_local.engines import engine_class_for
 from dflash_local.events import GenerationParams, GenerationStats
+
+MLXEngine = engine_class_for("mlx")  # the fast BLAS before MLX, as load_engine does
 
 BAR = 0.9
 

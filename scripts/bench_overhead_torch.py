@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dflash_local.engines.cpu_linear import PackedLinear
+from dflash_local.accel.torch_linear import PackedLinear
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams, GenerationStats
 

@@ -47,7 +47,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def default_pair(args: argparse.Namespace) -> tuple[str, str | None]:
-    from dflash_local.cli import pair_names
+    from dflash_local.default_pair import pair_names
 
     return pair_names(args.target, args.drafter, speculative=not args.plain)
 

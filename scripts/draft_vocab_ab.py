@@ -27,8 +27,8 @@ DRAFTER = paths.shipped_models_dir() / "smollm2-135m-dflash"
 
 def load(engine_name: str, draft_vocab: bool):
     if engine_name == "mlx":
-        from dflash_local.engines.mlx_engine import MLXEngine
-        return MLXEngine(embedded_target_dir(), DRAFTER, draft_vocab=draft_vocab)
+        from dflash_local.engines import engine_class_for
+        return engine_class_for("mlx")(embedded_target_dir(), DRAFTER, draft_vocab=draft_vocab)
     from dflash_local.engines.torch_engine import TorchEngine
     return TorchEngine(embedded_target_dir(), DRAFTER, draft_vocab=draft_vocab)
 

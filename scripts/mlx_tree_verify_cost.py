@@ -6,7 +6,7 @@ the shape auto's rounds verify), each followed by the commit a round that kept o
 (that row then trimmed too, so every pass runs on the same context).
 Medians; the ratios tree/chain and tree/step are what the tree layout decides. --attention
 both times every pass with mlx-lm's stock attention and with
-dflash_local/engines/mlx_attention.py, in turn (the engine's choice on a CPU; --attention
+dflash_local/accel/mlx_attention.py, in turn (the engine's choice on a CPU; --attention
 shipped times that alone).
 
     .venv/bin/python scripts/mlx_tree_verify_cost.py [--contexts 300,1000,1500] [--width 16]
@@ -40,15 +40,17 @@ def attention_kernels(both: bool) -> dict[str, object]:
         return {"": None}
     from mlx_lm.models.base import scaled_dot_product_attention as stock
 
-    from dflash_local.engines.mlx_attention import cpu_attention
+    from dflash_local.accel.mlx_attention import cpu_attention
 
     return {"stock_": stock, "cpu_": cpu_attention}
 
 
 def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, both: bool) -> list[dict]:
     from dflash_local.embedded import embedded_target_dir
-    from dflash_local.engines.mlx_attention import set_attention
-    from dflash_local.engines.mlx_engine import MLXEngine
+    from dflash_local.engines import engine_class_for
+
+    MLXEngine = engine_class_for("mlx")  # the fast BLAS first, as load_engine does
+    from dflash_local.accel.mlx_attention import set_attention
 
     engine = MLXEngine(target_dir or embedded_target_dir(), None)
     kernels = attention_kernels(both)

@@ -64,8 +64,11 @@ def _write_tokenizer(out: Path, vocab_size: int) -> None:
 
 def measure(target_dir: Path, context: int, repeats: int) -> dict:
     """Median wall time of verify(16)+commit(1) and of verify(1)+commit(1) at `context`."""
-    from dflash_local import blas
-    from dflash_local.engines.mlx_engine import MLXEngine, MLXTargetRunner
+    from dflash_local.accel import blas
+    from dflash_local.engines import engine_class_for
+
+    MLXEngine = engine_class_for("mlx")  # the fast BLAS first, as load_engine does
+    from dflash_local.engines.mlx_engine import MLXTargetRunner
 
     engine = MLXEngine(target_dir, None)
     runner = MLXTargetRunner(engine.model, engine.adapter, (1, 6, 10), max_context=4096)

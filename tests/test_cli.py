@@ -193,10 +193,11 @@ def fake_embedded_import(monkeypatch, tmp_path) -> Path:
 
 def test_default_pair_is_the_embedded_one(monkeypatch, tmp_path, capsys):
     from dflash_local import cli as cli_module
+    from dflash_local import paths
 
     target = fake_embedded_import(monkeypatch, tmp_path)
     shipped = tmp_path / "models"
-    monkeypatch.setattr(cli_module.paths, "shipped_models_dir", lambda: shipped)
+    monkeypatch.setattr(paths, "shipped_models_dir", lambda: shipped)
     assert cli_module.pair_names(None, None, speculative=True) == (str(target), None)
     assert "embedded drafter is not in" in capsys.readouterr().err
     drafter = shipped / cli_module.EMBEDDED_DRAFTER_DIR

@@ -8,8 +8,9 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as sdpa_module
 
+from dflash_local.accel import torch_attention
+from dflash_local.accel.torch_attention import NAME
 from dflash_local.draft_tree import DraftTree
-from dflash_local.engines.cpu_attention import NAME, use_cpu_gqa_attention
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_speculative_equals_plain_with_it(target_dir):
 def test_it_is_left_alone_where_it_does_not_apply(engine):
     engine.model.set_attn_implementation("eager")
     try:
-        assert not use_cpu_gqa_attention(engine.model)  # only a model loaded with sdpa switches
+        assert not torch_attention.install(engine.model)  # only a model loaded with sdpa switches
         assert engine.model.config._attn_implementation == "eager"
     finally:
         engine.model.set_attn_implementation(NAME)
@@ -123,7 +124,7 @@ def test_masked_blocks_take_the_grouped_kernel_and_the_rest_goes_to_stock_sdpa(
         grouped_kernel_calls, repeat_kv_calls):
     """One-row steps, unmasked (causal) blocks and position biases: handled as "sdpa" does,
     which the grouped path alone would get wrong (no causality, no bias)."""
-    from dflash_local.engines.cpu_attention import cpu_gqa_sdpa_forward
+    from dflash_local.accel.torch_attention import cpu_gqa_sdpa_forward
 
     torch.manual_seed(0)
     key, value = torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
@@ -157,3 +158,24 @@ def test_bfloat16_verify_logits_equal_stock_sdpa(target_dir):
     stock = _verify_both(engine, list(range(20, 50)), 25, tree, [30, 31])
     for mine, theirs in zip(ours, stock):
         assert np.array_equal(mine, theirs)
+
+
+def test_closing_the_engine_switches_back_and_the_last_unregisters_the_name(target_dir, monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    registries = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+    monkeypatch.setattr(torch_attention, "_registered", 0)  # as in a fresh process
+    for registry in registries:
+        monkeypatch.delitem(registry, NAME, raising=False)
+    first = TorchEngine(target_dir, None, pack_cpu_linears=False)
+    second = TorchEngine(target_dir, None, pack_cpu_linears=False)
+    first.close()
+    assert first.model.config._attn_implementation == "sdpa"
+    assert all(NAME in registry for registry in registries)  # the second model still runs it
+    second.close()
+    second.close()  # once only
+    assert second.model.config._attn_implementation == "sdpa"
+    assert not any(NAME in registry for registry in registries)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_local.engines.cpu_linear import PackedLinear, pack_linears, packing_available
+from dflash_local.accel import torch_linear
+from dflash_local.accel.torch_linear import PackedLinear, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
 
@@ -92,3 +93,20 @@ def test_an_untied_head_is_packed_and_released_and_speculative_still_equals_plai
     assert len(plain) == 24
     for block_size in (2, 8):
         assert tokens(block_size=block_size) == plain
+
+
+def test_uninstall_puts_back_linears_with_the_same_weights_bit_for_bit():
+    torch.manual_seed(3)
+    embed = nn.Embedding(50, 32)
+    model = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 50, bias=False), nn.Linear(32, 50, bias=False))
+    model[2].weight = embed.weight  # tied
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    installed = torch_linear.install(model, rows_hint=8, shared=(embed.weight,))
+    assert installed and all(type(layer) is PackedLinear for layer in model)
+    installed.uninstall()
+    assert all(type(layer) is nn.Linear for layer in model)
+    assert model[2].weight is embed.weight
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    assert not torch_linear.install(nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16)), rows_hint=8)

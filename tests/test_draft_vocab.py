@@ -20,6 +20,7 @@ from fixtures_tiny import collect, tiny_pair
 from tiny_models import VOCAB
 
 from dflash_local import calibration
+from dflash_local.accel.torch_linear import PackedLinear, packing_available
 from dflash_local.drafter import model_torch
 from dflash_local.drafter.draft_vocab import (
     FILE_NAME,
@@ -28,7 +29,6 @@ from dflash_local.drafter.draft_vocab import (
     load_draft_vocab,
     write_draft_vocab,
 )
-from dflash_local.engines.cpu_linear import PackedLinear, packing_available
 from dflash_local.errors import CheckpointError
 from dflash_local.events import GenerationParams, parse_block_size
 

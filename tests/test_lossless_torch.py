@@ -11,8 +11,8 @@ import pytest
 import torch
 from fixtures_tiny import ScriptedDrafter, collect, follow, params_of, tiny_engine, tiny_pair
 
+from dflash_local.accel.torch_linear import packing_available
 from dflash_local.drafter.model_torch import DraftSession
-from dflash_local.engines.cpu_linear import packing_available
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import PromptTooLongError
 from dflash_local.events import GenerationStats
@@ -186,7 +186,7 @@ def test_accepted_characters_are_the_text_of_the_accepted_drafts(engine, monkeyp
 def test_the_cpu_float32_linears_are_packed_and_the_tied_head_still_computes_the_same_logits(engine):
     import torch.nn.functional as F
 
-    from dflash_local.engines.cpu_linear import PackedLinear
+    from dflash_local.accel.torch_linear import PackedLinear
 
     assert not any(type(m) is torch.nn.Linear for m in (*engine.model.modules(), *engine.drafter.modules()))
     head = engine.model.get_output_embeddings()

@@ -91,7 +91,9 @@ def test_commit_leaves_the_cache_of_a_fresh_prefill(family, kept_rows):
     np.testing.assert_allclose(np.array(committed_taps), np.array(fresh_taps[:, len(PROMPT):]),
                                atol=1e-4)
     follow_up = [12, 13, 14]
-    np.testing.assert_allclose(speculative.verify_chain(follow_up), fresh.verify_chain(follow_up), atol=1e-4)
+    # a replayed GatedDeltaNet state is summed in another order than a fresh prefill's: through
+    # OpenBLAS (tests/conftest.py installs it, as the engine does) logits differ by up to ~1.1e-4
+    np.testing.assert_allclose(speculative.verify_chain(follow_up), fresh.verify_chain(follow_up), atol=2e-4)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

@@ -13,8 +13,8 @@ pytest.importorskip("mlx_lm")
 from mlx_lm.models import base
 from mlx_tiny import build_model
 
-from dflash_local.engines import mlx_attention
-from dflash_local.engines.mlx_attention import NAME, cpu_attention, grouped_attention
+from dflash_local.accel import mlx_attention
+from dflash_local.accel.mlx_attention import NAME, cpu_attention, grouped_attention
 
 on_cpu = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="MLX runs on Metal here: stock kernel")
 
@@ -108,7 +108,7 @@ def test_every_module_the_model_is_built_from_is_routed(monkeypatch, family, att
     model, _ = build_model(family)
     module = sys.modules[attention_module]
     monkeypatch.setattr(module, NAME, base.scaled_dot_product_attention)
-    assert mlx_attention.use_cpu_attention(model)
+    assert mlx_attention.install(model)
     assert getattr(module, NAME) is cpu_attention
 
 
@@ -123,3 +123,37 @@ def test_the_mlx_engine_routes_its_target(monkeypatch, tmp_path):
     monkeypatch.setattr(module, NAME, base.scaled_dot_product_attention)
     MLXEngine(target, None)
     assert getattr(module, NAME) is cpu_attention
+
+
+@on_cpu
+def test_uninstall_puts_the_modules_own_function_back_after_the_last_install(monkeypatch):
+    model, _ = build_model("llama")  # installed once, for the session
+    module = sys.modules["mlx_lm.models.llama"]
+    monkeypatch.setattr(mlx_attention, "_routed", {})  # as in a fresh process
+    monkeypatch.setattr(module, NAME, base.scaled_dot_product_attention)
+    first, second = mlx_attention.install(model), mlx_attention.install(model)
+    first.uninstall()
+    assert getattr(module, NAME) is cpu_attention  # the second model still runs it
+    second.uninstall()
+    second.uninstall()  # once only
+    assert getattr(module, NAME) is base.scaled_dot_product_attention
+    assert mlx_attention._routed == {}
+
+
+@on_cpu
+def test_closing_the_mlx_engine_unroutes_its_target(monkeypatch, tmp_path):
+    from mlx_tiny import write_target
+
+    from dflash_local.accel.mlx_rope import RowRope
+    from dflash_local.engines.mlx_engine import MLXEngine
+
+    target = write_target(tmp_path / "target", "qwen3")
+    module = sys.modules["mlx_lm.models.qwen3"]
+    monkeypatch.setattr(mlx_attention, "_routed", {})
+    monkeypatch.setattr(module, NAME, base.scaled_dot_product_attention)
+    engine = MLXEngine(target, None)
+    layers = engine.adapter.text_model(engine.model).layers
+    assert all(isinstance(layer.self_attn.rope, RowRope) for layer in layers)
+    engine.close()
+    assert getattr(module, NAME) is base.scaled_dot_product_attention
+    assert not any(isinstance(layer.self_attn.rope, RowRope) for layer in layers)

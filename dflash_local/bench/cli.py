@@ -61,7 +61,7 @@ def block_sizes(text: str) -> tuple[BlockSize, ...]:
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
-    from dflash_local.cli import pair_names
+    from dflash_local.default_pair import pair_names
     from dflash_local.engines import load_engine
 
     if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:

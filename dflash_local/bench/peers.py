@@ -5,8 +5,8 @@ Transformers engine: `model.generate()` (the reference), prompt-lookup decoding
 (`assistant_model`). MLX engine: mlx-lm's `stream_generate`, plain and with its own draft-model
 speculative decoding. A peer that cannot run here (no AR draft model) stays in the table with
 the reason. Peers borrow the engine's loaded target (`engine.model`): same weights, same dtype,
-same kernels (on a CPU in float32, oneDNN-packed linears: engines/cpu_linear.py; on MLX's CPU
-backend the target's attention through engines/mlx_attention.py); the AR draft model gets the
+same kernels (on a CPU in float32, oneDNN-packed linears: accel/torch_linear.py; on MLX's CPU
+backend the target's attention through accel/mlx_attention.py); the AR draft model gets the
 same packing (an MLX AR draft of another mlx-lm model family keeps mlx-lm's attention).
 """
 
@@ -54,7 +54,7 @@ def transformers_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("assisted (AR draft)", None, NO_AR_DRAFT)]
     from transformers import AutoModelForCausalLM
 
-    from dflash_local.engines.cpu_linear import pack_causal_lm
+    from dflash_local.accel.torch_linear import pack_causal_lm
     from dflash_local.hub import resolve_model
 
     draft = AutoModelForCausalLM.from_pretrained(resolve_model(ar_draft), dtype=engine.model.dtype)

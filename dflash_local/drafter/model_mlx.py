@@ -11,10 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_local import blas
-
-blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
-
 import mlx.core as mx
 import numpy as np
 from mlx import nn
@@ -22,9 +18,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from dflash_local.accel.mlx_attention import attend
 from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
-from dflash_local.engines.mlx_attention import attend
 from dflash_local.errors import CheckpointError
 
 

@@ -294,7 +294,7 @@ class DraftSession:
         self.model = model
         self.block_size = model.config.block_size
         self.cache = model.new_cache(window)
-        # the norm's weight: the linears' may be released after oneDNN packing (cpu_linear)
+        # the norm's weight: the linears' may be released after oneDNN packing (accel/torch_linear)
         self._device, self._dtype = model.norm.weight.device, model.norm.weight.dtype
 
     @torch.inference_mode()

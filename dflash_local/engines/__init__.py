@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflash_local.engines.base import Engine
@@ -22,12 +23,28 @@ class EngineSpec:
     class_name: str
     packages: tuple[str, ...]  # import names the backend needs
     install_hint: str
+    before_import: Callable[[], object] | None = None  # an install that must precede the module
+
+
+def _install_fast_blas() -> None:
+    """MLX binds its BLAS when mlx.core is first imported: the fast one must be loaded before.
+    The handle is dropped on purpose: once libmlx binds to it, it is MLX's for the process."""
+    from dflash_local.accel import blas
+
+    blas.install()
+
+
+def _install_omp_passive() -> None:
+    """OpenMP reads its wait policy when torch loads it: set before torch is imported."""
+    from dflash_local.accel import omp
+
+    omp.install()
 
 
 ENGINES = {
     "transformers": EngineSpec(
         "torch_engine", "TorchEngine", ("torch", "transformers"),
-        "pip install 'dflash-local[torch]'",
+        "pip install 'dflash-local[torch]'", _install_omp_passive,
     ),
     # served engines: the package may live in another venv, so the engine checks it itself
     "vllm": EngineSpec("vllm_engine", "VLLMEngine", (), "pip install 'dflash-local[vllm]'"),
@@ -35,6 +52,7 @@ ENGINES = {
     "mlx": EngineSpec(
         "mlx_engine", "MLXEngine", ("mlx", "mlx_lm"),
         "pip install mlx mlx-lm (Apple Silicon) or pip install 'mlx[cpu]' mlx-lm (Linux)",
+        _install_fast_blas,
     ),
 }
 
@@ -78,6 +96,8 @@ def engine_class_for(name: str) -> type[Engine]:
             f"{spec.install_hint}"
         )
     module_name = f"dflash_local.engines.{spec.module}"
+    if spec.before_import is not None:
+        spec.before_import()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -7,24 +7,19 @@ any layer. Sliding-window layers get a plain KVCache (windowed by their mask) in
 mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6) mark
 their GatedDeltaNet layers recurrent: their input is kept so the runner can replay the
 accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs its rows as
-one sequence, each at the RoPE position of its depth (`rows_at_positions`).
+one sequence, each at the RoPE position of its depth (`rows_at_positions`), through the RoPEs
+`install_row_rope` wrapped at load.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from dflash_local import blas
-
-blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
-
 import mlx.core as mx
-from mlx import nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
-from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE, YarnRoPE
 
+from dflash_local.accel import Installed, mlx_rope
 from dflash_local.errors import CheckpointError
 
 
@@ -35,53 +30,30 @@ class LayerRun:
     recurrent_inputs: dict[int, mx.array] = field(default_factory=dict)  # layer -> its input
 
 
-# RoPEs that take one offset per batch row (they hand it to mx.fast.rope); not the dynamic
-# NTK one, whose base depends on the sequence's length
-ROW_POSITIONED_ROPES = (nn.RoPE, Llama3RoPE, YarnRoPE, SuScaledRoPE)
-
-
-class RopeAtPositions(nn.Module):
-    """A layer's RoPE with a position of its own for each row of one sequence.
-
-    mx.fast.rope takes one offset per batch row, so the rows pass through it as a batch of
-    one-row sequences and come back as one sequence; the attention then runs on the cache as
-    it is (a batch of rows would need the cache broadcast to each, which the CPU copies)."""
-
-    def __init__(self, rope, positions: mx.array):
-        super().__init__()
-        self.rope = rope
-        self.positions = positions
-
-    def __call__(self, x: mx.array, offset=None) -> mx.array:
-        assert x.shape[0] == 1, "one sequence: its rows become the batch"  # x: [1, heads, rows, D]
-        return self.rope(x.swapaxes(0, 2), offset=self.positions).swapaxes(0, 2)
-
-
 class TargetAdapter:
     """The plain decoder stack `model.model` with `layer(h, mask, cache)` and one causal mask."""
 
     model_types: tuple[str, ...] = ()
 
-    def can_verify_trees(self, model) -> bool:
-        """Whether `run` with one mask for every layer is exact (all layers full attention) and
-        every layer's RoPE can place rows one by one (`rows_at_positions`)."""
-        return all(isinstance(layer.self_attn.rope, ROW_POSITIONED_ROPES)
-                   for layer in self.text_model(model).layers)
+    def full_attention(self, model) -> bool:
+        """Whether `run` with one mask for every layer is exact: all layers full attention."""
+        return True
 
-    @contextmanager
-    def rows_at_positions(self, model, positions: mx.array):
-        """While inside, the rows of a run sit at `positions` (one per row), not after the cache.
-        It swaps the RoPE of the shared model's layers: one run per model at a time (an
-        engine's generations run on one worker thread)."""
-        attentions = [layer.self_attn for layer in self.text_model(model).layers]
-        ropes = [attention.rope for attention in attentions]
-        try:
-            for attention, rope in zip(attentions, ropes, strict=True):
-                attention.rope = RopeAtPositions(rope, positions)
-            yield
-        finally:
-            for attention, rope in zip(attentions, ropes, strict=True):
-                attention.rope = rope
+    def install_row_rope(self, model) -> Installed:
+        """At load, where a tree verify can run: RoPEs that also place rows one by one."""
+        if not self.full_attention(model):
+            return Installed("mlx_rope")
+        return mlx_rope.install(self.text_model(model).layers)
+
+    def can_verify_trees(self, model) -> bool:
+        """Whether one mask fits every layer and every layer's RoPE takes a row's own position
+        (`install_row_rope` succeeded)."""
+        return self.full_attention(model) and mlx_rope.installed(self.text_model(model).layers)
+
+    def rows_at_positions(self, cache: list, positions: mx.array) -> list:
+        """The caches for a `run` whose rows sit at `positions` (one per row), not after the
+        cache; the keys and values still go after it."""
+        return mlx_rope.at_positions(cache, positions)
 
     def language_model(self, model):
         """The object holding `model` (the decoder stack) and `lm_head`."""
@@ -141,8 +113,8 @@ class Qwen3Adapter(TargetAdapter):
 class LlamaAdapter(TargetAdapter):
     model_types = ("llama", "mistral")
 
-    def can_verify_trees(self, model) -> bool:
-        return self.text_model(model).swa_idx is None and super().can_verify_trees(model)
+    def full_attention(self, model) -> bool:
+        return self.text_model(model).swa_idx is None
 
     def masks(self, inner, h, cache):
         full = create_attention_mask(h, cache[inner.fa_idx])
@@ -157,7 +129,7 @@ class Qwen35Adapter(TargetAdapter):
 
     model_types = ("qwen3_5", "qwen3_5_moe")
 
-    def can_verify_trees(self, model) -> bool:
+    def full_attention(self, model) -> bool:
         return False
 
     def language_model(self, model):
@@ -180,7 +152,7 @@ class Qwen35Adapter(TargetAdapter):
 class Gemma3Adapter(TargetAdapter):
     model_types = ("gemma3", "gemma3_text")
 
-    def can_verify_trees(self, model) -> bool:
+    def full_attention(self, model) -> bool:
         return False
 
     def language_model(self, model):
@@ -202,7 +174,7 @@ class Gemma4Adapter(TargetAdapter):
 
     model_types = ("gemma4", "gemma4_text")
 
-    def can_verify_trees(self, model) -> bool:
+    def full_attention(self, model) -> bool:
         return False
 
     def language_model(self, model):

@@ -3,8 +3,10 @@
 Taps come from running the target's layers in an explicit loop (engines/mlx_adapters.py).
 Rollback after a partial acceptance: attention caches are trimmed (mlx-lm's trimmable caches);
 the GatedDeltaNet states of hybrid targets are restored to their pre-verify values and the
-accepted rows are replayed through the layer's own module. On Linux a fast BLAS is loaded
-before mlx is imported (dflash_local/blas.py): the wheel's reference BLAS makes verify ~10x dearer.
+accepted rows are replayed through the layer's own module. On Linux a fast BLAS must be loaded
+before mlx is imported (accel/blas.py; `engine_class_for("mlx")` installs it before importing
+this module): the wheel's reference BLAS makes verify ~10x dearer. The engine installs the CPU
+attention and the per-row RoPE on its target at load and uninstalls them in `close()`.
 """
 
 from __future__ import annotations
@@ -15,26 +17,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_local import blas
-from dflash_local.precision import resolve_dtype
-
-blas.preload_fast_blas()  # must precede the first `import mlx.core` in the process
-
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
+from dflash_local.accel import Installed, blas, mlx_attention, uninstall_all
 from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
-from dflash_local.engines.mlx_attention import use_cpu_attention
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities
+from dflash_local.precision import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ class MLXTargetRunner:
         self._layers = adapter.text_model(model).layers
         self._recurrent = [i for i, layer in enumerate(self._layers) if adapter.is_recurrent(layer)]
         self._verified: _Verified | None = None
-        self.supports_tree = not self._recurrent and adapter.can_verify_trees(model)
+        self.supports_tree = verifies_trees(model, adapter)
 
     def _run(self, token_ids: list[int], record_recurrent: bool = False, mask: mx.array | None = None):
         run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
@@ -112,8 +110,10 @@ class MLXTargetRunner:
         rows = len(tree.token_ids) + 1
         mask = mx.concatenate([mx.ones((rows, past), dtype=mx.bool_), mx.array(tree.ancestor_mask())],
                               axis=1)
-        with self.adapter.rows_at_positions(self.model, mx.array(tree.depths) + past):
-            run, taps = self._run([anchor_id, *tree.token_ids], mask=mask)
+        cache = self.adapter.rows_at_positions(self.cache, mx.array(tree.depths) + past)
+        run = self.adapter.run(self.model, mx.array([[anchor_id, *tree.token_ids]]), cache,
+                               frozenset(self.tap_ids or ()), mask=mask)
+        taps = self._taps(run)
         logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
         mx.eval(logits, taps)
         self._verified = _Verified(rows, taps, {}, {})
@@ -157,6 +157,13 @@ class MLXTargetRunner:
             layer_input = verified.recurrent_inputs[index][:, :kept_rows]
             self.adapter.replay_recurrent(self._layers[index], layer_input, layer_cache)
         mx.eval([self.cache[i].state for i in self._recurrent])
+
+
+def verifies_trees(model, adapter: TargetAdapter) -> bool:
+    """Whether a tree verify is exact on this target: no recurrent layer (their state would see
+    every row in order) and every layer full attention with a per-row RoPE."""
+    layers = adapter.text_model(model).layers
+    return not any(adapter.is_recurrent(layer) for layer in layers) and adapter.can_verify_trees(model)
 
 
 def _read_config(target_path: Path) -> dict:
@@ -222,7 +229,8 @@ class MLXEngine(LocalEngine):
             logger.warning(note)
         self.model, wrapper = mlx_lm_load(str(target_path))
         _cast_floating(self.model, DTYPES[dtype])  # quantized: scales, norms (packed ints stay)
-        use_cpu_attention(self.model)
+        self.accelerations: list[Installed] = [mlx_attention.install(self.model),
+                                               self.adapter.install_row_rope(self.model)]
         self.drafter = None
         if drafter_config is not None:
             self.drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
@@ -238,7 +246,7 @@ class MLXEngine(LocalEngine):
                               draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True,
+            hybrid_targets=True, tree_verify=verifies_trees(self.model, self.adapter),
         )
         super().__init__(wrapper._tokenizer, pair, capabilities)
         blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only
@@ -251,6 +259,11 @@ class MLXEngine(LocalEngine):
 
     def compute_threads(self) -> int | None:
         return blas.blas_threads()
+
+    def close(self) -> None:
+        """Put back what the engine installed on its target and in mlx-lm's modules (the BLAS
+        stays: libmlx is bound to it for the life of the process)."""
+        uninstall_all(self.accelerations)
 
     def make_runner(self, collect_taps: bool) -> MLXTargetRunner:
         tap_ids = self.tap_ids if collect_taps else None

@@ -1,35 +1,33 @@
 """The Transformers engine: target via AutoModelForCausalLM, our torch drafter, our loop.
 
 Taps come from forward hooks on just the tapped decoder layers (no output_hidden_states, which
-keeps every layer's output alive); the target cache is rolled back by cropping.
+keeps every layer's output alive); the target cache is rolled back by cropping. On a CPU the
+engine installs the grouped-query attention and packs the linears at load (dflash_local/accel/).
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 from functools import partial
 from pathlib import Path
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2-core machines stall under load otherwise
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from dflash_local.accel import Installed, torch_attention, uninstall_all
+from dflash_local.accel.torch_attention import NAME as CPU_GQA_SDPA
+from dflash_local.accel.torch_linear import (
+    DEFAULT_ROWS_HINT,
+    install_causal_lm,
+    pack_linear,
+    pack_linears,
+)
 from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
-from dflash_local.engines.cpu_attention import NAME as CPU_GQA_SDPA
-from dflash_local.engines.cpu_attention import use_cpu_gqa_attention
-from dflash_local.engines.cpu_linear import (
-    DEFAULT_ROWS_HINT,
-    pack_causal_lm,
-    pack_linear,
-    pack_linears,
-)
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities
 from dflash_local.precision import resolve_dtype
@@ -208,10 +206,11 @@ class TorchEngine(LocalEngine):
             # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, torch_dtype, device)
-        use_cpu_gqa_attention(self.model)
+        self.accelerations: list[Installed] = [torch_attention.install(self.model)]
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
-        if pack_cpu_linears:  # False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
-            pack_causal_lm(self.model, rows_hint)
+        # pack_cpu_linears=False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
+        self.packed = (install_causal_lm(self.model, rows_hint) if pack_cpu_linears
+                       else Installed("torch_linear"))
         self.drafter = None
         self.taps = None
         if drafter_config is not None:
@@ -230,11 +229,18 @@ class TorchEngine(LocalEngine):
                               draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
+            tree_verify=supports_tree(self.model.config),
         )
         super().__init__(tokenizer, pair, capabilities)
 
     def compute_threads(self) -> int | None:
         return torch.get_num_threads() if self.model.device.type == "cpu" else None
+
+    def close(self) -> None:
+        """Switch the target back to "sdpa" and unregister ours when no other model runs it.
+        The packed linears stay: they are this engine's own model, released with it (unpacking
+        would cost a matmul per layer; `self.packed.uninstall()` does it for who keeps the model)."""
+        uninstall_all(self.accelerations)
 
     def make_runner(self, collect_taps: bool) -> TorchTargetRunner:
         return TorchTargetRunner(self.model, self.taps if collect_taps else None,

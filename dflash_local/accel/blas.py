@@ -1,11 +1,13 @@
-"""A fast BLAS for MLX's CPU backend on Linux, found and loaded automatically.
+"""A fast BLAS for MLX's CPU backend on Linux, installed before MLX is imported.
 
 The `mlx[cpu]` wheel links the reference BLAS (`mlx_cpu.libs/libblas-<hash>.so`): a 1024x1024
 fp32 matmul runs at ~6 GFLOP/s here (OpenBLAS: 60-190), so a 16-row verify costs 10-14x a 1-row
 step instead of 1.4-2x, and that ratio decides the speedup.
 
-The fix, done once per process before mlx is imported: a copy of an OpenBLAS whose SONAME is set
-to that bundled library's name is loaded privately (RTLD_LOCAL). When libmlx loads, the dynamic
+The fix, `install()`, must come before the first `import mlx.core` (`engine_class_for("mlx")`
+calls it before importing the MLX engine, tests/conftest.py before any test imports MLX): a copy
+of an OpenBLAS whose SONAME is set to that bundled library's name is loaded privately
+(RTLD_LOCAL). When libmlx loads, the dynamic
 linker sees its DT_NEEDED libblas already loaded (it matches by SONAME) and binds libmlx's
 `cblas_sgemm` to OpenBLAS. Nothing else in the process sees it: numpy's and torch's own BLAS/LAPACK
 are untouched (a global preload would hijack their unprefixed symbols). LAPACK stays MLX's bundled
@@ -21,6 +23,7 @@ pins it.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import hashlib
 import importlib.util
@@ -35,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_local.accel import Installed
 from dflash_local.errors import DFlashError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,8 @@ SYSTEM_OPENBLAS = (
 )
 
 _loaded: Path | None = None
+_library: ctypes.CDLL | None = None  # what we loaded, until uninstalled
+_installs = 0  # live `install()` handles
 _handle: ctypes.CDLL | None = None  # the loaded OpenBLAS, if it lets its thread count be set
 _threads: int | None = None  # the count we set
 
@@ -186,7 +192,7 @@ def fast_blas_library() -> Path | None:
 
 def preload_fast_blas() -> Path | None:
     """Load the prepared OpenBLAS privately; effective only before `mlx.core` is imported."""
-    global _loaded, _handle
+    global _loaded, _library, _handle
     if _loaded is not None or "mlx.core" in sys.modules:
         return _loaded
     library = fast_blas_library()
@@ -197,12 +203,34 @@ def preload_fast_blas() -> Path | None:
     except OSError as exc:
         logger.warning("could not load BLAS %s (%s)", library, exc)
         return None
-    _loaded = library
+    _loaded, _library = library, handle
     if hasattr(handle, "openblas_set_num_threads"):
         _handle = handle
         if not _pinned():
             _set_threads(_env_threads() or thread_candidates()[0])
     return library
+
+
+def install() -> Installed:
+    """Load the fast OpenBLAS for libmlx (`preload_fast_blas`); falsy when nothing was loaded
+    (not Linux, DFLASH_BLAS=off, no OpenBLAS found, or mlx.core imported already: an entry
+    point then re-execs with `ensure_fast_blas`)."""
+    global _installs
+    if preload_fast_blas() is None:
+        return Installed("blas")
+    _installs += 1
+    return Installed("blas", _release)
+
+
+def _release() -> None:
+    """Unload the library when the last install lets go of it, unless libmlx has bound to it:
+    then it is MLX's for the life of the process (an unloaded BLAS under MLX would crash it)."""
+    global _installs, _loaded, _library, _handle, _threads
+    _installs -= 1
+    if _installs > 0 or "mlx.core" in sys.modules or _library is None:
+        return
+    _ctypes.dlclose(_library._handle)
+    _loaded = _library = _handle = _threads = None
 
 
 def thread_candidates() -> list[int]:
@@ -270,7 +298,7 @@ def choose_threads(probe, margin: float = 0.9, budget_s: float = 1.5, clock=time
 
 
 def loaded_library() -> Path | None:
-    """The library preload_fast_blas() loaded in this process, if any."""
+    """The library `install()` loaded in this process, if any."""
     return _loaded
 
 

@@ -8,13 +8,18 @@ for 1 to 16 rows, and a row's result does not depend on how many rows came with 
 rows equal plain decoding's bit for bit in these layers). Measured: scripts/torch_verify_cost.py.
 
 The reordered weight replaces the original (no second copy), except where the weight is shared
-with another module (a tied LM head keeps the embedding table alive anyway).
+with another module (a tied LM head keeps the embedding table alive anyway). `install(model)`
+packs a model's linears; `uninstall()` puts `nn.Linear`s back, their weights read out of the
+packed ones (exactly: an identity matrix through the kernel), which costs a matmul of
+in_features^2 x out_features per layer: an engine releases its packed model as it is instead.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from dflash_local.accel import Installed
 
 DEFAULT_ROWS_HINT = 16  # z-lab's block size; more rows still compute right, a little slower
 
@@ -42,6 +47,19 @@ class PackedLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    @torch.no_grad()
+    def unpacked(self) -> nn.Linear:
+        """An `nn.Linear` with this layer's weight and bias (row i of I x W^T is column i of W^T)."""
+        weight = getattr(self, "weight", None)
+        if weight is None:
+            identity = torch.eye(self.in_features, dtype=torch.float32)
+            weight = torch.ops.mkldnn._linear_pointwise(identity, self._packed, None, "none", [], "").T
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight.contiguous())
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias.detach().clone())
+        return linear
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
@@ -52,8 +70,26 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
     `shared`: weights other modules also use (a tied embedding table); a layer holding one of
     them keeps it reachable as `.weight`.
     """
+    return len(_pack(model, rows_hint, shared))
+
+
+def install(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, ...] = ()) -> Installed:
+    """`pack_linears`, with a way back; falsy when nothing was packed."""
+    slots = _pack(model, rows_hint, shared)
+    if not slots:
+        return Installed("torch_linear")
+
+    def uninstall() -> None:
+        for parent, name in slots:
+            setattr(parent, name, getattr(parent, name).unpacked())
+
+    return Installed("torch_linear", uninstall)
+
+
+def _pack(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, ...]) -> list[tuple[nn.Module, str]]:
+    """The (parent, name) slots whose linears were packed."""
     if not packing_available():
-        return 0
+        return []
     shared_ids = {id(w) for w in shared}
     # names, not modules: each original is freed as soon as it is replaced (peak memory = the
     # model plus one layer, not two models)
@@ -65,7 +101,7 @@ def pack_linears(model: nn.Module, rows_hint: int, shared: tuple[torch.Tensor, .
         del child
     if slots:
         _copy_out_of_checkpoint_map(model)
-    return len(slots)
+    return slots
 
 
 def pack_linear(linear: nn.Linear, rows_hint: int) -> nn.Module:
@@ -81,6 +117,11 @@ def _packable(module: nn.Module) -> bool:
 def pack_causal_lm(model: nn.Module, rows_hint: int = DEFAULT_ROWS_HINT) -> int:
     """`pack_linears` for a Transformers causal LM: its input embedding table may be its tied head."""
     return pack_linears(model, rows_hint, shared=(model.get_input_embeddings().weight,))
+
+
+def install_causal_lm(model: nn.Module, rows_hint: int = DEFAULT_ROWS_HINT) -> Installed:
+    """`install` for a Transformers causal LM (its tied head's table stays shared)."""
+    return install(model, rows_hint, shared=(model.get_input_embeddings().weight,))
 
 
 def _copy_out_of_checkpoint_map(model: nn.Module) -> None:

@@ -12,10 +12,11 @@ head's group of query heads in one matmul; results match the stock kernel to flo
 with no key visible stays finite).
 
 mlx-lm's model modules call `scaled_dot_product_attention` from `mlx_lm.models.base` by the
-name they imported; `use_cpu_attention` points that name, in every module the loaded model's
+name they imported; `install(model)` points that name, in every module the loaded model's
 layers come from, at `cpu_attention`, which takes what it handles (float32 on the CPU, no
-quantized cache, no attention sinks) and hands everything else to mlx-lm's function unchanged.
-On Metal the stock fused kernel stays. Our drafter's attention calls `attend`, the same choice.
+quantized cache, no attention sinks) and hands everything else to mlx-lm's function unchanged;
+the last `uninstall()` of a module puts its own function back. On Metal the stock fused kernel
+stays. Our drafter's attention calls `attend`, the same choice.
 """
 
 from __future__ import annotations
@@ -24,18 +25,17 @@ import logging
 import math
 import sys
 
-from dflash_local import blas
-
-blas.preload_fast_blas()  # before the first `import mlx.core`: whichever MLX module comes first
-
 import mlx.core as mx
 from mlx_lm.models import base
+
+from dflash_local.accel import Installed
 
 logger = logging.getLogger(__name__)
 
 LOG2_E = math.log2(math.e)
 _STOCK = base.scaled_dot_product_attention
 NAME = "scaled_dot_product_attention"  # what mlx-lm's model modules call
+_routed: dict[str, list] = {}  # module name -> [its own function, live installs routing it]
 
 
 def grouped_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
@@ -84,21 +84,37 @@ def attention_modules(model) -> list:
 
 
 def set_attention(model, function) -> bool:
-    """Point `NAME` in every module of `attention_modules(model)` at `function`; True if any."""
+    """Point `NAME` in every module of `attention_modules(model)` at `function`; True if any.
+    The A/B scripts' switch between kernels: the caller sets back what it changed."""
     modules = attention_modules(model)
     for module in modules:
         setattr(module, NAME, function)
     return bool(modules)
 
 
-def use_cpu_attention(model) -> bool:
-    """Route `model`'s attention through `cpu_attention` when MLX runs on the CPU; True if it
-    now does. All models of those modules in the process share it (one name per module), plain
+def install(model) -> Installed:
+    """Route `model`'s attention through `cpu_attention` when MLX runs on the CPU; falsy if it
+    does not. All models of those modules in the process share it (one name per module), plain
     decoding and mlx-lm's own generate included: both sides of a comparison run one kernel."""
     if mx.default_device() != mx.cpu:
-        return False
-    if not set_attention(model, cpu_attention):
+        return Installed("mlx_attention")
+    modules = attention_modules(model)
+    if not modules:
         logger.info("%s calls no mlx-lm attention by name: its attention stays MLX's own",
                     type(model).__module__)
-        return False
-    return True
+        return Installed("mlx_attention")
+    for module in modules:
+        route = _routed.setdefault(module.__name__, [getattr(module, NAME), 0])
+        route[1] += 1
+        setattr(module, NAME, cpu_attention)
+    return Installed("mlx_attention", lambda: _release(modules))
+
+
+def _release(modules: list) -> None:
+    """A module gets its own function back when no loaded model routes it any more."""
+    for module in modules:
+        route = _routed[module.__name__]
+        route[1] -= 1
+        if route[1] == 0:
+            del _routed[module.__name__]
+            setattr(module, NAME, route[0])

@@ -8,6 +8,8 @@ calibrations of `scripts/ab_loop_variants.py`; `scripts/torch_verify_cost.py --g
 at 300 and 1,500 tokens of context). PyTorch's CPU flash kernel takes the mask and `enable_gqa` together and gives the same
 numbers bit for bit (`scripts/torch_verify_cost.py --gqa` compares), so this implementation,
 registered under its own name, sends those passes there and everything else to "sdpa" as it is.
+`install(model)` registers it with Transformers and switches the model to it; `uninstall()`
+switches the model back and, with the last install, takes the name out of the registries.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from dflash_local.accel import Installed
+
 NAME = "cpu_gqa_sdpa"  # no "flash" in it: Transformers takes such names for flash kernels
+_registered = 0  # live installs: the name stays registered while any model runs it
 
 
 def cpu_gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -35,19 +40,42 @@ def cpu_gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     return out.transpose(1, 2).contiguous(), None
 
 
-def use_cpu_gqa_attention(model) -> bool:
-    """Switch a CPU target loaded with "sdpa" to this implementation; True if it now runs it.
-    Masks are built as for "sdpa" (the same mask function, registered under this name).
+def install(model) -> Installed:
+    """Switch a CPU target loaded with "sdpa" to this implementation; falsy if it does not run
+    it. Masks are built as for "sdpa" (the same mask function, registered under this name).
     Only text-only models switch: a multimodal wrapper's sub-models (vision towers) and some
     model code that tests for the name "sdpa" itself stay as Transformers made them."""
     config = model.config
-    if (model.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa"
-            or getattr(config, "sub_configs", None)):
-        return False
-    AttentionInterface.register(NAME, cpu_gqa_sdpa_forward)  # idempotent: a name -> function map
-    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    previous = getattr(config, "_attn_implementation", None)
+    if model.device.type != "cpu" or previous != "sdpa" or getattr(config, "sub_configs", None):
+        return Installed("torch_attention")
+    _register()
     try:
         model.set_attn_implementation(NAME)
     except ValueError:  # a model Transformers will not switch: it keeps "sdpa"
-        return False
-    return config._attn_implementation == NAME
+        pass
+    if config._attn_implementation != NAME:
+        _unregister()
+        return Installed("torch_attention")
+
+    def uninstall() -> None:
+        model.set_attn_implementation(previous)
+        _unregister()
+
+    return Installed("torch_attention", uninstall)
+
+
+def _register() -> None:
+    global _registered
+    _registered += 1
+    AttentionInterface.register(NAME, cpu_gqa_sdpa_forward)  # a name -> function map
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def _unregister() -> None:
+    """Transformers has no unregister: its registries are class-level dicts (`_global_mapping`)."""
+    global _registered
+    _registered -= 1
+    if _registered == 0:
+        AttentionInterface._global_mapping.pop(NAME, None)
+        AttentionMaskInterface._global_mapping.pop(NAME, None)
