@@ -41,7 +41,7 @@ from dflash_local.planning import RoundShape, timed_rounds
 from dflash_local.planning.costs import RoundCosts, smoothed_rates
 
 if TYPE_CHECKING:
-    from dflash_local.speculative import Drafter, TargetRunner
+    from dflash_local.interfaces import Drafter, TargetRunner
 
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured

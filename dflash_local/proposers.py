@@ -19,7 +19,7 @@ from dflash_local.lookup import LookupDraft
 from dflash_local.planning.modes import LOOKUP, SPECULATIVE
 
 if TYPE_CHECKING:
-    from dflash_local.speculative import Drafter, TargetRunner
+    from dflash_local.interfaces import Drafter, TargetRunner
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ One round is plan -> propose -> verify -> accept -> commit:
 - accept: the longest path the target agrees with, plus one token of its own (greedy:
   DraftTree.walk; sampling: acceptance.sampled_walk, exact rejection sampling);
 - commit: the runner keeps the path's rows and rolls the rest back; their taps feed the drafter.
-Logits cross the framework boundary as numpy arrays; taps stay opaque. Output is exactly what
+Each framework implements the runner and the drafter (interfaces.py). Output is exactly what
 the target alone would produce: greedy the same tokens, sampling the same distribution.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,43 +23,9 @@ from dflash_local.acceptance import sample_from, sampled_walk, target_probs
 from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent, widest_block
+from dflash_local.interfaces import Drafter, TargetRunner
 from dflash_local.planning import Planner, make_planner
 from dflash_local.proposers import DraftSources
-
-
-class TargetRunner(Protocol):
-    """One generation's view of the target: owns its cache, collects the drafter's taps."""
-
-    max_context: int
-    supports_tree: bool  # verify takes any tree; False: chains only (the planners ask for no other)
-
-    def prefill(self, prompt_ids: list[int]) -> tuple[np.ndarray, Any]:
-        """Run the prompt. Returns (logits of the last position [V], taps of every prompt row)."""
-
-    def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
-        """Run the anchor and the tree's nodes on top of the cache, each node at its depth's
-        position and seeing only its ancestors. Returns logits [N+1, V] (row 0: the anchor's)."""
-
-    def commit(self, rows: list[int]) -> Any:
-        """Keep these rows of the last verify (ascending, row 0 first) as the next positions,
-        roll the rest back; return their taps."""
-
-    def join_taps(self, chunks: list[Any]) -> Any:
-        """Concatenate tap chunks along the row axis (rows of rounds the drafter skipped)."""
-
-
-class Drafter(Protocol):
-    """One generation's view of the drafter: owns the draft context cache."""
-
-    block_size: int
-    tree_drafts: bool  # propose_tree works; False: chains only
-
-    def propose(self, anchor_id: int, new_taps: Any, width: int) -> list[int]:
-        """Append new_taps to the context, draft the block [anchor, MASK * (width-1)]; return the
-        width-1 argmax proposals for block positions 1..width-1."""
-
-    def propose_tree(self, anchor_id: int, new_taps: Any, nodes: int) -> DraftTree:
-        """As `propose` with width nodes + 1, but the `nodes` most probable paths (draft_tree.py)."""
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],

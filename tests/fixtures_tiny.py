@@ -81,7 +81,7 @@ Script = Callable[[list[int], int], list[int]]
 
 
 class ScriptedDrafter:
-    """A `speculative.Drafter` whose proposals come from a script, for cases a random pair cannot
+    """An `interfaces.Drafter` whose proposals come from a script, for cases a random pair cannot
     produce on demand (all accepted, none accepted, exactly k accepted).
 
     It rebuilds the committed sequence from what the loop hands it: the prompt's taps first,

@@ -1,12 +1,9 @@
 """Attention for MLX targets and drafters on the CPU: the same math, a cheaper exponential.
 
 On MLX's CPU backend `mx.fast.scaled_dot_product_attention` has no fused kernel: it falls back
-to matmul, softmax, matmul, and the softmax's `exp` ran at ~15 ns an element on this project's
-2-core Xeon (`mx.power(2, x)` at about half that; a microbenchmark, not kept). A verify of many
-rows over a long context pays that rows x context x heads times per layer: a 16-row verify of the
-embedded target took 144 ms at 300 tokens of context with it and 134 with this, 205 and 168 at
-1,000 (`scripts/mlx_tree_verify_cost.py --attention both`, runs/mlx-tree-verify/attention.json).
-`grouped_attention` computes the softmax as 2^((s - max) * log2 e), and the scores of each KV
+to matmul, softmax, matmul, and the softmax's `exp` costs about twice `mx.power(2, x)` on a
+CPU. A verify of many rows over a long context pays that rows x context x heads times per layer
+(`scripts/mlx_tree_verify_cost.py --attention both` measures the difference). `grouped_attention` computes the softmax as 2^((s - max) * log2 e), and the scores of each KV
 head's group of query heads in one matmul; results match the stock kernel to float32 rounding
 (tests), masked-out keys as the stock CPU kernel masks them (the dtype's lowest value, so a row
 with no key visible stays finite).

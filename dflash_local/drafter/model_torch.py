@@ -286,7 +286,7 @@ class DFlashDrafter(nn.Module):
 
 
 class DraftSession:
-    """One generation's drafter (the `speculative.Drafter` interface): owns the context cache."""
+    """One generation's drafter (the `interfaces.Drafter` interface): owns the context cache."""
 
     tree_drafts = True
 

@@ -22,6 +22,7 @@ from dflash_local.events import (
     StepEvent,
     widest_block,
 )
+from dflash_local.interfaces import Drafter, TargetRunner
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,11 @@ class LocalEngine(Engine):
         self.calibration: calibration.Calibration | None = None
 
     @abc.abstractmethod
-    def make_runner(self, collect_taps: bool) -> speculative.TargetRunner:
+    def make_runner(self, collect_taps: bool) -> TargetRunner:
         """A fresh per-generation target runner (own cache)."""
 
     @abc.abstractmethod
-    def make_drafter(self) -> speculative.Drafter | None:
+    def make_drafter(self) -> Drafter | None:
         """A fresh per-generation drafter (own context cache), or None without a drafter."""
 
     def compute_threads(self) -> int | None:

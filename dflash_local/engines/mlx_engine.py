@@ -51,7 +51,7 @@ class _Verified:
 
 
 class MLXTargetRunner:
-    """The `speculative.TargetRunner` interface for one generation (owns the target cache).
+    """The `interfaces.TargetRunner` interface for one generation (owns the target cache).
     A chain is verified as one causal sequence; any other tree with a mask (`verify_tree`)."""
 
     def __init__(self, model, adapter: TargetAdapter, tap_ids: tuple[int, ...] | None,

@@ -86,7 +86,7 @@ class TapCollector:
 
 
 class TorchTargetRunner:
-    """The `speculative.TargetRunner` interface for one generation."""
+    """The `interfaces.TargetRunner` interface for one generation."""
 
     def __init__(self, model, taps: TapCollector | None, max_context: int):
         self.model = model
