@@ -107,8 +107,9 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase
-            engine.prepare(params.block_size, on_wait=lambda phase: _warn(
-                f"{phase}: round costs on this machine, measured once per pair"))
+            engine.prepare(params.block_size, on_wait=lambda phase: print(
+                f"dflash-local {phase} (round costs on this machine, measured once per pair)",
+                file=sys.stderr, flush=True))
         if args.raw:
             prompt_ids = engine.encode_raw(args.prompt)
         else:

@@ -4,9 +4,10 @@
         [--samples 30] [--max-tokens 128] [--out docs/records/NAME.json]
 
 Each checkout runs in a worker process of its own (PYTHONPATH=DIR), which loads the embedded
-pair once, calibrates it as the CLI does (both read the same calibration cache when their
-calibrations agree on the key), then decodes each prompt greedily with block size auto when
-asked. The order of the two alternates from prompt to prompt, so a machine's drift hits both
+target and NEW_DIR's drafter once (one drafter path: the calibration cache's key names it),
+calibrates as the CLI does, then decodes each prompt greedily with block size auto when asked.
+The second worker reads the first one's calibration when both measure the same way, so both
+plan rounds from the same costs and the comparison is of the code alone. The order of the two alternates from prompt to prompt, so a machine's drift hits both
 alike. Every run must equal the other checkout's token for token. Reports decode tokens/s of
 each (total tokens over total decode time) and new/old; make a checkout with
 `git worktree add --detach DIR COMMIT`.
@@ -29,7 +30,8 @@ from dflash_local import events
 from dflash_local.cli import pair_names
 from dflash_local.engines import load_engine
 auto = events.AUTO if hasattr(events, "AUTO") else "auto"
-engine = load_engine(sys.argv[1], *pair_names(None, None, speculative=True), dtype="auto")
+target, _ = pair_names(None, None, speculative=True)
+engine = load_engine(sys.argv[1], target, sys.argv[2], dtype="auto")
 engine.prepare(auto)
 print(json.dumps({"ready": engine.name}), flush=True)
 for line in sys.stdin:
@@ -45,9 +47,9 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, checkout: Path, engine: str):
+    def __init__(self, checkout: Path, engine: str, drafter: Path):
         env = {**os.environ, "PYTHONPATH": f"{checkout}:{checkout / 'tui'}", "OMP_WAIT_POLICY": "PASSIVE"}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER, engine], cwd=checkout, env=env,
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, engine, str(drafter)], cwd=checkout, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # loaded and calibrated
 
@@ -79,7 +81,9 @@ def main() -> int:
     from dflash_local.bench.datasets import load_prompts
 
     prompts = load_prompts("embedded", args.samples)
-    workers = {"old": Worker(args.old.resolve(), args.engine), "new": Worker(args.new.resolve(), args.engine)}
+    drafter = args.new.resolve() / "models" / "smollm2-135m-dflash"
+    workers = {side: Worker(path.resolve(), args.engine, drafter)
+               for side, path in (("old", args.old), ("new", args.new))}
     totals = {side: {"tokens": 0, "decode_s": 0.0, "taus": []} for side in workers}
     for index, prompt in enumerate(prompts):
         order = ["old", "new"] if index % 2 == 0 else ["new", "old"]

@@ -69,6 +69,22 @@ def test_generate_json_equals_plain(pair, cli_env):
     assert report["drafter_path"] == str(pair.drafter.resolve())
 
 
+def test_generate_with_auto_calibrates_at_load_as_a_visible_phase_then_reads_the_cache(
+        pair, tmp_path, cli_env):
+    env = {**cli_env, "DFLASH_LOCAL_HOME": str(tmp_path / "app")}  # no calibration cached yet
+    args = ("generate", "--json", "--target", str(pair.target), "--drafter", str(pair.drafter),
+            "--block-size", "auto", "--max-tokens", "12", PROMPT)
+    first, second = cli(env, *args), cli(env, *args)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "dflash-local calibrating" in first.stderr  # said before the wait, not after
+    assert "calibrating" not in second.stderr  # measured once per machine and pair
+    assert len(list((tmp_path / "app").rglob("calibration/*.json"))) == 1
+    engine = tiny_engine(pair)
+    report = json.loads(second.stdout)
+    assert report["token_ids"] == plain_tokens(pair, report["prompt_token_ids"], 12)
+    assert report["block_size"] == engine.pair.block_size  # auto: up to the drafter's block
+
+
 def test_raw_prompt_skips_the_chat_template(pair, cli_env):
     result = cli(cli_env, "generate", "--json", "--raw", "--no-speculative", "--target",
                  str(pair.target), "--max-tokens", "8", PROMPT)
