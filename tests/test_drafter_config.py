@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -14,6 +15,7 @@ from dflash_local.drafter.config import (
     default_target_layer_ids,
     load_drafter_config,
     parse_drafter_config,
+    to_checkpoint_json,
 )
 from dflash_local.errors import CheckpointError
 
@@ -91,21 +93,34 @@ def test_scaled_rope_in_both_schemas():
         assert "rope_theta" not in config.rope_scaling
 
 
-def test_dflash2_is_parsed_then_refused(tmp_path):
-    raw = {**newer_schema(), "architectures": ["DFlash2DraftModel"]}
-    raw["dflash_config"] = {**raw["dflash_config"], "conv_kernel_size": 2, "selector_top_k": 8}
-    config = parse_drafter_config(raw)
-    assert config.version == "dflash2"
-    reasons = check_compatible(config, TARGET)
-    assert reasons == [
-        "drafter architecture 'dflash2' is not supported by this engine (supported: dflash)"
-    ]
-    torch = pytest.importorskip("torch")
-    from dflash_local.drafter.model_torch import load_drafter
+DFLASH2_FIELDS = {"conv_kernel_size": 4, "conv_group_size": 64, "selector_rank": 32,
+                  "selector_top_k": 8}
 
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match="dflash2 drafters are parsed but not implemented"):
-        load_drafter(tmp_path, dtype=torch.float32)
+
+def dflash2_schema(**fields) -> dict:
+    raw = {**newer_schema(), "architectures": ["DFlash2DraftModel"]}
+    raw["dflash_config"] = {**raw["dflash_config"], **DFLASH2_FIELDS, **fields}
+    return {**raw, "dflash_config": {k: v for k, v in raw["dflash_config"].items() if v is not None}}
+
+
+def test_dflash2_is_parsed_and_written_back():
+    config = parse_drafter_config(dflash2_schema())
+    assert config.version == "dflash2" and check_compatible(config, TARGET) == []
+    assert {name: getattr(config.dflash2, name) for name in DFLASH2_FIELDS} == DFLASH2_FIELDS
+    assert parse_drafter_config(to_checkpoint_json(config)) == config
+    assert parse_drafter_config(OLDER).dflash2 is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"selector_rank": None}, "DFlash 2 drafter without dflash_config.selector_rank"),
+    ({"conv_group_size": 48}, "dflash_config.conv_group_size 48 does not divide hidden_size 4096"),
+    ({"conv_kernel_size": 0}, "dflash_config.conv_kernel_size must be an integer >= 1, got 0"),
+    ({"selector_top_k": "8"}, "dflash_config.selector_top_k must be an integer >= 1, got '8'"),
+    ({"selector_top_k": 151937}, "dflash_config.selector_top_k 151937 > vocab_size 151936"),
+])
+def test_a_malformed_dflash2_config_names_the_field_and_the_value(fields, message):
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        parse_drafter_config(dflash2_schema(**fields))
 
 
 def test_unknown_architecture_is_named():
@@ -190,7 +205,7 @@ def incompatible(**changes) -> list[str]:
     ({"target_layer_ids": (-1, 9)}, "drafter tap -1 is negative"),
     ({"mask_token_id": 151936},
      "mask_token_id 151936 is outside the target's embedding table of 151936 rows"),
-    ({"version": "dflash2"}, "drafter architecture 'dflash2' is not supported by this engine"),
+    ({"version": "dflash3"}, "drafter architecture 'dflash3' is not supported by this engine"),
     ({"num_target_layers": 28},
      "drafter was trained for a target of 28 layers, this target has 36"),
 ])

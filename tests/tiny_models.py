@@ -65,8 +65,15 @@ def make_target(out: Path, family: str = "qwen3", seed: int = 0, layers: int = 6
     return out
 
 
+# DFlash 2's sizes for a tiny drafter: kernel 4 (a 2- or 3-row block is shorter), 4 groups
+DFLASH2 = {"conv_kernel_size": 4, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+
+
 def drafter_config_json(target_dir: Path, layers: int = 2, block_size: int = 16,
-                        taps: list[int] | None = None, newer_schema: bool = True, **extra) -> dict:
+                        taps: list[int] | None = None, newer_schema: bool = True,
+                        dflash2: dict | None = None, **extra) -> dict:
+    """A drafter's config.json as z-lab writes it; `dflash2`: DFlash 2 sizes (DFLASH2) for a
+    DFlash2DraftModel, None for v1."""
     target = json.loads((target_dir / "config.json").read_text())
     hidden = target["hidden_size"]
     taps = taps if taps is not None else [1, target["num_hidden_layers"] - 2]
@@ -83,8 +90,32 @@ def drafter_config_json(target_dir: Path, layers: int = 2, block_size: int = 16,
         raw["dflash_config"]["block_size"] = block_size
     else:
         raw["block_size"] = block_size
+    if dflash2 is not None:
+        raw["architectures"] = ["DFlash2DraftModel"]
+        raw["dflash_config"].update(dflash2)
     raw.update(extra)
     return raw
+
+
+def dflash2_weights(raw: dict) -> dict[str, torch.Tensor]:
+    """DFlash 2's own tensors under z-lab's names (written here, not by the model under test):
+    each layer's two convolutions (base kernels near the identity: offset 0 weighs 1) and the
+    candidate selector, whose codebooks are stored without `.weight`."""
+    sizes, hidden, vocab = raw["dflash_config"], raw["hidden_size"], raw["vocab_size"]
+    kernel, groups, rank = sizes["conv_kernel_size"], hidden // sizes["conv_group_size"], sizes["selector_rank"]
+    weights = {}
+    for layer in range(raw["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = 0.1 * torch.randn(2, kernel, hidden)
+            base[:, 0] += 1.0
+            weights[f"layers.{layer}.{conv}.base_kernel"] = base
+            weights[f"layers.{layer}.{conv}.kernel_projection.weight"] = 0.05 * torch.randn(
+                2 * kernel * groups, hidden)
+    selector = "candidate_selector"
+    weights[f"{selector}.predecessor_codebook"] = 0.5 * torch.randn(vocab, rank)
+    weights[f"{selector}.successor_codebook"] = 0.5 * torch.randn(vocab, rank)
+    weights[f"{selector}.hidden_projection.weight"] = 0.3 * torch.randn(rank, hidden)
+    return weights
 
 
 def make_drafter(out: Path, target_dir: Path, seed: int = 1, **config_kwargs) -> Path:
@@ -96,13 +127,18 @@ def make_drafter(out: Path, target_dir: Path, seed: int = 1, **config_kwargs) ->
 
     raw = drafter_config_json(target_dir, **config_kwargs)
     torch.manual_seed(seed)
-    model = DFlashDrafter(parse_drafter_config(raw))
+    # the v1 part of the model names the shared tensors; DFlash 2's own come from dflash2_weights
+    v1 = {**raw, "architectures": ["DFlashDraftModel"]}
+    model = DFlashDrafter(parse_drafter_config(v1))
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.08)
+    weights = dict(model.state_dict())
+    if raw["architectures"] == ["DFlash2DraftModel"]:
+        weights.update(dflash2_weights(raw))
     out.mkdir(parents=True, exist_ok=True)
     # stored as float32 so float32 losslessness tests compare like with like
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out

@@ -1,7 +1,9 @@
 """Parse z-lab DFlash drafter checkpoints (config.json) into one frozen dataclass. Framework-free.
 
 Both schema generations are accepted: `block_size` top-level (older) or in `dflash_config`
-(newer); RoPE as `rope_theta` + `rope_scaling` (older) or `rope_parameters` (newer).
+(newer); RoPE as `rope_theta` + `rope_scaling` (older) or `rope_parameters` (newer). Both
+versions: v1 (`DFlashDraftModel`) and DFlash 2 (`DFlash2DraftModel`, whose `dflash_config` adds
+the grouped dynamic convolutions' and the candidate selector's sizes: `DFlash2Config`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,22 @@ from typing import Any
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
-SUPPORTED_VERSIONS = ("dflash",)  # DFlash 2 is parsed, then refused by check_compatible
+SUPPORTED_VERSIONS = ("dflash", "dflash2")
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+@dataclass(frozen=True)
+class DFlash2Config:
+    """What DFlash 2 adds to a layer and after the last one: each layer's attention and MLP
+    wrapped in a grouped dynamic causal convolution over the block (`conv_kernel_size` taps,
+    channels in groups of `conv_group_size` sharing a dynamic kernel), and a candidate selector
+    that picks each position's draft among the `selector_top_k` best of the drafter's logits
+    with a rank-`selector_rank` term between the token before it and the candidate."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,7 @@ class DrafterConfig:
     input_embedding_scale: float | None = None
     output_multiplier: float | None = None
     final_logit_softcapping: float | None = None
+    dflash2: DFlash2Config | None = None  # None: a v1 drafter
 
     def layer_is_sliding(self, layer_index: int) -> bool:
         return (
@@ -103,6 +121,8 @@ def parse_drafter_config(raw: dict[str, Any], source: str = "config.json") -> Dr
     rope_theta, rope_scaling = _rope(raw)
     heads = _required(raw, "num_attention_heads", source)
     hidden = _required(raw, "hidden_size", source)
+    vocab = _required(raw, "vocab_size", source)
+    dflash2 = _dflash2(dflash, hidden, vocab, source) if version == "dflash2" else None
     return DrafterConfig(
         version=version,
         hidden_size=hidden,
@@ -111,7 +131,7 @@ def parse_drafter_config(raw: dict[str, Any], source: str = "config.json") -> Dr
         num_key_value_heads=raw.get("num_key_value_heads", heads),
         head_dim=raw.get("head_dim") or hidden // heads,
         intermediate_size=_required(raw, "intermediate_size", source),
-        vocab_size=_required(raw, "vocab_size", source),
+        vocab_size=vocab,
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         max_position_embeddings=raw.get("max_position_embeddings", 40960),
         block_size=int(block_size),
@@ -127,7 +147,28 @@ def parse_drafter_config(raw: dict[str, Any], source: str = "config.json") -> Dr
         input_embedding_scale=dflash.get("input_embedding_scale"),
         output_multiplier=dflash.get("output_multiplier"),
         final_logit_softcapping=dflash.get("final_logit_softcapping"),
+        dflash2=dflash2,
     )
+
+
+def _dflash2(dflash: dict[str, Any], hidden: int, vocab: int, source: str) -> DFlash2Config:
+    """The DFlash 2 fields of dflash_config, each a positive integer that fits the model."""
+    values = {}
+    for name in DFLASH2_FIELDS:
+        value = dflash.get(name)
+        if value is None:
+            raise CheckpointError(f"{source}: DFlash 2 drafter without dflash_config.{name}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source}: dflash_config.{name} must be an integer >= 1, got {value!r}")
+        values[name] = value
+    if hidden % values["conv_group_size"]:
+        raise CheckpointError(
+            f"{source}: dflash_config.conv_group_size {values['conv_group_size']} does not divide "
+            f"hidden_size {hidden}")
+    if values["selector_top_k"] > vocab:
+        raise CheckpointError(
+            f"{source}: dflash_config.selector_top_k {values['selector_top_k']} > vocab_size {vocab}")
+    return DFlash2Config(**values)
 
 
 def to_checkpoint_json(config: DrafterConfig) -> dict[str, Any]:
@@ -140,6 +181,8 @@ def to_checkpoint_json(config: DrafterConfig) -> dict[str, Any]:
     for key in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
         if getattr(config, key) is not None:
             dflash[key] = getattr(config, key)
+    if config.dflash2 is not None:
+        dflash.update({name: getattr(config.dflash2, name) for name in DFLASH2_FIELDS})
     raw: dict[str, Any] = {
         "architectures": ["DFlashDraftModel" if config.version == "dflash" else "DFlash2DraftModel"],
         "model_type": "qwen3",
