@@ -118,6 +118,25 @@ def dflash2_weights(raw: dict) -> dict[str, torch.Tensor]:
     return weights
 
 
+def dflash2_from_v1(v1_dir: Path, out: Path, sizes: dict, seed: int = 0) -> Path:
+    """A DFlash 2 checkpoint in z-lab's format made from a trained v1 one: its weights, and
+    convolutions and a selector near the identity and neutral (small random ones): it drafts
+    about as the v1 drafter does, so rounds keep drafts, while every new part matters."""
+    from safetensors.torch import load_file, save_file
+
+    raw = json.loads((v1_dir / "config.json").read_text())
+    raw["architectures"] = ["DFlash2DraftModel"]
+    raw["dflash_config"] = {**raw["dflash_config"], **sizes}
+    torch.manual_seed(seed)
+    weights = {name: tensor.float() for name, tensor in load_file(str(v1_dir / "model.safetensors")).items()}
+    for name, tensor in dflash2_weights(raw).items():
+        weights[name] = tensor if name.endswith("base_kernel") else 0.1 * tensor
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
 def make_drafter(out: Path, target_dir: Path, seed: int = 1, **config_kwargs) -> Path:
     """A random drafter in the exact z-lab format: config.json + model.safetensors, bf16."""
     from safetensors.torch import save_file

@@ -1,4 +1,5 @@
-"""The DFlash v1 drafter in PyTorch, with the checkpoint's own weight names.
+"""The DFlash drafter in PyTorch (v1 and DFlash 2: dflash2_torch.py), with the checkpoint's own
+weight names.
 
 Boundary: this file holds the model (layers, context cache, loading and saving z-lab
 checkpoints). It has no embeddings or LM head of its own: `bind()` borrows the target's.
@@ -20,7 +21,10 @@ from torch import nn
 
 from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_checkpoint_json
-from dflash_local.errors import CheckpointError
+from dflash_local.drafter.dflash2_torch import CandidateSelector, GroupedCausalConv
+from dflash_local.drafter.rope_torch import RotaryEmbedding, apply_rope
+from dflash_local.drafter.selector import greedy_chain, selector_tree
+from dflash_local.errors import CheckpointError, DFlashError
 
 
 class RMSNorm(nn.Module):
@@ -34,50 +38,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin for absolute positions; scaled variants through transformers' own rope table."""
-
-    def __init__(self, config: DrafterConfig):
-        super().__init__()
-        inv_freq, self.attention_scaling = _rope_inv_freq(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
-        freqs = positions.float()[..., None] * self.inv_freq  # [(b,) T, head_dim/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
-
-
-def _rope_inv_freq(config: DrafterConfig) -> tuple[torch.Tensor, float]:
-    if not config.rope_scaling:
-        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-        return 1.0 / (config.rope_theta**exponents), 1.0
-    from transformers import Qwen3Config
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    scaling = dict(config.rope_scaling)
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    hf_config = Qwen3Config(
-        hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
-        head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
-        rope_parameters={**scaling, "rope_type": rope_type, "rope_theta": config.rope_theta},
-    )
-    inv_freq, scaling_factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    return inv_freq.float(), float(scaling_factor)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [b, heads, T, d]; cos/sin: [T, d], or [b, T, d] when positions differ per row."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]
-    return x * cos + _rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -134,6 +94,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        sizes = config.dflash2  # DFlash 2: each sublayer between a convolution's two halves
+        self.attention_conv = GroupedCausalConv(config.hidden_size, sizes) if sizes else None
+        self.mlp_conv = GroupedCausalConv(config.hidden_size, sizes) if sizes else None
 
 
 @dataclass
@@ -170,6 +133,8 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
+        self.candidate_selector = (CandidateSelector(config.hidden_size, config.vocab_size, config.dflash2)
+                                   if config.dflash2 else None)
         self._borrowed: tuple = ()  # (embed_tokens, lm_head): the target's, never saved with us
         self._draft_head: tuple = ()  # (head over the draft vocabulary, its token ids); see draft_vocab.py
 
@@ -255,6 +220,8 @@ class DFlashDrafter(nn.Module):
     ) -> torch.Tensor:
         """Training: blocks packed in one pass. taps: [b, S, taps*H] at positions 0..S-1;
         block_ids/block_pos: [b, Q]; mask: [b, 1, Q, S+Q] bool (True = may attend)."""
+        if self.candidate_selector is not None:  # packed blocks: a convolution would cross them
+            raise DFlashError("training a DFlash 2 drafter is not implemented: train a v1 drafter")
         x = self.embed(block_ids)
         ctx = self.hidden_norm(self.fc(taps))
         ctx_rope = self.rotary(torch.arange(taps.shape[1], device=taps.device), x.dtype)
@@ -266,8 +233,13 @@ class DFlashDrafter(nn.Module):
 
     @staticmethod
     def _layer(layer: DecoderLayer, x, keys, values, block_rope, mask):
-        x = x + layer.self_attn(layer.input_layernorm(x), keys, values, block_rope, mask)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        if layer.attention_conv is None:
+            x = x + layer.self_attn(layer.input_layernorm(x), keys, values, block_rope, mask)
+            return x + layer.mlp(layer.post_attention_layernorm(x))
+        h, kernel = layer.attention_conv.prepare(layer.input_layernorm(x))
+        x = x + layer.attention_conv.finish(layer.self_attn(h, keys, values, block_rope, mask), kernel)
+        h, kernel = layer.mlp_conv.prepare(layer.post_attention_layernorm(x))
+        return x + layer.mlp_conv.finish(layer.mlp(h), kernel)
 
     def _layer_mask(self, index: int, ctx_pos: torch.Tensor, block_pos: torch.Tensor):
         sliding, causal = self.config.layer_is_sliding(index), self.config.layer_is_causal(index)
@@ -299,13 +271,23 @@ class DraftSession:
 
     @torch.inference_mode()
     def propose(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> list[int]:
-        return self.model.draft_token_ids(self._draft(anchor_id, new_taps, width))[0].tolist()
+        hidden = self._draft(anchor_id, new_taps, width)
+        if self.model.candidate_selector is not None:
+            return greedy_chain(self._selector_inputs(anchor_id, hidden))
+        return self.model.draft_token_ids(hidden)[0].tolist()
 
     @torch.inference_mode()
     def propose_tree(self, anchor_id: int, new_taps: torch.Tensor, nodes: int) -> DraftTree:
-        logits, ids = self.model.draft_logits(self._draft(anchor_id, new_taps, nodes + 1))
+        hidden = self._draft(anchor_id, new_taps, nodes + 1)
+        if self.model.candidate_selector is not None:
+            return selector_tree(self._selector_inputs(anchor_id, hidden), nodes)
+        logits, ids = self.model.draft_logits(hidden)
         return tree_from_logits(logits[0].float().cpu().numpy(),
                                 None if ids is None else ids.cpu().numpy(), nodes)
+
+    def _selector_inputs(self, anchor_id: int, hidden: torch.Tensor):
+        logits, ids = self.model.draft_logits(hidden)
+        return self.model.candidate_selector.inputs(hidden[0], logits[0], ids, anchor_id)
 
     def _draft(self, anchor_id: int, new_taps: torch.Tensor, width: int) -> torch.Tensor:
         """Hidden states of block positions 1..width-1, [1, width-1, H]."""
@@ -334,10 +316,6 @@ def _head_rows(head, ids: torch.Tensor, hidden_size: int, like: torch.Tensor, ch
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
     """Load a z-lab checkpoint directory as it is: config.json + *.safetensors."""
     config = load_drafter_config(path)
-    if config.version != "dflash":
-        raise CheckpointError(
-            f"{path}: {config.version} drafters are parsed but not implemented yet (only DFlash v1)"
-        )
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"drafter directory {path} has no *.safetensors file")
