@@ -20,7 +20,7 @@ from tiny_models import DFLASH2, VOCAB, make_drafter, make_target
 
 from dflash_local.drafter import dflash2_mlx, model_mlx
 from dflash_local.errors import CheckpointError
-from dflash_local.events import Fixed, GenerationParams
+from dflash_local.events import AUTO, Fixed, GenerationParams
 
 HIDDEN = 64
 KERNEL = DFLASH2["conv_kernel_size"]
@@ -211,11 +211,17 @@ def plain_tokens(engine):
 
 
 @pytest.mark.parametrize("tree", [True, False])
-@pytest.mark.parametrize("block_size", [2, 4, 16])
-def test_speculative_equals_plain(engine, plain_tokens, block_size, tree):
-    tokens, events = _generate(engine, block_size=Fixed(block_size), tree=tree)
+@pytest.mark.parametrize("block_size", [Fixed(2), Fixed(4), Fixed(16), AUTO])
+def test_speculative_equals_plain(engine, plain_tokens, block_size, tree, monkeypatch):
+    """Token for token; with trees on, the rounds verify the selector's trees."""
+    trees = []
+    propose_tree = model_mlx.DraftSession.propose_tree
+    monkeypatch.setattr(model_mlx.DraftSession, "propose_tree",
+                        lambda *args: trees.append(propose_tree(*args)) or trees[-1])
+    tokens, events = _generate(engine, block_size=block_size, tree=tree)
     assert tokens == plain_tokens
     assert any(event.block_size > 1 for event in events)
+    assert bool(trees) == (tree and block_size != Fixed(2))  # a 2-row round is a chain
 
 
 def test_rounds_shorter_than_the_kernel(engine, plain_tokens):
