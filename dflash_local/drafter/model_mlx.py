@@ -1,13 +1,15 @@
-"""The DFlash v1 drafter in MLX, with the checkpoint's own weight names.
+"""The DFlash drafter in MLX (v1 and DFlash 2), with the checkpoint's own weight names.
 
 Boundary: the model (layers, bounded context cache, loading z-lab checkpoints) and the
-per-generation `DraftSession`. Numerically the same model as drafter/model_torch.py (the tests
-hold them equal); it has no embeddings or LM head of its own: `bind()` borrows the target's.
+per-generation `DraftSession`. Numerically the same model as drafter/model_torch.py and z-lab's
+MLX reference (the tests hold them equal); it has no embeddings or LM head of its own: `bind()`
+borrows the target's. DFlash 2's convolutions and candidate selector are in dflash2_mlx.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_local.accel.mlx_attention import attend
 from dflash_local.draft_tree import DraftTree, tree_from_logits
+from dflash_local.drafter import dflash2_mlx, selector
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
 from dflash_local.errors import CheckpointError
 
@@ -76,6 +79,21 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.convolved = config.dflash2 is not None
+        if self.convolved:  # DFlash 2: each sublayer inside a convolution along the block
+            conv = dflash2_mlx.GroupedDynamicCausalConv
+            self.attention_conv = conv(config.hidden_size, config.dflash2)
+            self.mlp_conv = conv(config.hidden_size, config.dflash2)
+
+    def __call__(self, x: mx.array, attention) -> mx.array:
+        """The block rows [b, W, H] after attention and the MLP; `attention` maps the normed
+        rows to the attention's output (it holds the context's keys and values)."""
+        attention_conv, mlp_conv = ((self.attention_conv, self.mlp_conv) if self.convolved
+                                    else (dflash2_mlx.PASS_THROUGH,) * 2)
+        rows, kernel = attention_conv.prepare(self.input_layernorm(x))
+        x = x + attention_conv.finish(attention(rows), kernel)
+        rows, kernel = mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + mlp_conv.finish(self.mlp(rows), kernel)
 
 
 class ContextCache:
@@ -120,6 +138,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.dflash2 is not None:
+            self.candidate_selector = dflash2_mlx.CandidateSelector(
+                config.hidden_size, config.vocab_size, config.dflash2)
         self._rope = initialize_rope(
             config.head_dim, base=config.rope_theta, traditional=False,
             scaling_config=config.rope_scaling,
@@ -190,9 +211,8 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             keys, values = cache.append(index, *attn.context_kv(ctx, self._rope, cache.end))
             mask = self._layer_mask(index, block_start - keys.shape[2], block_start, width)
-            h = attn(layer.input_layernorm(x), keys, values, self._rope, block_start, mask)
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, partial(attn, ctx_keys=keys, ctx_values=values, rope=self._rope,
+                                 block_offset=block_start, mask=mask))
         cache.end = block_start
         return self.norm(x)
 
@@ -223,12 +243,23 @@ class DraftSession:
         self.cache = model.new_cache(window)
 
     def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:
-        return self.model.draft_token_ids(self._draft(anchor_id, new_taps, width))[0].tolist()
+        hidden = self._draft(anchor_id, new_taps, width)
+        if self.model.config.dflash2 is not None:
+            return selector.greedy_chain(self._selector_inputs(anchor_id, hidden))
+        return self.model.draft_token_ids(hidden)[0].tolist()
 
     def propose_tree(self, anchor_id: int, new_taps: mx.array, nodes: int) -> DraftTree:
-        logits, ids = self.model.draft_logits(self._draft(anchor_id, new_taps, nodes + 1))
+        hidden = self._draft(anchor_id, new_taps, nodes + 1)
+        if self.model.config.dflash2 is not None:
+            return selector.selector_tree(self._selector_inputs(anchor_id, hidden), nodes)
+        logits, ids = self.model.draft_logits(hidden)
         logits = np.array(logits[0].astype(mx.float32))
         return tree_from_logits(logits, None if ids is None else np.array(ids), nodes)
+
+    def _selector_inputs(self, anchor_id: int, hidden: mx.array) -> selector.SelectorInputs:
+        """DFlash 2: the candidate selector's view of positions 1..width-1 (hidden [1, D, H])."""
+        logits, ids = self.model.draft_logits(hidden)
+        return self.model.candidate_selector.inputs(anchor_id, hidden[0], logits[0], ids)
 
     def _draft(self, anchor_id: int, new_taps: mx.array, width: int) -> mx.array:
         """Hidden states of block positions 1..width-1, [1, width-1, H]."""
@@ -268,12 +299,8 @@ def _head_columns(head, ids: mx.array, hidden_size: int, dtype: mx.Dtype, chunk:
 
 
 def load_drafter(path: str | Path, dtype: mx.Dtype = mx.float32) -> DFlashDrafter:
-    """Load a z-lab checkpoint directory as it is: config.json + *.safetensors."""
+    """Load a z-lab checkpoint directory as it is (v1 or DFlash 2): config.json + *.safetensors."""
     config = load_drafter_config(path)
-    if config.version != "dflash":
-        raise CheckpointError(
-            f"{path}: {config.version} drafters are parsed but not implemented yet (only DFlash v1)"
-        )
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"drafter directory {path} has no *.safetensors file")
