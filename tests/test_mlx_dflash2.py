@@ -233,3 +233,29 @@ def test_rounds_shorter_than_the_kernel(engine, plain_tokens):
         assert tokens == plain_tokens[:max_tokens]
         widths |= {event.block_size for event in events}
     assert {2, 3} <= widths
+
+
+def test_the_embedded_pair_with_a_dflash2_drafter_keeps_drafts_and_equals_torch(
+        embedded_target_dir, tmp_path_factory):
+    """The embedded v1 drafter made DFlash 2 (rounds keep some drafts, reject others): MLX's
+    output equals plain decoding and the Transformers engine's, round for round."""
+    from dflash_local import paths
+    from dflash_local.engines import engine_class_for
+
+    sizes = {"conv_kernel_size": 4, "conv_group_size": 64, "selector_rank": 16, "selector_top_k": 4}
+    drafter = tiny_models.dflash2_from_v1(paths.shipped_models_dir() / "smollm2-135m-dflash",
+                                          tmp_path_factory.mktemp("embedded-dflash2-mlx"), sizes)
+    mlx_engine = engine_class_for("mlx")(embedded_target_dir, drafter)
+    torch_engine = engine_class_for("transformers")(embedded_target_dir, drafter)
+    ids = mlx_engine.encode_chat([{"role": "user", "content": "Explain recursion briefly."}])
+
+    def run(engine, **fields):
+        events = list(engine.stream(ids, GenerationParams(max_tokens=24, **fields)))
+        return [t for e in events for t in e.token_ids], [len(e.token_ids) for e in events]
+
+    plain, _ = run(mlx_engine, speculative=False)
+    tokens, rounds = run(mlx_engine, block_size=Fixed(4), tree=False)
+    assert tokens == plain and 1 < max(rounds) and min(rounds[1:]) < 4  # kept some, not all
+    assert (tokens, rounds) == run(torch_engine, block_size=Fixed(4), tree=False)
+    mlx_engine.close()
+    torch_engine.close()
