@@ -24,7 +24,7 @@ from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_c
 from dflash_local.drafter.dflash2_torch import CandidateSelector, GroupedCausalConv
 from dflash_local.drafter.rope_torch import RotaryEmbedding, apply_rope
 from dflash_local.drafter.selector import greedy_chain, selector_tree
-from dflash_local.errors import CheckpointError, DFlashError
+from dflash_local.errors import CheckpointError
 
 
 class RMSNorm(nn.Module):
@@ -220,26 +220,25 @@ class DFlashDrafter(nn.Module):
     ) -> torch.Tensor:
         """Training: blocks packed in one pass. taps: [b, S, taps*H] at positions 0..S-1;
         block_ids/block_pos: [b, Q]; mask: [b, 1, Q, S+Q] bool (True = may attend)."""
-        if self.candidate_selector is not None:  # packed blocks: a convolution would cross them
-            raise DFlashError("training a DFlash 2 drafter is not implemented: train a v1 drafter")
         x = self.embed(block_ids)
         ctx = self.hidden_norm(self.fc(taps))
         ctx_rope = self.rotary(torch.arange(taps.shape[1], device=taps.device), x.dtype)
         block_rope = self.rotary(block_pos, x.dtype)
         for layer in self.layers:
             keys, values = layer.self_attn.context_kv(ctx, ctx_rope)
-            x = self._layer(layer, x, keys, values, block_rope, mask)
+            x = self._layer(layer, x, keys, values, block_rope, mask, self.config.block_size)
         return self.norm(x)
 
     @staticmethod
-    def _layer(layer: DecoderLayer, x, keys, values, block_rope, mask):
+    def _layer(layer: DecoderLayer, x, keys, values, block_rope, mask, packed: int | None = None):
+        """`packed`: x holds blocks of this many rows one after another (training)."""
         if layer.attention_conv is None:
             x = x + layer.self_attn(layer.input_layernorm(x), keys, values, block_rope, mask)
             return x + layer.mlp(layer.post_attention_layernorm(x))
-        h, kernel = layer.attention_conv.prepare(layer.input_layernorm(x))
-        x = x + layer.attention_conv.finish(layer.self_attn(h, keys, values, block_rope, mask), kernel)
-        h, kernel = layer.mlp_conv.prepare(layer.post_attention_layernorm(x))
-        return x + layer.mlp_conv.finish(layer.mlp(h), kernel)
+        h, kernel = layer.attention_conv.prepare(layer.input_layernorm(x), packed)
+        x = x + layer.attention_conv.finish(layer.self_attn(h, keys, values, block_rope, mask), kernel, packed)
+        h, kernel = layer.mlp_conv.prepare(layer.post_attention_layernorm(x), packed)
+        return x + layer.mlp_conv.finish(layer.mlp(h), kernel, packed)
 
     def _layer_mask(self, index: int, ctx_pos: torch.Tensor, block_pos: torch.Tensor):
         sliding, causal = self.config.layer_is_sliding(index), self.config.layer_is_causal(index)

@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--train-minutes", type=float, default=40.0)
     parser.add_argument("--steps", type=int, help="fixed step count (default: fit to --train-minutes); 0: only "
                         "regenerate, restore --tokens and --save-tokens, no drafter")
+    parser.add_argument("--version", type=int, choices=[1, 2],
+                        help="DFlash v1 or DFlash 2 (default: --init-from's, else 1); 2 from a v1 "
+                             "--init-from adds identity convolutions and a neutral selector")
     parser.add_argument("--kind", choices=["dflash", "ar"], default="dflash",
                         help="ar: an autoregressive draft model from the same data (the bench peer)")
     parser.add_argument("--layers", type=int,
@@ -173,6 +176,18 @@ def check_taps_width(data_dir: Path, sequences: list[dict], taps: tuple, hidden_
                           "pass the --taps the data was regenerated with, or another --data")
 
 
+def dflash2_for(args: argparse.Namespace, init, hidden_size: int):
+    """DFlash 2's sizes when the run trains one (--version 2, or continuing one), else None."""
+    from dflash_local.train.trainer import dflash2_sizes
+
+    had = init.dflash2 if init is not None else None
+    version = args.version or (2 if had else 1)
+    if version == 1 and had:
+        raise DFlashError(f"--init-from {args.init_from} is a DFlash 2 drafter: --version 1 would drop "
+                          "its convolutions and selector; continue it as --version 2")
+    return None if version == 1 else had or dflash2_sizes(hidden_size)
+
+
 def _shown(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
@@ -222,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         drafter_config_for,
         init_from_target,
         load_sequences,
+        start_dflash2_parts,
         train,
     )
 
@@ -235,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if init is not None:
         check_same_shape(args.init_from, init, shape)  # before minutes of loading data
     layers, block_size, taps, mask_id = shape
+    dflash2 = dflash2_for(args, init, target.config.hidden_size)
     data_dir = args.data or args.out.with_name(args.out.name + ".data")
     started = time.perf_counter()
     fingerprint = target_fingerprint(load_target_info(target_dir))
@@ -262,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         del regen_model, archived
     regen_minutes = (time.perf_counter() - started) / 60
     data_only = args.steps == 0  # no drafter, so no taps to match (regeneration checked its own)
-    config = drafter_config_for(target.config, layers, block_size, taps, mask_id)
+    config = drafter_config_for(target.config, layers, block_size, taps, mask_id, dflash2)
     if args.kind != "ar" and not data_only:
         check_data_taps(data_dir, taps, config.hidden_size)
     sequences = load_sequences(data_dir)
@@ -277,9 +294,15 @@ def run(args: argparse.Namespace) -> int:
     drafter = DFlashDrafter(config).to(args.device)
     drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
     if args.init_from:
-        drafter.load_state_dict(load_drafter(args.init_from).state_dict(), strict=True)
+        upgrading = dflash2 is not None and init.dflash2 is None
+        loaded = drafter.load_state_dict(load_drafter(args.init_from).state_dict(), strict=not upgrading)
+        if upgrading:  # the v1 weights, DFlash 2's own parts started as their equal
+            assert not loaded.unexpected_keys, loaded.unexpected_keys
+            start_dflash2_parts(drafter, args.seed)
     else:
         init_from_target(drafter, target)
+        if dflash2 is not None:
+            start_dflash2_parts(drafter, args.seed)
     settings = TrainSettings(block_size=block_size, gamma=_gamma(block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
@@ -289,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
         drafter.restrict_draft_vocab(draft_ids)
     report = train(drafter, sequences, args.out, settings)
     report.update({
-        "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None, "taps": list(taps), "mask_token_id": mask_id,
+        "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None,
+        "version": config.version, "taps": list(taps), "mask_token_id": mask_id,
         "sequences": len(sequences), "regenerated_tokens": _response_tokens(sequences),
         "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
         "regen_minutes": round(regen_minutes, 1),

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dflash_local.drafter.config import DrafterConfig
+from dflash_local.drafter.config import DFlash2Config, DrafterConfig
 from dflash_local.drafter.model_torch import DFlashDrafter, save_drafter
 from dflash_local.errors import DFlashError
 from dflash_local.train.batches import Batch, make_batch
@@ -89,10 +89,40 @@ def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
     weights = batch.weights.flatten()
     loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+    if drafter.candidate_selector is not None:
+        loss = loss + _selector_loss(drafter.candidate_selector, hidden, logits, draft_ids, labels, batch)
     predicted = logits.detach().argmax(-1)
     if draft_ids is not None:
         predicted = draft_ids[predicted]
     return loss, _metrics(predicted, batch, drafter.config.block_size)
+
+
+def _selector_loss(selector, hidden, logits, draft_ids, labels, batch: Batch) -> torch.Tensor:
+    """DFlash 2's selector, trained as it drafts but teacher-forced: at each block position a
+    choice among the drafter's top-K (the gold token always among them), after the gold token
+    before it; cross-entropy on the gold's index, weighted as the drafter's loss. The row
+    before a block's first draft is its anchor, whose label is the anchor token itself."""
+    previous = torch.cat([batch.labels[:, :1], batch.labels[:, :-1]], dim=1).clamp(min=0)
+    scores, gold_index = selector.training_scores(hidden, logits, draft_ids, labels, previous)
+    weights = batch.weights * (labels != -100)  # a gold outside the draft vocabulary: no choice
+    ce = F.cross_entropy(scores.float().flatten(0, 1), gold_index.flatten(), reduction="none")
+    return (ce * weights.flatten()).sum() / weights.sum().clamp(min=1e-6)
+
+
+def dflash2_sizes(hidden_size: int) -> DFlash2Config:
+    """DFlash 2's sizes for a new drafter: a 4-tap convolution whose channel groups are 64 wide
+    (or the widest divisor of the hidden size under that), a rank-32 selector over 8 candidates."""
+    group = max(size for size in range(1, 65) if hidden_size % size == 0)
+    return DFlash2Config(conv_kernel_size=4, conv_group_size=group, selector_rank=32, selector_top_k=8)
+
+
+def start_dflash2_parts(drafter: DFlashDrafter, seed: int = 0) -> None:
+    """DFlash 2's own parts as a v1 drafter's equal: convolutions that pass rows through, a
+    near-neutral selector (the drafter's logits choose); training then makes them matter."""
+    for layer in drafter.layers:
+        layer.attention_conv.become_identity()
+        layer.mlp_conv.become_identity()
+    drafter.candidate_selector.start_neutral(torch.Generator().manual_seed(seed))
 
 
 def _draft_indices(labels: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -225,18 +255,19 @@ def _checkpoint(drafter, optimizer, state, rng, checkpoint_path: Path, out_dir: 
 
 
 def drafter_config_for(target_config, layers: int, block_size: int, taps: tuple[int, ...],
-                       mask_token_id: int) -> DrafterConfig:
-    """A drafter shaped like the target's own layers (so it can start from them)."""
+                       mask_token_id: int, dflash2: DFlash2Config | None = None) -> DrafterConfig:
+    """A drafter shaped like the target's own layers (so it can start from them); `dflash2`:
+    DFlash 2's sizes (None: a v1 drafter)."""
     text = getattr(target_config, "text_config", None) or target_config
     rope = getattr(text, "rope_parameters", None) or {}
     heads = text.num_attention_heads
     return DrafterConfig(
-        version="dflash", hidden_size=text.hidden_size, num_hidden_layers=layers,
+        version="dflash2" if dflash2 else "dflash", hidden_size=text.hidden_size, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=text.num_key_value_heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
         rms_norm_eps=text.rms_norm_eps, max_position_embeddings=text.max_position_embeddings,
         block_size=block_size, target_layer_ids=taps, mask_token_id=mask_token_id,
         rope_theta=float(rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))),
-        num_target_layers=text.num_hidden_layers,
+        num_target_layers=text.num_hidden_layers, dflash2=dflash2,
     )
