@@ -5,6 +5,7 @@ engine decodes losslessly."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -34,7 +35,13 @@ def test_a_v1_drafter_made_dflash2_drafts_as_it_did(target):
     from transformers import AutoModelForCausalLM
 
     from dflash_local.drafter.model_torch import DFlashDrafter, DraftSession
-    from dflash_local.train.trainer import dflash2_sizes, drafter_config_for, start_dflash2_parts
+    from dflash_local.train.batches import make_batch
+    from dflash_local.train.trainer import (
+        batch_loss,
+        dflash2_sizes,
+        drafter_config_for,
+        start_dflash2_parts,
+    )
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     v1_config = drafter_config_for(model.config, 2, 8, (0, 2), 3)
@@ -51,6 +58,11 @@ def test_a_v1_drafter_made_dflash2_drafts_as_it_did(target):
         hidden_v2 = v2.draft(torch.tensor([[40] + [3] * 7]), taps, v2.new_cache())
     torch.testing.assert_close(hidden_v2, hidden_v1)  # the convolutions pass rows through
     assert DraftSession(v2).propose(40, taps, 8) == DraftSession(v1).propose(40, taps, 8)
+    # teacher-forced: the near-neutral selector picks what the logits pick; its loss adds on
+    batch = make_batch(synthetic_sequences(4, 128), 3, 8, 3, 4.0, random.Random(0))
+    with torch.no_grad():
+        (loss_v1, metrics_v1), (loss_v2, metrics_v2) = batch_loss(v1, batch), batch_loss(v2, batch)
+    assert metrics_v2 == metrics_v1 and loss_v2 > loss_v1
 
 
 def test_train_version_2_from_a_v1_drafter(target, tmp_path, capsys):

@@ -87,19 +87,21 @@ class CandidateSelector(nn.Module):
             weight.normal_(0.0, 0.02, generator=generator)
 
     def training_scores(self, hidden: torch.Tensor, logits: torch.Tensor, vocab_ids: torch.Tensor | None,
-                        gold: torch.Tensor, previous_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced selection for training: the scores [b, Q, K] of each position's top-K
-        columns with the gold column forced in (in place of the K-th where the drafter ranked it
-        lower), each after the gold token before it (`previous_ids`), and the gold's index.
+                        gold: torch.Tensor, previous_ids: torch.Tensor, force_gold: bool = True):
+        """Teacher-forced selection: the scores [b, Q, K] of each position's top-K columns, each
+        after the gold token before it (`previous_ids`); their token ids; the gold's index. For
+        training (`force_gold`) the gold column is always a candidate (in place of the K-th where
+        the drafter ranked it lower); unforced, the scores are those drafting would see.
         gold: [b, Q] logits columns (-100: none, any index then)."""
         columns = logits.detach().topk(min(self.top_k, logits.shape[-1]), dim=-1).indices
         wanted = gold.clamp(min=0)[..., None]
-        present = (columns == wanted).any(-1, keepdim=True)
-        columns = torch.cat([columns[..., :-1], torch.where(present, columns[..., -1:], wanted)], dim=-1)
+        if force_gold:
+            present = (columns == wanted).any(-1, keepdim=True)
+            columns = torch.cat([columns[..., :-1], torch.where(present, columns[..., -1:], wanted)], dim=-1)
         ids = columns if vocab_ids is None else vocab_ids[columns]
         code = self.predecessor_codebook[previous_ids] * self.hidden_projection(hidden)
         scores = logits.gather(-1, columns) + torch.einsum("bqr,bqkr->bqk", code, self.successor_codebook[ids])
-        return scores, (columns == wanted).int().argmax(-1)
+        return scores, ids, (columns == wanted).int().argmax(-1)
 
     @torch.inference_mode()
     def inputs(self, hidden: torch.Tensor, logits: torch.Tensor, vocab_ids: torch.Tensor | None,

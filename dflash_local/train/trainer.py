@@ -89,24 +89,30 @@ def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
     weights = batch.weights.flatten()
     loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
-    if drafter.candidate_selector is not None:
-        loss = loss + _selector_loss(drafter.candidate_selector, hidden, logits, draft_ids, labels, batch)
     predicted = logits.detach().argmax(-1)
     if draft_ids is not None:
         predicted = draft_ids[predicted]
+    if drafter.candidate_selector is not None:
+        selector_loss, predicted = _selector_terms(drafter.candidate_selector, hidden, logits, draft_ids,
+                                                   labels, batch)
+        loss = loss + selector_loss
     return loss, _metrics(predicted, batch, drafter.config.block_size)
 
 
-def _selector_loss(selector, hidden, logits, draft_ids, labels, batch: Batch) -> torch.Tensor:
+def _selector_terms(selector, hidden, logits, draft_ids, labels, batch: Batch):
     """DFlash 2's selector, trained as it drafts but teacher-forced: at each block position a
     choice among the drafter's top-K (the gold token always among them), after the gold token
     before it; cross-entropy on the gold's index, weighted as the drafter's loss. The row
-    before a block's first draft is its anchor, whose label is the anchor token itself."""
+    before a block's first draft is its anchor, whose label is the anchor token itself.
+    Returns (that loss, the selector's unforced picks: what the metrics count)."""
     previous = torch.cat([batch.labels[:, :1], batch.labels[:, :-1]], dim=1).clamp(min=0)
-    scores, gold_index = selector.training_scores(hidden, logits, draft_ids, labels, previous)
+    scores, _, gold_index = selector.training_scores(hidden, logits, draft_ids, labels, previous)
     weights = batch.weights * (labels != -100)  # a gold outside the draft vocabulary: no choice
     ce = F.cross_entropy(scores.float().flatten(0, 1), gold_index.flatten(), reduction="none")
-    return (ce * weights.flatten()).sum() / weights.sum().clamp(min=1e-6)
+    with torch.no_grad():
+        free, ids, _ = selector.training_scores(hidden, logits, draft_ids, labels, previous, force_gold=False)
+        picks = ids.gather(-1, free.argmax(-1, keepdim=True))[..., 0]
+    return (ce * weights.flatten()).sum() / weights.sum().clamp(min=1e-6), picks
 
 
 def dflash2_sizes(hidden_size: int) -> DFlash2Config:
