@@ -18,6 +18,7 @@ from dflash_local.errors import CheckpointError, ModelNotFoundError
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
 THINKING_MODES = ("off", "on", "none")
 SOURCES = ("hub", "embedded", "shipped")
+DRAFTER_VERSIONS = (1, 2)  # DFlash (DFlashDraftModel) and DFlash 2 (DFlash2DraftModel)
 EMBEDDED_PAIR_ID = "embedded"
 
 
@@ -45,6 +46,7 @@ class PairSpec:
     hybrid: bool
     block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
+    drafter_version: int = 1  # the drafter's DFlash version: servers run DFlash 2 only from a release
 
     def block_size_for(self, engine: str) -> int | str | None:
         """The recommended block size on this engine, as the catalog writes it; None: none."""
@@ -53,7 +55,8 @@ class PairSpec:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
                 "hybrid": self.hybrid, "block_size": dict(self.block_sizes), "notes": self.notes,
-                "target": self.target.to_json(), "drafter": self.drafter.to_json()}
+                "target": self.target.to_json(),
+                "drafter": {**self.drafter.to_json(), "version": self.drafter_version}}
 
 
 @dataclass(frozen=True)
@@ -116,13 +119,18 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
     if bad:
         raise CheckpointError(f"{where}: block_size entries {bad} name an engine the pair lacks "
                               f"or are not integers >= 1 or \"auto\"")
+    drafter = _field(entry, "drafter", dict, where)
+    version = drafter.get("version", 1)
+    if type(version) is not int or version not in DRAFTER_VERSIONS:  # bool is an int: refused
+        raise CheckpointError(f"{where} drafter: version {version!r} is not one of "
+                              f"{DRAFTER_VERSIONS} (1 = DFlash, 2 = DFlash 2)")
     return PairSpec(
-        id=pair_id, engines=engines, thinking=thinking,
+        id=pair_id, engines=engines, thinking=thinking, drafter_version=version,
         hybrid=bool(entry.get("hybrid", False)),
         block_sizes=tuple(sorted(block_sizes.items())),
         notes=str(entry.get("notes", "")),
         target=_parse_model(_field(entry, "target", dict, where), f"{where} target"),
-        drafter=_parse_model(_field(entry, "drafter", dict, where), f"{where} drafter"),
+        drafter=_parse_model(drafter, f"{where} drafter"),
     )
 
 

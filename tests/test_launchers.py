@@ -155,6 +155,48 @@ def test_dflash2_drafters_need_a_newer_server(server, old, needed):
     build(spec, needed)
 
 
+def test_a_dflash2_drafter_refusal_names_both_versions_and_the_source():
+    spec = LaunchSpec("Qwen/Qwen3.8-27B", "z-lab/Qwen3.8-27B-DFlash2", 8, drafter_is_v2=True)
+    with pytest.raises(EngineUnavailableError) as refused:
+        vllm_args(spec, "0.27.1")
+    message = str(refused.value)
+    assert "vllm runs DFlash 2 drafters only from 0.28.0" in message
+    assert "vllm-project/vllm v0.28.0: vllm/model_executor/models/qwen3_dflash2.py" in message
+    assert "this server is vllm 0.27.1" in message
+    with pytest.raises(EngineUnavailableError, match=r"only from 0\.5\.19 \(sgl-project/sglang "
+                       r"v0\.5\.19: python/sglang/srt/models/dflash\.py\); this server is "
+                       r"sglang 0\.5\.14"):
+        sglang_args(spec, "0.5.14")
+
+
+def test_vllm_runs_a_dflash2_drafter_on_its_v2_model_runner():
+    v2 = LaunchSpec("Qwen/Qwen3.8-27B", "z-lab/Qwen3.8-27B-DFlash2", 8, drafter_is_v2=True)
+    argv, env = vllm_args(v2, NEWEST["vllm"])
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}  # on V1 it would draft as DFlash 1
+    assert json.loads(flag(argv, "--speculative-config")) == {
+        "method": "dflash", "model": "z-lab/Qwen3.8-27B-DFlash2", "num_speculative_tokens": 7}
+    _, env = vllm_args(LaunchSpec("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", 16), NEWEST["vllm"])
+    assert env == {}
+    _, env = sglang_args(v2, NEWEST["sglang"])
+    assert env == server_flags.SGLANG_BASE_ENV
+
+
+@pytest.mark.parametrize("engine_class", [VLLMEngine, SGLangEngine])
+def test_the_catalogs_dflash2_mark_refuses_an_old_server_before_it_starts(engine_class):
+    """The drafter's config is unreadable here (no hub): the catalog's version decides."""
+    old = {"vllm": "0.27.1", "sglang": "0.5.18"}[engine_class.server]
+    with pytest.raises(EngineUnavailableError, match=f"this server is {engine_class.server} {old}"):
+        engine_class("Qwen/Qwen3.8-27B", "/nonexistent/Qwen3.8-27B-DFlash2", block_size=8,
+                     server_version=old, drafter_version=2, server_python=sys.executable)
+
+
+def test_dflash2_catalog_pairs_get_a_server_that_runs_them():
+    for pair, engine in served_pairs():
+        spec = LaunchSpec(pair.target.repo, pair.drafter.repo, pair.block_size_for(engine),
+                          drafter_is_v2=pair.drafter_version == 2)
+        (vllm_args if engine == "vllm" else sglang_args)(spec, NEWEST[engine])
+
+
 @pytest.mark.parametrize(("text", "parsed"), [("0.32.0", (0, 32, 0)), ("0.5.15.post1", (0, 5, 15)),
                                               ("0.20.0+cu129", (0, 20, 0)),
                                               ("0.33.0rc1.dev5", (0, 33, 0))])

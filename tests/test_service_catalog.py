@@ -75,6 +75,28 @@ def test_broken_catalogs_say_what_is_wrong(tmp_path, broken, message):
         load_catalog(path)
 
 
+def test_each_drafter_says_its_dflash_version(catalog):
+    by_id = {pair.id: pair for pair in catalog.pairs}
+    assert by_id["qwen3-8b"].drafter_version == 1  # absent from the table: DFlash 1
+    assert by_id["qwen3.8-27b-dflash2"].drafter_version == 2
+    assert by_id["qwen3.8-27b-dflash2"].drafter.repo == "z-lab/Qwen3.8-27B-DFlash2"
+    assert {pair.drafter_version for pair in catalog.pairs} <= {1, 2}
+    as_json = by_id["qwen3.8-27b-dflash2"].to_json()
+    assert as_json["drafter"]["version"] == 2 and as_json["drafter"]["repo"].endswith("DFlash2")
+    assert by_id["embedded"].to_json()["drafter"]["version"] == 1
+
+
+@pytest.mark.parametrize(("written", "value"), [("3", 3), ('"2"', "2"), ("true", True), ("0", 0)])
+def test_a_bad_drafter_version_names_the_pair_and_the_value(tmp_path, written, value):
+    path = tmp_path / "catalog.toml"
+    path.write_text('[[pair]]\nid = "embedded"\nengines = ["mlx"]\nthinking = "on"\n'
+                    'block_size = { mlx = 4 }\ntarget = { repo = "t", source = "embedded" }\n'
+                    f'drafter = {{ repo = "d", source = "shipped", version = {written} }}\n')
+    message = rf"'embedded'.* drafter: version {re.escape(repr(value))} is not one of \(1, 2\)"
+    with pytest.raises(CheckpointError, match=message):
+        load_catalog(path)
+
+
 def test_a_missing_shipped_drafter_is_reported(catalog, monkeypatch, tmp_path):
     monkeypatch.setattr("dflash_local.paths.shipped_models_dir", lambda: tmp_path)
     with pytest.raises(ModelNotFoundError, match="shipped drafter"):

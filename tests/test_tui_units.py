@@ -282,3 +282,13 @@ def test_the_apps_round_modes_are_the_ones_the_service_streams():
 
     assert (protocol.MODE_SPECULATIVE, protocol.MODE_FALLBACK, protocol.MODE_PROBE, protocol.MODE_LOOKUP) == (
         modes.SPECULATIVE, modes.FALLBACK, modes.PROBE, modes.LOOKUP)
+
+
+def test_the_picker_marks_dflash2_drafters_only():
+    from dflash_chat.screens.picker import pair_details
+
+    pair = {"id": "p", "target": {"repo": "Qwen/Qwen3.8-27B"}, "block_size": {"vllm": 8},
+            "thinking": "on", "drafter": {"repo": "z-lab/Qwen3.8-27B-DFlash2", "version": 2}}
+    assert "drafter z-lab/Qwen3.8-27B-DFlash2 (DFlash 2)\n" in pair_details(pair)
+    for v1 in ({"repo": "z-lab/X", "version": 1}, {"repo": "z-lab/X"}):  # older services: no field
+        assert "drafter z-lab/X\n" in pair_details({**pair, "drafter": v1})

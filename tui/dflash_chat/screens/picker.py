@@ -65,8 +65,15 @@ def pair_row(pair: dict, memory: dict) -> tuple:
             pair["thinking"], Text("loaded", style="bold green") if pair.get("loaded") else "")
 
 
+def drafter_label(pair: dict) -> str:
+    """The drafter's repo, with its DFlash version where it is 2 (servers run it only from a
+    release, so the user needs to see it; version 1 stays unmarked)."""
+    drafter = pair["drafter"]
+    return drafter["repo"] + (" (DFlash 2)" if drafter.get("version", 1) == 2 else "")
+
+
 def pair_details(pair: dict) -> str:
-    lines = [f"{pair['id']}: target {pair['target']['repo']} + drafter {pair['drafter']['repo']}",
+    lines = [f"{pair['id']}: target {pair['target']['repo']} + drafter {drafter_label(pair)}",
              "block size " + ", ".join(f"{e} {b}" for e, b in pair["block_size"].items())
              + f" | drafter trained with thinking {pair['thinking']}"
              + (" | hybrid target" if pair.get("hybrid") else "")]
