@@ -16,7 +16,6 @@ from transformers import AutoModelForCausalLM
 from dflash_local import paths
 from dflash_local.drafter.dflash2_torch import grouped_causal_conv
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
-from dflash_local.errors import DFlashError
 
 zlab = pytest.importorskip("dflash.model")  # test-only oracle
 
@@ -178,10 +177,3 @@ def test_sampling_keeps_the_targets_distribution(embedded_engine):
         kept += sum(event.accepted for event in events)
     assert kept > 0  # drafts were accepted: the rule was exercised, not only the bonus draw
     assert chi_square_p_value(samples, joint) > PASS_P_VALUE
-
-
-def test_training_a_dflash2_drafter_is_refused_with_a_reason(models):
-    _, ours, _ = models
-    with pytest.raises(DFlashError, match="training a DFlash 2 drafter is not implemented"):
-        ours.forward_packed(torch.tensor([[1, MASK]]), torch.zeros(1, 3, 2 * ours.config.hidden_size),
-                            torch.tensor([[3, 4]]), torch.ones(1, 1, 2, 5, dtype=torch.bool))
