@@ -96,3 +96,17 @@ def write_target(out: Path, family: str, seed: int = 0, quantize_bits: int | Non
     (out / "config.json").write_text(json.dumps(config, indent=2))
     make_tokenizer(out)
     return out
+
+
+def zlab_mlx_config(zlab, config, num_target_layers: int, **dflash2):
+    """z-lab's MLX DFlashConfig for a drafter of ours (`config`: DrafterConfig); `dflash2`: its
+    DFlash 2 sizes, for a DFlash2DraftModel."""
+    return zlab.DFlashConfig(
+        hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
+        rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
+        max_position_embeddings=config.max_position_embeddings, block_size=config.block_size,
+        target_layer_ids=config.target_layer_ids, num_target_layers=num_target_layers,
+        mask_token_id=config.mask_token_id, **dflash2)

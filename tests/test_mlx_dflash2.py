@@ -15,7 +15,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 import tiny_models
-from mlx_tiny import write_target
+from mlx_tiny import write_target, zlab_mlx_config
 from tiny_models import DFLASH2, VOCAB, make_drafter, make_target
 
 from dflash_local.drafter import dflash2_mlx, model_mlx
@@ -55,16 +55,7 @@ def _reference(path, ours):
     """z-lab's MLX DFlash2DraftModel on the same weights (its codebooks are Embeddings)."""
     zlab = pytest.importorskip("dflash.model_mlx", reason="z-lab's dflash.model_mlx did not import")
     config = ours.config
-    reference = zlab.DFlash2DraftModel(zlab.DFlashConfig(
-        hidden_size=HIDDEN, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
-        rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
-        max_position_embeddings=config.max_position_embeddings, block_size=config.block_size,
-        target_layer_ids=config.target_layer_ids, num_target_layers=4,
-        mask_token_id=config.mask_token_id, **DFLASH2,
-    ))
+    reference = zlab.DFlash2DraftModel(zlab_mlx_config(zlab, config, 4, **DFLASH2))
     weights = dict(mx.load(str(path / "model.safetensors")))
     for name in ("predecessor_codebook", "successor_codebook"):
         weights[f"candidate_selector.{name}.weight"] = weights.pop(f"candidate_selector.{name}")

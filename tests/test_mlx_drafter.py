@@ -14,6 +14,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
+from mlx_tiny import zlab_mlx_config
 from tiny_models import VOCAB, make_drafter, make_target
 
 from dflash_local.drafter import model_mlx, model_torch
@@ -103,16 +104,7 @@ def test_logits_equal_zlab_reference(tmp_path, target_dir, embedding):
     path = make_drafter(tmp_path / "d", target_dir, layers=2, seed=7)
     ours = _mlx_pair(path, embedding)
     config = ours.config
-    reference = zlab.DFlashDraftModel(zlab.DFlashConfig(
-        hidden_size=HIDDEN, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
-        rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
-        max_position_embeddings=config.max_position_embeddings, block_size=config.block_size,
-        target_layer_ids=config.target_layer_ids, num_target_layers=4,
-        mask_token_id=config.mask_token_id,
-    ))
+    reference = zlab.DFlashDraftModel(zlab_mlx_config(zlab, config, 4))
     reference.load_weights(list(mx.load(str(path / "model.safetensors")).items()))
     reference.embed_tokens, reference.lm_head = ours.borrowed.embed_tokens, ours.borrowed.lm_head
     reference_cache, our_cache = reference.make_cache(), ours.new_cache()
