@@ -15,7 +15,7 @@ the target alone would produce: greedy the same tokens, sampling the same distri
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent, widest_block
 from dflash_local.interfaces import Drafter, TargetRunner
 from dflash_local.planning import Planner, make_planner
+from dflash_local.planning.costs import RoundCosts
 from dflash_local.proposers import DraftSources
 
 
@@ -68,7 +69,8 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
 
 
 def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
-                    params: GenerationParams, costs=None, prior=()) -> Planner:
+                    params: GenerationParams, costs: RoundCosts | None = None,
+                    prior: Sequence[float] = ()) -> Planner:
     """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration)."""
     widest = widest_block(params, drafter.block_size if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
