@@ -4,7 +4,9 @@
 # archive, retapped once), v2 with `--version 2` (identity convolutions, a neutral selector at
 # first), v1 continued as it is. Then teacher-forced on the held-out prompts, and end to end on
 # 30 held-out prompts, each against plain decoding in its own run.
-#   STEPS=1200 EVERY=10 OUT=runs/compare-v2 scripts/compare_embedded_drafters.sh
+#   STEPS=1200 EVERY=10 OUT=runs/compare-v2 V1=DIR scripts/compare_embedded_drafters.sh
+# V1: the v1 drafter both start from; the embedded drafter's step 13 (models/smollm2-135m-dflash
+# before DFlash 2 shipped there: `git log -- models/smollm2-135m-dflash/model.safetensors`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${STEPS:-1200}"
@@ -12,7 +14,7 @@ EVERY="${EVERY:-10}"
 OUT="${OUT:-runs/compare-v2}"
 PY=.venv/bin/python
 T="$($PY -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
-SHIPPED=models/smollm2-135m-dflash
+SHIPPED="${V1:-models/smollm2-135m-dflash}"
 mkdir -p "$OUT"
 if [ ! -f "$OUT/subset.npz" ]; then
   $PY - "$T" "$OUT/subset.npz" "$EVERY" <<'PY'

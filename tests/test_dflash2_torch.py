@@ -99,7 +99,8 @@ def test_the_convolution_takes_a_block_shorter_than_its_kernel(length):
 
 @pytest.fixture(scope="module")
 def embedded_dflash2(tmp_path_factory):
-    """The embedded v1 drafter made DFlash 2 (tiny_models.dflash2_from_v1): rounds keep drafts."""
+    """The embedded drafter's trained layers with DFlash 2 parts of the test's own seeded sizes
+    (tiny_models.dflash2_from_v1): rounds keep drafts."""
     sizes = {"conv_kernel_size": 4, "conv_group_size": 64, "selector_rank": 16, "selector_top_k": 4}
     return tiny_models.dflash2_from_v1(paths.shipped_models_dir() / "smollm2-135m-dflash",
                                        tmp_path_factory.mktemp("embedded-dflash2"), sizes)

@@ -228,8 +228,9 @@ def test_rounds_shorter_than_the_kernel(engine, plain_tokens):
 
 def test_the_embedded_pair_with_a_dflash2_drafter_keeps_drafts_and_equals_torch(
         embedded_target_dir, tmp_path_factory):
-    """The embedded v1 drafter made DFlash 2 (rounds keep some drafts, reject others): MLX's
-    output equals plain decoding and the Transformers engine's, round for round."""
+    """The embedded drafter's trained layers with seeded DFlash 2 parts (rounds keep some drafts,
+    reject others): MLX's output equals plain decoding and the Transformers engine's, round for
+    round."""
     from dflash_local import paths
     from dflash_local.engines import engine_class_for
 

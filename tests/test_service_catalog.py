@@ -83,7 +83,12 @@ def test_each_drafter_says_its_dflash_version(catalog):
     assert {pair.drafter_version for pair in catalog.pairs} <= {1, 2}
     as_json = by_id["qwen3.8-27b-dflash2"].to_json()
     assert as_json["drafter"]["version"] == 2 and as_json["drafter"]["repo"].endswith("DFlash2")
-    assert by_id["embedded"].to_json()["drafter"]["version"] == 1
+    # the shipped drafter's own checkpoint says the same as its catalog entry
+    from dflash_local import paths
+    from dflash_local.drafter.config import load_drafter_config
+
+    shipped = load_drafter_config(paths.shipped_models_dir() / "smollm2-135m-dflash")
+    assert by_id["embedded"].to_json()["drafter"]["version"] == (2 if shipped.dflash2 else 1) == 2
 
 
 @pytest.mark.parametrize(("written", "value"), [("3", 3), ('"2"', "2"), ("true", True), ("0", 0)])

@@ -119,9 +119,10 @@ def dflash2_weights(raw: dict) -> dict[str, torch.Tensor]:
 
 
 def dflash2_from_v1(v1_dir: Path, out: Path, sizes: dict, seed: int = 0) -> Path:
-    """A DFlash 2 checkpoint in z-lab's format made from a trained v1 one: its weights, and
-    convolutions and a selector near the identity and neutral (small random ones): it drafts
-    about as the v1 drafter does, so rounds keep drafts, while every new part matters."""
+    """A DFlash 2 checkpoint in z-lab's format made from a trained one's layers (a v1's, or a
+    DFlash 2's whose own parts are replaced) with convolutions and a selector of these sizes
+    near the identity and neutral (small random ones): it drafts about as the trained layers
+    do, so rounds keep drafts, while every new part matters."""
     from safetensors.torch import load_file, save_file
 
     raw = json.loads((v1_dir / "config.json").read_text())
