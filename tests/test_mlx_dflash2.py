@@ -251,3 +251,30 @@ def test_the_embedded_pair_with_a_dflash2_drafter_keeps_drafts_and_equals_torch(
     assert (tokens, rounds) == run(torch_engine, block_size=Fixed(4), tree=False)
     mlx_engine.close()
     torch_engine.close()
+
+
+def test_sampling_with_the_shipped_dflash2_drafter_keeps_the_targets_distribution(embedded_target_dir):
+    """The shipped DFlash 2 drafter on MLX: the first MEASURED tokens of 300 seeded runs against
+    their exact joint under plain sampling (test_sampling.py's check; the target's probabilities
+    from the Transformers engine, the same float32 weights), drafts kept along the way."""
+    from test_sampling import MEASURED, PASS_P_VALUE, chi_square_p_value, exact_joint
+
+    from dflash_local import paths
+    from dflash_local.engines import engine_class_for
+
+    drafter = paths.shipped_models_dir() / "smollm2-135m-dflash"
+    mlx_engine = engine_class_for("mlx")(embedded_target_dir, drafter)
+    torch_engine = engine_class_for("transformers")(embedded_target_dir, None)
+    ids = mlx_engine.encode_chat([{"role": "user", "content": "Name a colour."}])
+    joint, _ = exact_joint(torch_engine, ids, GenerationParams(temperature=1.0, top_k=3))
+    samples, kept = [], 0
+    for seed in range(300):
+        params = GenerationParams(temperature=1.0, top_k=3, block_size=Fixed(4), seed=seed,
+                                  max_tokens=MEASURED + 1, stop_token_ids=(10_000,))
+        events = list(mlx_engine.stream(ids, params))
+        samples.append(tuple(t for e in events for t in e.token_ids)[:MEASURED])
+        kept += sum(e.accepted for e in events)
+    mlx_engine.close()
+    torch_engine.close()
+    assert kept > 0  # drafts were accepted: the rule was exercised, not only the bonus draw
+    assert chi_square_p_value(samples, joint) > PASS_P_VALUE
