@@ -120,7 +120,7 @@ def load_or_measure(engine: Measurable, key: dict, force: bool = False,
 def measure(engine: Measurable, key: dict, repetitions: int = REPETITIONS) -> Calibration:
     started = time.perf_counter()
     costs = measure_costs(engine, repetitions)
-    prior = measure_prior(engine)
+    prior = measure_prior(engine, costs.max_width)
     return Calibration(costs, prior, key,
                        datetime.now(UTC).isoformat(timespec="seconds"),
                        time.perf_counter() - started)
@@ -236,9 +236,8 @@ def lower_quartile(values: list[float]) -> float:
     return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
 
 
-def measure_prior(engine: Measurable, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
-    """Per-position acceptance of full-width generations on PRIOR_PROMPTS."""
-    block_size = engine.make_drafter().block_size
+def measure_prior(engine: Measurable, block_size: int, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
+    """Per-position acceptance of generations at the drafter's full block on PRIOR_PROMPTS."""
     hits, trials = [0] * (block_size - 1), [0] * (block_size - 1)
     params = GenerationParams(max_tokens=max_tokens, block_size=Fixed(block_size))
     for text in PRIOR_PROMPTS:

@@ -34,6 +34,10 @@ class Draft:
     copy: LookupDraft | None = None
     grafted: tuple[int, ...] = ()
 
+    def kept_ids(self, path: list[int]) -> list[int]:
+        """The tokens of the kept path's nodes."""
+        return [self.tree.token_ids[node - 1] for node in path]
+
     def drafter_kept(self, path: list[int]) -> int:
         """How many of the kept path's nodes are the drafter's (they come first on a path)."""
         return sum(node <= self.drafter_nodes for node in path)

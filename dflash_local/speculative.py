@@ -55,8 +55,7 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
         logits = runner.verify(anchor_id, draft.tree)  # verify
         path, next_id = _accept(draft.tree, logits, params, rng)  # accept
         taps = runner.commit([0, *path])  # commit
-        committed, finish = _finish([*[draft.tree.token_ids[n - 1] for n in path], next_id],
-                                    produced + len(path) + 1, params)
+        committed, finish = _finish([*draft.kept_ids(path), next_id], produced + len(path) + 1, params)
         planner.observe(draft, path, committed)
         produced += len(committed)
         anchor_id = committed[-1]

@@ -62,7 +62,6 @@ class AutoPlanner:
         return tree if copy is None else GraftedCopy(tree, copy, self._graft_length)
 
     def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
-        kept_ids = [draft.tree.token_ids[node - 1] for node in path]
         if self.index is not None:
             self.index.extend(committed)
         if draft.mode == LOOKUP:
@@ -70,12 +69,13 @@ class AutoPlanner:
             return
         if draft.grafted:
             self.lookup.observe(draft.copy.ngram, len(draft.grafted) + 1,
-                                common_start(kept_ids, draft.grafted))
+                                common_start(draft.kept_ids(path), draft.grafted))
         if self.sizer is not None and draft.drafter_nodes:
             # a drafter round is judged on its own nodes: a copy grafted on comes after them
             kept = draft.drafter_kept(path)
             self.sizer.observe(draft.tree.path_probs, kept)
-            self.policy.observe(draft.tree.prefix(draft.drafter_nodes).depth + 1, kept)
+            drafter_depth = max(draft.tree.depths[: draft.drafter_nodes + 1])  # grafted nodes after
+            self.policy.observe(drafter_depth + 1, kept)
         else:  # a tree is judged by its depth: the positions a kept path could reach
             self.policy.observe(draft.tree.depth + 1, len(path))
 
