@@ -16,6 +16,7 @@ from dflash_local import paths
 from dflash_local.errors import CheckpointError, ModelNotFoundError
 
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
+LOCAL_ENGINES = ("mlx", "transformers")  # run in this process; the others are servers
 THINKING_MODES = ("off", "on", "none")
 SOURCES = ("hub", "embedded", "shipped")
 DRAFTER_VERSIONS = (1, 2)  # DFlash (DFlashDraftModel) and DFlash 2 (DFlash2DraftModel)
@@ -44,6 +45,7 @@ class PairSpec:
     drafter: ModelSpec
     thinking: str  # the thinking mode the drafter was trained for
     hybrid: bool
+    model_type: str  # the target's config.json model_type: which architecture the engines must run
     block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
     drafter_version: int = 1  # the drafter's DFlash version: servers run DFlash 2 only from a release
@@ -54,7 +56,7 @@ class PairSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
-                "hybrid": self.hybrid, "block_size": dict(self.block_sizes), "notes": self.notes,
+                "hybrid": self.hybrid, "model_type": self.model_type, "block_size": dict(self.block_sizes), "notes": self.notes,
                 "target": self.target.to_json(),
                 "drafter": {**self.drafter.to_json(), "version": self.drafter_version}}
 
@@ -73,6 +75,15 @@ class Catalog:
 
     def for_engine(self, engine: str) -> tuple[PairSpec, ...]:
         return tuple(pair for pair in self.pairs if engine in pair.engines)
+
+    def local_model_types(self) -> dict[str, frozenset[str]]:
+        """Each target architecture a local engine is said to run -> those engines."""
+        found: dict[str, set[str]] = {}
+        for pair in self.pairs:
+            local = {engine for engine in pair.engines if engine in LOCAL_ENGINES}
+            if local:
+                found.setdefault(pair.model_type, set()).update(local)
+        return {model_type: frozenset(engines) for model_type, engines in found.items()}
 
     def hub_repos(self) -> frozenset[str]:
         """Every hub repo id the catalog names (targets and drafters)."""
@@ -126,7 +137,7 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
                               f"{DRAFTER_VERSIONS} (1 = DFlash, 2 = DFlash 2)")
     return PairSpec(
         id=pair_id, engines=engines, thinking=thinking, drafter_version=version,
-        hybrid=bool(entry.get("hybrid", False)),
+        hybrid=bool(entry.get("hybrid", False)), model_type=_field(entry, "model_type", str, where),
         block_sizes=tuple(sorted(block_sizes.items())),
         notes=str(entry.get("notes", "")),
         target=_parse_model(_field(entry, "target", dict, where), f"{where} target"),
