@@ -218,3 +218,29 @@ def test_each_compatibility_failure_names_the_values(changes, expected):
 def test_every_failure_is_reported_at_once():
     reasons = incompatible(vocab_size=1, hidden_size=2, target_layer_ids=(36,))
     assert len(reasons) == 3
+
+
+def test_a_written_config_carries_every_key_qwen3config_save_pretrained_writes(tmp_path):
+    # z-lab's checkpoints are Qwen3Config.save_pretrained files, and public loaders (dflash-mlx,
+    # mlx-dspark) read keys such as tie_word_embeddings from them: ours must carry the same set.
+    from transformers import Qwen3Config
+
+    config = parse_drafter_config(dflash2_schema())
+    written = to_checkpoint_json(config)
+    Qwen3Config(**{key: written[key] for key in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "intermediate_size", "vocab_size")}).save_pretrained(tmp_path)
+    expected = set(json.loads((tmp_path / "config.json").read_text())) - {"transformers_version"}
+    assert expected - set(written) == set()
+    assert written["tie_word_embeddings"] is False
+    assert written["rope_parameters"] == {"rope_type": "default", "rope_theta": config.rope_theta}
+
+
+def test_rope_scaling_survives_both_spellings_of_a_written_config():
+    scaled = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    config = parse_drafter_config({**OLDER, "rope_scaling": scaled, "rope_theta": 5e5})
+    written = to_checkpoint_json(config)
+    assert written["rope_parameters"] == {**scaled, "rope_theta": 5e5}
+    assert parse_drafter_config(written) == config
+    legacy = {key: value for key, value in written.items() if key != "rope_parameters"}
+    assert parse_drafter_config(legacy) == config

@@ -114,6 +114,8 @@ def parse_drafter_config(raw: dict[str, Any], source: str = "config.json") -> Dr
             )
         target_layer_ids = default_target_layer_ids(raw["num_target_layers"], layers)
     layer_types = tuple(raw.get("layer_types") or ())
+    if all(kind == "full_attention" for kind in layer_types):
+        layer_types = ()  # what save_pretrained writes for a drafter without sliding layers
     if layer_types and len(layer_types) != layers:
         raise CheckpointError(
             f"{source}: layer_types has {len(layer_types)} entries for {layers} layers"
@@ -183,6 +185,9 @@ def to_checkpoint_json(config: DrafterConfig) -> dict[str, Any]:
             dflash[key] = getattr(config, key)
     if config.dflash2 is not None:
         dflash.update({name: getattr(config.dflash2, name) for name in DFLASH2_FIELDS})
+    scaling = dict(config.rope_scaling or {})
+    rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
+    rope_parameters = {"rope_type": rope_type, **scaling, "rope_theta": config.rope_theta}
     raw: dict[str, Any] = {
         "architectures": ["DFlashDraftModel" if config.version == "dflash" else "DFlash2DraftModel"],
         "model_type": "qwen3",
@@ -197,16 +202,31 @@ def to_checkpoint_json(config: DrafterConfig) -> dict[str, Any]:
         "max_position_embeddings": config.max_position_embeddings,
         "attention_bias": config.attention_bias,
         "hidden_act": "silu",
+        # Both RoPE spellings: older loaders read rope_theta/rope_scaling, Transformers 5 and the
+        # newer z-lab checkpoints rope_parameters.
         "rope_theta": config.rope_theta,
         "rope_scaling": config.rope_scaling,
+        "rope_parameters": rope_parameters,
         "num_target_layers": config.num_target_layers,
         "block_size": config.block_size,
-        "torch_dtype": "bfloat16",
         "dflash_config": dflash,
+        # The rest of what Qwen3Config.save_pretrained writes (z-lab's checkpoints carry them, and
+        # public loaders such as dflash-mlx read tie_word_embeddings): values of a drafter that
+        # shares the target's embeddings and head and has no sliding layers unless it says so.
+        "layer_types": list(config.layer_types) or ["full_attention"] * config.num_hidden_layers,
+        "sliding_window": config.sliding_window,
+        "use_sliding_window": config.sliding_window is not None,
+        "max_window_layers": config.num_hidden_layers,
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "dtype": "bfloat16",
+        "torch_dtype": "bfloat16",
     }
-    if config.layer_types:
-        raw["layer_types"] = list(config.layer_types)
-        raw["sliding_window"] = config.sliding_window
     if config.is_causal is not None:
         raw["is_causal"] = config.is_causal
     return raw
