@@ -42,8 +42,8 @@ def test_every_pair_is_complete(catalog):
 def test_known_pairs(catalog):
     by_id = {pair.id: pair for pair in catalog.pairs}
     expected = {
-        "qwen3-4b-mlx-bf16": ("mlx-community/Qwen3-4B-bf16", "z-lab/Qwen3-4B-DFlash-b16"),
-        "qwen3-8b-mlx-bf16": ("mlx-community/Qwen3-8B-bf16", "z-lab/Qwen3-8B-DFlash-b16"),
+        "qwen3.6-35b-a3b-mlx-4bit": ("mlx-community/Qwen3.6-35B-A3B-4bit", "z-lab/Qwen3.6-35B-A3B-DFlash"),
+        "gemma-4-31b-it-mlx-4bit": ("mlx-community/gemma-4-31b-it-4bit", "z-lab/gemma-4-31B-it-DFlash"),
         "qwen3-8b-mlx-4bit": ("mlx-community/Qwen3-8B-4bit", "z-lab/Qwen3-8B-DFlash-b16"),
         "qwen3.5-4b-mlx": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash"),
         "qwen3-8b": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
