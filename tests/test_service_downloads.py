@@ -151,7 +151,8 @@ def test_fit_estimate():
                "layer_types": ["sliding_attention", "full_attention"]}
     assert kv_cache_bytes(sliding, 1000) == 2 * 8 * 128 * (100 + 1000) * 2
     fit = estimate_fit(16 * 10**9, qwen3_8b, 4096, available_bytes=8 * 10**9)
-    assert not fit.fits and fit.to_json()["total_bytes"] == 16 * 10**9 + fit.kv_bytes
+    parts = fit.kv_bytes + fit.drafter_kv_bytes + fit.state_bytes + fit.working_bytes
+    assert not fit.fits and fit.to_json()["total_bytes"] == 16 * 10**9 + parts
 
 
 def hashlib_sha256(path: Path) -> str:
@@ -167,6 +168,7 @@ CATALOG = """
 id = "embedded"
 engines = ["transformers"]
 thinking = "none"
+model_type = "llama"
 block_size = { transformers = 8 }
 target = { repo = "SmolLM2-135M-Instruct", source = "embedded" }
 drafter = { repo = "models/smollm2-135m-dflash", source = "shipped" }
@@ -175,6 +177,7 @@ drafter = { repo = "models/smollm2-135m-dflash", source = "shipped" }
 id = "tiny"
 engines = ["transformers"]
 thinking = "none"
+model_type = "qwen3"
 block_size = { transformers = 4 }
 target = { repo = "test/tiny-target", source = "hub" }
 drafter = { repo = "test/tiny-drafter", source = "hub" }
