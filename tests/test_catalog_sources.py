@@ -54,11 +54,11 @@ CATALOG_HEAD = ('[[pair]]\nid = "embedded"\nengines = ["mlx"]\nthinking = "on"\n
 @pytest.mark.parametrize(("extra", "message"), [
     ('arch = { num_hidden_layers = 2, head_dim = 8 }\ntarget = { repo = "t", source = "embedded" }\n',
      r"'embedded'\) arch: unknown keys \[\] or missing \['num_key_value_heads'\]"),
-    ('arch = { num_hidden_layers = 2, num_key_value_heads = 0, head_dim = 8 }\n'
-     'target = { repo = "t", source = "embedded" }\n',
+    (('arch = { num_hidden_layers = 2, num_key_value_heads = 0, head_dim = 8 }\n'
+      'target = { repo = "t", source = "embedded" }\n'),
      r"arch: \{'num_key_value_heads': 0\} must be positive integers"),
-    ('arch = { num_hidden_layers = 2, num_key_value_heads = 1, head_dim = 8, layers = 3 }\n'
-     'target = { repo = "t", source = "embedded" }\n', r"arch: unknown keys \['layers'\]"),
+    (('arch = { num_hidden_layers = 2, num_key_value_heads = 1, head_dim = 8, layers = 3 }\n'
+      'target = { repo = "t", source = "embedded" }\n'), r"arch: unknown keys \['layers'\]"),
     ('target = { repo = "t", source = "embedded", quantization = "3bit" }\n',
      r"'embedded'\) target: quantization '3bit' is not one of"),
 ])
