@@ -145,8 +145,9 @@ def _catalog_listing(state: ServiceState, budgets: dict, context_tokens: int) ->
     for pair in state.catalog.pairs:
         fits = pair_fits(pair, budgets, context_tokens, state.hub_cache_dir)
         is_loaded = loaded is not None and loaded.pair_id == pair.id
-        if is_loaded:  # the loaded pair's own figure: its files, in the dtype it runs in
-            fits[loaded.engine.pair.engine] = _loaded_fit(loaded, budgets, context_tokens)
+        own = _loaded_fit(loaded, budgets, context_tokens) if is_loaded else None
+        if own is not None:  # the loaded pair's own figure: its files, in the dtype it runs in
+            fits[loaded.engine.pair.engine] = own
         listing.append({**pair.to_json(), "fit": fits, "loaded": is_loaded,
                         "available": {role: is_available(model, state.hub_cache_dir) for role, model
                                       in (("target", pair.target), ("drafter", pair.drafter))}})
@@ -155,7 +156,7 @@ def _catalog_listing(state: ServiceState, budgets: dict, context_tokens: int) ->
 
 def _loaded_fit(loaded, budgets: dict, context_tokens: int) -> dict | None:
     info = loaded.engine.pair
-    if info.engine not in budgets:  # a relayed server: its memory is not this machine's
+    if info.engine not in budgets or info.target_path is None:  # a server holds the weights
         return None
     return loaded_fit(info.target_path, info.drafter_path, info.dtype, budgets[info.engine],
                       context_tokens)
