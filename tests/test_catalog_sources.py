@@ -37,13 +37,18 @@ def test_mlx_builds_say_how_they_are_stored_and_their_block_size_follows():
     assert len(mlx_builds) >= 20
     for pair in mlx_builds:
         assert pair.engines == ("mlx",), pair.id
-        assert pair.target.quantization in BLOCK_BY_QUANTIZATION and pair.target.size_gb, pair.id
-        assert pair.block_size_for("mlx") == BLOCK_BY_QUANTIZATION[pair.target.quantization], pair.id
+        assert pair.target.quantization in BLOCK_BY_QUANTIZATION, pair.id
+        assert pair.target.size_gb or pair.target.params_b, pair.id  # published, or estimated
+        # the rule by quantization; a DFlash 2 drafter's block is measured smaller (cited)
+        rule = BLOCK_BY_QUANTIZATION[pair.target.quantization]
+        assert (pair.block_size_for("mlx") <= rule if pair.drafter_version == 2
+                else pair.block_size_for("mlx") == rule), pair.id
 
 
 def test_the_architectures_mac_users_run_are_in_the_catalog():
     local = load_catalog().local_model_types()
-    for model_type in ("qwen3_5", "qwen3_5_moe", "gemma4", "gpt_oss", "qwen3_next", "llama"):
+    for model_type in ("qwen3_5", "qwen3_5_moe", "gemma4", "gpt_oss", "qwen3_next", "qwen3_moe",
+                       "llama"):
         assert "mlx" in local[model_type], model_type
 
 
