@@ -16,6 +16,7 @@ from service_support import LocalHub, make_pair, start_service, torch_loader, wa
 
 from dflash_local.hub import resolve_model
 from dflash_local.hub_download import Download, RepoRef
+from dflash_local.memory_budget import engine_budgets
 from dflash_local.memory_fit import estimate_fit, kv_cache_bytes
 
 TARGET, DRAFTER = "test/tiny-target", "test/tiny-drafter"
@@ -227,6 +228,10 @@ def test_service_downloads_then_loads_a_pair(pair, tmp_path):
             events = follow_events(server.url + started.json()["events"])
             assert events[-1]["status"] == "done", events[-1]
             assert events[-1]["bytes_done"] == events[-1]["bytes_total"] > 0
+            # the fit is worked against what the pair's engine may use here, drafter KV included
+            fit = events[-1]["fit"]
+            assert fit["budget_bytes"] == engine_budgets()["transformers"].budget_bytes
+            assert fit["drafter_kv_bytes"] > 0 and fit["label"].startswith("fits")
             assert tiny_available(server) == {"target": True, "drafter": True}
             loaded = httpx.post(server.url + "/dflash/load", json={"pair": "tiny"}, timeout=120)
             assert loaded.status_code == 200, loaded.text

@@ -311,7 +311,7 @@ class PickerScreen(Screen):
             line += f" ({snap['repo']})"
         fit = snap.get("fit") or {}
         if fit and not fit.get("fits"):
-            line += " | warning: it may not fit in memory"
+            line += f" | warning: {fit.get('label') or 'it may not fit in memory'}"
         self.query_one("#download-status", Static).update(line)
         if snap["status"] in ("done", "failed", "cancelled"):
             self.download_id = None
