@@ -319,7 +319,8 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
     fit = small["fit"]["mlx"]["fit"]
     assert fits_label(small).plain == f"{fit['max_context'] // 1024}k ctx"
     assert fit_details(small)[0].startswith(
-        f"mlx on Metal GPU (unified memory): fits up to {fit['max_context']:,} tokens of context")
+        "mlx on Metal GPU (unified memory) (Metal's recommended working set): "
+        f"fits up to {fit['max_context']:,} tokens of context")
     too_big = listed("qwen3.6-27b-mlx-bf16")  # 54.7 GB of weights against a 10 GiB working set
     assert fits_label(too_big).plain == "no"
     assert "does not fit: needs" in fit_details(too_big)[0] and "has 10.7 GB" in fit_details(too_big)[0]

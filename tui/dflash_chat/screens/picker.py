@@ -79,7 +79,7 @@ def fit_details(pair: dict) -> list[str]:
         entry = (pair.get("fit") or {}).get(engine)
         if entry is None:
             continue
-        where = f" on {entry['device']}" if entry.get("runs_here") else ""
+        where = f" on {entry['device']} ({entry['note']})" if entry.get("runs_here") else ""
         line = f"{engine}{where}: {entry['label']}"
         fit = entry.get("fit")
         if fit:
