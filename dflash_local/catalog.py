@@ -21,6 +21,13 @@ THINKING_MODES = ("off", "on", "none")
 SOURCES = ("hub", "embedded", "shipped")
 DRAFTER_VERSIONS = (1, 2)  # DFlash (DFlashDraftModel) and DFlash 2 (DFlash2DraftModel)
 EMBEDDED_PAIR_ID = "embedded"
+QUANTIZATIONS = ("float32", "bf16", "8bit", "6bit", "5bit", "4bit", "mxfp4")
+# config.json keys a pair's `arch` may give (what memory_fit.py reads), and the ones it must
+ARCH_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "hidden_size", "max_position_embeddings", "layer_types", "full_attention_interval",
+             "sliding_window", "linear_num_key_heads", "linear_num_value_heads",
+             "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+ARCH_REQUIRED = ("num_hidden_layers", "num_key_value_heads", "head_dim")
 
 
 @dataclass(frozen=True)
@@ -30,11 +37,12 @@ class ModelSpec:
     revision: str | None = None  # None = not pinned
     params_b: float | None = None
     size_gb: float | None = None  # an estimate; None = unknown
+    quantization: str | None = None  # how the weights are stored (QUANTIZATIONS); None = unknown
 
     def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "source": self.source, "revision": self.revision,
                 "revision_pinned": self.revision is not None, "params_b": self.params_b,
-                "size_gb": self.size_gb}
+                "size_gb": self.size_gb, "quantization": self.quantization}
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,12 @@ class PairSpec:
     block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
     drafter_version: int = 1  # the drafter's DFlash version: servers run DFlash 2 only from a release
+    arch: tuple[tuple[str, Any], ...] = ()  # the target's config.json numbers (cited), for the
+    # fit estimate before its config is downloaded; empty = not given
+
+    def architecture(self) -> dict[str, Any] | None:
+        """The target's architecture numbers as a config.json-shaped dict; None: not given."""
+        return dict(self.arch) or None
 
     def block_size_for(self, engine: str) -> int | str | None:
         """The recommended block size on this engine, as the catalog writes it; None: none."""
@@ -57,6 +71,7 @@ class PairSpec:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
                 "hybrid": self.hybrid, "model_type": self.model_type, "block_size": dict(self.block_sizes), "notes": self.notes,
+                "arch": self.architecture(),
                 "target": self.target.to_json(),
                 "drafter": {**self.drafter.to_json(), "version": self.drafter_version}}
 
@@ -139,7 +154,7 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
         id=pair_id, engines=engines, thinking=thinking, drafter_version=version,
         hybrid=bool(entry.get("hybrid", False)), model_type=_field(entry, "model_type", str, where),
         block_sizes=tuple(sorted(block_sizes.items())),
-        notes=str(entry.get("notes", "")),
+        notes=str(entry.get("notes", "")), arch=_parse_arch(entry.get("arch"), where),
         target=_parse_model(_field(entry, "target", dict, where), f"{where} target"),
         drafter=_parse_model(drafter, f"{where} drafter"),
     )
@@ -153,8 +168,29 @@ def _parse_model(entry: dict[str, Any], where: str) -> ModelSpec:
     for key, value in numbers.items():
         if value is not None and (not isinstance(value, int | float) or value <= 0):
             raise CheckpointError(f"{where}: {key} {value!r} must be a positive number")
+    quantization = entry.get("quantization")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise CheckpointError(f"{where}: quantization {quantization!r} is not one of {QUANTIZATIONS}")
     return ModelSpec(repo=_field(entry, "repo", str, where), source=source,
-                     revision=entry.get("revision"), **numbers)
+                     revision=entry.get("revision"), quantization=quantization, **numbers)
+
+
+def _parse_arch(arch: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    if arch is None:
+        return ()
+    if not isinstance(arch, dict):
+        raise CheckpointError(f"{where}: 'arch' must be a table of config.json numbers, got {arch!r}")
+    unknown = sorted(set(arch) - set(ARCH_KEYS))
+    missing = [key for key in ARCH_REQUIRED if key not in arch]
+    if unknown or missing:
+        raise CheckpointError(f"{where} arch: unknown keys {unknown} or missing {missing} "
+                              f"(known: {ARCH_KEYS})")
+    bad = {key: value for key, value in arch.items()
+           if key != "layer_types" and not (type(value) is int and value > 0)}
+    if bad:
+        raise CheckpointError(f"{where} arch: {bad} must be positive integers")
+    return tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
+                        for key, value in arch.items()))
 
 
 def _field(entry: dict[str, Any], key: str, kind: type, where: str):

@@ -59,7 +59,8 @@ class Download:
     """
 
     def __init__(self, repos: list[RepoRef], *, context_tokens: int = 4096,
-                 cache_dir: str | Path | None = None, endpoint: str | None = None, label: str = ""):
+                 cache_dir: str | Path | None = None, endpoint: str | None = None, label: str = "",
+                 budget_bytes: int | None = None):
         for ref in repos:
             if not is_repo_id(ref.repo):
                 raise ModelNotFoundError(f"{ref.repo!r} is not a hub repo id (owner/name)")
@@ -67,6 +68,7 @@ class Download:
         self.label = label or " + ".join(ref.repo for ref in repos)
         self.repos = tuple(repos)
         self.context_tokens = context_tokens
+        self.budget_bytes = budget_bytes  # what the pair's engine may use (None: memory available now)
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.endpoint = endpoint
         self._cancel = threading.Event()
@@ -171,7 +173,9 @@ class Download:
         # config.json files are in the cache by now (fetched for the compatibility check)
         to_fetch = sum(f.file_size or 0 for f in files if f.will_download and f.filename != "config.json")
         weights = sum(f.file_size or 0 for f in files if f.filename.endswith(".safetensors"))
-        fit = estimate_fit(weights, configs["target"], self.context_tokens) if "target" in configs else None
+        fit = (estimate_fit(weights, configs["target"], self.context_tokens, self.budget_bytes,
+                            drafter_config=configs.get("drafter"))
+               if "target" in configs else None)
         self._update(bytes_total=to_fetch, fit=fit.to_json() if fit else None)
         cache = Path(self.cache_dir) if self.cache_dir else _default_cache_dir()
         free = shutil.disk_usage(_existing_parent(cache)).free

@@ -42,8 +42,8 @@ def test_every_pair_is_complete(catalog):
 def test_known_pairs(catalog):
     by_id = {pair.id: pair for pair in catalog.pairs}
     expected = {
-        "qwen3-4b-mlx-bf16": ("mlx-community/Qwen3-4B-bf16", "z-lab/Qwen3-4B-DFlash-b16"),
-        "qwen3-8b-mlx-bf16": ("mlx-community/Qwen3-8B-bf16", "z-lab/Qwen3-8B-DFlash-b16"),
+        "qwen3.6-35b-a3b-mlx-4bit": ("mlx-community/Qwen3.6-35B-A3B-4bit", "z-lab/Qwen3.6-35B-A3B-DFlash"),
+        "gemma-4-31b-it-mlx-4bit": ("mlx-community/gemma-4-31b-it-4bit", "z-lab/gemma-4-31B-it-DFlash"),
         "qwen3-8b-mlx-4bit": ("mlx-community/Qwen3-8B-4bit", "z-lab/Qwen3-8B-DFlash-b16"),
         "qwen3.5-4b-mlx": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash"),
         "qwen3-8b": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
@@ -118,11 +118,48 @@ def test_management_endpoints_with_no_pair_loaded(tmp_path):
         assert pairs[0]["id"] == "embedded" and len(pairs) == len(load_catalog().pairs)
         assert pairs[1]["available"] == {"target": False, "drafter": False}
         assert pairs[1]["target"]["revision_pinned"] is False
+        for pair in pairs:  # every engine a pair names: runs here with an estimate, or says why not
+            assert set(pair["fit"]) == set(pair["engines"]), pair["id"]
+            for entry in pair["fit"].values():
+                assert entry["label"] and (entry["runs_here"] or "cannot run here" in entry["label"])
+        bad = httpx.get(server.url + "/dflash/catalog", params={"context_tokens": 0}, timeout=60)
+        assert bad.status_code == 400 and "context_tokens 0" in bad.text
         status = httpx.get(server.url + "/dflash/status", timeout=60).json()
         assert status["loaded"] is None and status["memory"]["rss_bytes"] > 0
         assert httpx.get(server.url + "/v1/models").json()["data"] == []
         assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": None,
                                                             "loading": None}
+
+
+def test_the_loaded_pair_shows_its_own_fit(tmp_path):
+    """Its files, in the dtype it runs in (float32 on a CPU), at the catalog's context."""
+    import json
+
+    from service_support import start_service
+
+    from dflash_local.memory_fit import config_dtype_bytes, kv_cache_bytes
+
+    target, drafter = make_pair(tmp_path)
+    state, server = start_service(target, drafter)
+    try:
+        state.loaded.pair_id = "embedded"  # as if the catalog's own pair were loaded
+        status = httpx.get(server.url + "/dflash/status", timeout=60).json()
+        listing = httpx.get(server.url + "/dflash/catalog", params={"context_tokens": 64},
+                            timeout=60).json()
+    finally:
+        server.stop()
+        state.shutdown()
+    row = next(pair for pair in listing["pairs"] if pair["id"] == "embedded")
+    fit = row["fit"]["transformers"]["fit"]
+    configs = {folder: json.loads((folder / "config.json").read_text()) for folder in (target, drafter)}
+    # held in float32: a bfloat16 checkpoint (the drafter's) doubles, a float32 one stays
+    in_memory = sum(path.stat().st_size * 4 // config_dtype_bytes(configs[folder])
+                    for folder in (target, drafter) for path in folder.glob("*.safetensors"))
+    assert {config_dtype_bytes(config) for config in configs.values()} == {2, 4}
+    assert row["loaded"] and fit["weights_bytes"] == in_memory
+    assert fit["kv_bytes"] == kv_cache_bytes(configs[target], 64, 4) and fit["context_tokens"] == 64
+    assert status["loaded_fit"]["fit"]["weights_bytes"] == in_memory
+    assert status["loaded_fit"]["label"] == status["loaded_fit"]["fit"]["label"]
 
 
 def test_serve_command_end_to_end(tmp_path):

@@ -16,6 +16,7 @@ from service_support import LocalHub, make_pair, start_service, torch_loader, wa
 
 from dflash_local.hub import resolve_model
 from dflash_local.hub_download import Download, RepoRef
+from dflash_local.memory_budget import engine_budgets
 from dflash_local.memory_fit import estimate_fit, kv_cache_bytes
 
 TARGET, DRAFTER = "test/tiny-target", "test/tiny-drafter"
@@ -151,7 +152,8 @@ def test_fit_estimate():
                "layer_types": ["sliding_attention", "full_attention"]}
     assert kv_cache_bytes(sliding, 1000) == 2 * 8 * 128 * (100 + 1000) * 2
     fit = estimate_fit(16 * 10**9, qwen3_8b, 4096, available_bytes=8 * 10**9)
-    assert not fit.fits and fit.to_json()["total_bytes"] == 16 * 10**9 + fit.kv_bytes
+    parts = fit.kv_bytes + fit.drafter_kv_bytes + fit.state_bytes + fit.working_bytes
+    assert not fit.fits and fit.to_json()["total_bytes"] == 16 * 10**9 + parts
 
 
 def hashlib_sha256(path: Path) -> str:
@@ -167,6 +169,7 @@ CATALOG = """
 id = "embedded"
 engines = ["transformers"]
 thinking = "none"
+model_type = "llama"
 block_size = { transformers = 8 }
 target = { repo = "SmolLM2-135M-Instruct", source = "embedded" }
 drafter = { repo = "models/smollm2-135m-dflash", source = "shipped" }
@@ -175,6 +178,7 @@ drafter = { repo = "models/smollm2-135m-dflash", source = "shipped" }
 id = "tiny"
 engines = ["transformers"]
 thinking = "none"
+model_type = "qwen3"
 block_size = { transformers = 4 }
 target = { repo = "test/tiny-target", source = "hub" }
 drafter = { repo = "test/tiny-drafter", source = "hub" }
@@ -224,6 +228,10 @@ def test_service_downloads_then_loads_a_pair(pair, tmp_path):
             events = follow_events(server.url + started.json()["events"])
             assert events[-1]["status"] == "done", events[-1]
             assert events[-1]["bytes_done"] == events[-1]["bytes_total"] > 0
+            # the fit is worked against what the pair's engine may use here, drafter KV included
+            fit = events[-1]["fit"]
+            assert fit["budget_bytes"] == engine_budgets()["transformers"].budget_bytes
+            assert fit["drafter_kv_bytes"] > 0 and fit["label"].startswith("fits")
             assert tiny_available(server) == {"target": True, "drafter": True}
             loaded = httpx.post(server.url + "/dflash/load", json={"pair": "tiny"}, timeout=120)
             assert loaded.status_code == 200, loaded.text

@@ -104,9 +104,18 @@ def test_race_verdict(app, snap_compare):
 
 async def listed_catalog(pilot) -> None:
     from dflash_local.catalog import load_catalog
+    from dflash_local.engines.selection import PlatformInfo
+    from dflash_local.memory_budget import MachineMemory, budget_for
+    from dflash_local.pair_fit import pair_fits
 
+    # a 32 GB Mac with a 22 GB Metal working set, from the catalog's numbers (nothing local)
+    mac = PlatformInfo("Darwin", "arm64", cuda=False, installed=frozenset({"mlx", "torch"}))
+    memory = MachineMemory(32 * 2**30, 22 * 2**30, metal=True)
+    budgets = {engine: budget_for(engine, mac, memory)
+               for engine in ("mlx", "transformers", "vllm", "sglang")}
     pairs = [{**pair.to_json(), "available": {"target": index == 0, "drafter": index == 0},
-              "loaded": index == 0} for index, pair in enumerate(load_catalog().pairs)]
+              "loaded": index == 0, "fit": pair_fits(pair, budgets, 8192, look_local=False)}
+             for index, pair in enumerate(load_catalog().pairs)]
     picker = PickerScreen()
     await pilot.app.push_screen(picker)
     picker.post_message(PickerScreen.Listed(pairs, {"available_bytes": 12e9, "total_bytes": 16e9}))

@@ -292,3 +292,37 @@ def test_the_picker_marks_dflash2_drafters_only():
     assert "drafter z-lab/Qwen3.8-27B-DFlash2 (DFlash 2)\n" in pair_details(pair)
     for v1 in ({"repo": "z-lab/X", "version": 1}, {"repo": "z-lab/X"}):  # older services: no field
         assert "drafter z-lab/X\n" in pair_details({**pair, "drafter": v1})
+
+
+def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
+    from dflash_chat.screens.picker import engines_label, fit_details, fits_label
+
+    from dflash_local.catalog import load_catalog
+    from dflash_local.engines.selection import PlatformInfo
+    from dflash_local.memory_budget import MachineMemory, budget_for
+    from dflash_local.pair_fit import pair_fits
+
+    mac = PlatformInfo("Darwin", "arm64", cuda=False, installed=frozenset({"mlx", "torch"}))
+    budgets = {engine: budget_for(engine, mac, MachineMemory(16 * 2**30, 10 * 2**30, metal=True))
+               for engine in ("mlx", "transformers", "vllm", "sglang")}
+    catalog = load_catalog()
+
+    def listed(pair_id: str) -> dict:
+        pair = catalog.get(pair_id)
+        return {**pair.to_json(), "fit": pair_fits(pair, budgets, 8192, look_local=False)}
+
+    served = listed("qwen3.5-27b")  # vLLM and SGLang only: nothing runs on this Mac
+    assert fits_label(served).plain == "n/a"
+    assert [span.style for span in engines_label(served).spans] == ["dim strike", "dim strike"]
+    assert fit_details(served)[0].startswith("vllm: cannot run here: needs a CUDA GPU")
+    small = listed("qwen3.5-9b-mlx-4bit")
+    fit = small["fit"]["mlx"]["fit"]
+    assert fits_label(small).plain == f"{fit['max_context'] // 1024}k ctx"
+    assert fit_details(small)[0].startswith(
+        "mlx on Metal GPU (unified memory) (Metal's recommended working set): "
+        f"fits up to {fit['max_context']:,} tokens of context")
+    too_big = listed("qwen3.6-27b-mlx-bf16")  # 54.7 GB of weights against a 10 GiB working set
+    assert fits_label(too_big).plain == "no"
+    assert "does not fit: needs" in fit_details(too_big)[0] and "has 10.7 GB" in fit_details(too_big)[0]
+    assert fits_label(listed("gemma-4-31b-it-mlx-4bit")).plain == "no"
+    assert fits_label({"engines": ["mlx"]}).plain == "?"  # an older service: no estimate

@@ -18,7 +18,10 @@ from fastapi.responses import StreamingResponse
 
 from dflash_local import __version__
 from dflash_local.catalog import is_available
+from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
+from dflash_local.memory_budget import engine_budgets
+from dflash_local.pair_fit import loaded_fit, pair_fits
 from dflash_local.service import chat, responses
 from dflash_local.service.downloads import follow
 from dflash_local.service.errors import error_response, install_handlers
@@ -26,6 +29,7 @@ from dflash_local.service.schemas import ChatCompletionRequest, DownloadRequest,
 from dflash_local.service.state import ServiceState
 
 OPEN_PATHS = ("/health",)
+DEFAULT_FIT_CONTEXT = 8192  # the context the catalog's fit estimates are worked at, unless asked
 
 
 class BearerAuth:
@@ -79,8 +83,13 @@ def create_app(state: ServiceState) -> FastAPI:
         return await chat.complete(body, loaded, request)
 
     @app.get("/dflash/catalog")
-    async def catalog() -> dict:
-        return {"pairs": await asyncio.to_thread(_catalog_listing, state)}
+    async def catalog(context_tokens: int = DEFAULT_FIT_CONTEXT) -> dict:
+        if not 1 <= context_tokens <= 1 << 22:
+            raise InvalidRequestError(f"context_tokens {context_tokens} is not in [1, {1 << 22}]")
+        budgets = await asyncio.to_thread(engine_budgets)
+        return {"pairs": await asyncio.to_thread(_catalog_listing, state, budgets, context_tokens),
+                "engines": {engine: budget.to_json() for engine, budget in budgets.items()},
+                "context_tokens": context_tokens}
 
     @app.post("/dflash/load")
     async def load(body: LoadRequest) -> dict:
@@ -130,13 +139,27 @@ async def _sse(snapshots: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     yield responses.sse("[DONE]")
 
 
-def _catalog_listing(state: ServiceState) -> list[dict]:
+def _catalog_listing(state: ServiceState, budgets: dict, context_tokens: int) -> list[dict]:
     loaded = state.loaded
-    return [{**pair.to_json(),
-             "available": {role: is_available(model, state.hub_cache_dir)
-                           for role, model in (("target", pair.target), ("drafter", pair.drafter))},
-             "loaded": loaded is not None and loaded.pair_id == pair.id}
-            for pair in state.catalog.pairs]
+    listing = []
+    for pair in state.catalog.pairs:
+        fits = pair_fits(pair, budgets, context_tokens, state.hub_cache_dir)
+        is_loaded = loaded is not None and loaded.pair_id == pair.id
+        own = _loaded_fit(loaded, budgets, context_tokens) if is_loaded else None
+        if own is not None:  # the loaded pair's own figure: its files, in the dtype it runs in
+            fits[loaded.engine.pair.engine] = own
+        listing.append({**pair.to_json(), "fit": fits, "loaded": is_loaded,
+                        "available": {role: is_available(model, state.hub_cache_dir) for role, model
+                                      in (("target", pair.target), ("drafter", pair.drafter))}})
+    return listing
+
+
+def _loaded_fit(loaded, budgets: dict, context_tokens: int) -> dict | None:
+    info = loaded.engine.pair
+    if info.engine not in budgets or info.target_path is None:  # a server holds the weights
+        return None
+    return loaded_fit(info.target_path, info.drafter_path, info.dtype, budgets[info.engine],
+                      context_tokens)
 
 
 def _status(state: ServiceState) -> dict:
@@ -149,6 +172,7 @@ def _status(state: ServiceState) -> dict:
         "load_error": state.load_error,
         "load_warning": state.load_warning,
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,
+        "loaded_fit": _loaded_fit(loaded, engine_budgets(), DEFAULT_FIT_CONTEXT) if loaded else None,
         "worker": loaded.worker.status() if loaded else None,
         "memory": {"rss_bytes": psutil.Process().memory_info().rss,
                    "available_bytes": memory.available, "total_bytes": memory.total},

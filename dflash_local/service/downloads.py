@@ -14,6 +14,7 @@ from pathlib import Path
 from dflash_local.catalog import Catalog
 from dflash_local.errors import InvalidRequestError
 from dflash_local.hub_download import TERMINAL_STATUSES, Download, RepoRef
+from dflash_local.memory_budget import engine_budgets
 from dflash_local.service.errors import NotFoundError
 
 KEEP_FINISHED = 32  # finished downloads kept for GET .../events after the fact
@@ -40,7 +41,7 @@ class DownloadManager:
                 return download
         self._forget_old()
         download = Download(refs, context_tokens=context_tokens, cache_dir=self.cache_dir,
-                            endpoint=self.endpoint, label=pair_id)
+                            endpoint=self.endpoint, label=pair_id, budget_bytes=_budget(pair))
         self._downloads[download.id] = download
         return download.start()
 
@@ -83,3 +84,10 @@ async def follow(download: Download) -> AsyncIterator[dict]:
             yield snapshot
     finally:
         unsubscribe()
+
+
+def _budget(pair) -> int | None:
+    """What the first engine of the pair that runs here may use; None: none runs here."""
+    budgets = engine_budgets(pair.engines)
+    return next((budgets[engine].budget_bytes for engine in pair.engines
+                 if budgets[engine].runs_here), None)

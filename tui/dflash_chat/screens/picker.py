@@ -19,7 +19,7 @@ from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
 
 LOAD_POLL_S = 1.0  # how often a pending load asks the service what it is doing
 
-COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 6), ("Downloaded", 10),
+COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 10), ("Downloaded", 10),
            ("Thinking", 8), ("", 6))
 
 
@@ -36,17 +36,60 @@ def size_label(size_gb: float | None, complete: bool) -> str:
     return f"{'' if complete else '>'}{size_gb:.1f} GB"
 
 
-def fits_label(size_gb: float | None, complete: bool, memory: dict) -> Text:
-    if size_gb is None or not memory:
+def best_fit(pair: dict) -> tuple[str, dict] | None:
+    """The engine the estimate is shown for: the loaded one, else the first that runs here."""
+    fits = pair.get("fit") or {}
+    runnable = [engine for engine in pair["engines"] if (fits.get(engine) or {}).get("runs_here")]
+    if not runnable:
+        return None
+    return runnable[0], fits[runnable[0]]
+
+
+def fits_label(pair: dict) -> Text:
+    """Short: the longest context that fits ("131k"), "no", "size" (fits by size only), "?"."""
+    chosen = best_fit(pair)
+    if chosen is None:
+        return Text("n/a", style="dim") if pair.get("fit") else Text("?", style="dim")
+    fit = chosen[1].get("fit")
+    if fit is None:
         return Text("?", style="dim")
-    needed = size_gb * 1e9
-    if needed > memory.get("total_bytes", 0):
-        return Text("no", style="red")
-    if not complete:
-        return Text("?", style="dim")
-    if needed <= memory.get("available_bytes", 0):
-        return Text("yes", style="green")
-    return Text("tight", style="yellow")
+    if fit["max_context"]:
+        return Text(f"{fit['max_context'] // 1024}k ctx" if fit["max_context"] >= 1024
+                    else f"{fit['max_context']} ctx", style="green")
+    if fit["fits"]:
+        return Text("size", style="yellow")
+    return Text("no", style="red")
+
+
+def engines_label(pair: dict) -> Text:
+    """The engines the pair names; those this machine cannot run are struck through."""
+    fits = pair.get("fit") or {}
+    label = Text()
+    for index, engine in enumerate(pair["engines"]):
+        entry = fits.get(engine)
+        label.append(", " if index else "")
+        label.append(engine, style="dim strike" if entry and not entry.get("runs_here") else "")
+    return label
+
+
+def fit_details(pair: dict) -> list[str]:
+    """Per engine: where it runs and the estimate, or why it cannot run here."""
+    lines = []
+    for engine in pair.get("engines", []):
+        entry = (pair.get("fit") or {}).get(engine)
+        if entry is None:
+            continue
+        where = f" on {entry['device']} ({entry['note']})" if entry.get("runs_here") else ""
+        line = f"{engine}{where}: {entry['label']}"
+        fit = entry.get("fit")
+        if fit:
+            line += (f" (at {fit['context_tokens']:,} tokens: weights {fit['weights_bytes'] / 1e9:.1f}"
+                     f" + KV {(fit['kv_bytes'] + fit['drafter_kv_bytes']) / 1e9:.1f}"
+                     f" + state {fit['state_bytes'] / 1e9:.2f} + working {fit['working_bytes'] / 1e9:.1f}"
+                     f" = {fit['total_bytes'] / 1e9:.1f} GB of {fit['budget_bytes'] / 1e9:.1f} GB;"
+                     f" {fit['basis']})")
+        lines.extend([line, *entry.get("notes", [])])
+    return lines
 
 
 def downloaded_label(available: dict) -> Text:
@@ -58,10 +101,10 @@ def downloaded_label(available: dict) -> Text:
     return Text("no", style="dim")
 
 
-def pair_row(pair: dict, memory: dict) -> tuple:
+def pair_row(pair: dict) -> tuple:
     size, complete = pair_size_gb(pair)
-    return (pair["id"], ", ".join(pair["engines"]), size_label(size, complete),
-            fits_label(size, complete, memory), downloaded_label(pair.get("available", {})),
+    return (pair["id"], engines_label(pair), size_label(size, complete),
+            fits_label(pair), downloaded_label(pair.get("available", {})),
             pair["thinking"], Text("loaded", style="bold green") if pair.get("loaded") else "")
 
 
@@ -79,6 +122,7 @@ def pair_details(pair: dict) -> str:
              + (" | hybrid target" if pair.get("hybrid") else "")]
     if pair.get("notes"):
         lines.append(pair["notes"])
+    lines.extend(fit_details(pair))
     lines.append("Compatibility is checked from the configs before any weights download, and "
                  "again when loading.")
     return "\n".join(lines)
@@ -171,7 +215,7 @@ class PickerScreen(Screen):
         self.app.catalog = message.pairs
         table.clear()
         for pair in message.pairs:
-            table.add_row(*pair_row(pair, message.memory), key=pair["id"])
+            table.add_row(*pair_row(pair), key=pair["id"])
         if self.pairs:
             table.move_cursor(row=min(row or 0, len(self.pairs) - 1))
 
@@ -267,7 +311,7 @@ class PickerScreen(Screen):
             line += f" ({snap['repo']})"
         fit = snap.get("fit") or {}
         if fit and not fit.get("fits"):
-            line += " | warning: it may not fit in memory"
+            line += f" | warning: {fit.get('label') or 'it may not fit in memory'}"
         self.query_one("#download-status", Static).update(line)
         if snap["status"] in ("done", "failed", "cancelled"):
             self.download_id = None
