@@ -146,7 +146,7 @@ def test_race_verdict_compares_token_for_token():
 
 
 def test_accepted_tokens_are_coloured_per_round():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     text = accepted_text("abcdXY", [[4, 3, 4], [2, 0, 1]])
     assert text.plain == "abcdXY"
@@ -183,7 +183,7 @@ def test_the_app_imports_no_model_code():
 
 
 def test_exact_accepted_characters_win_over_the_estimate():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     # a round of 3 committed tokens, 2 of them drafted, whose drafts made 5 of its 6 characters
     text = accepted_text("HelloX", [[6, 2, 3, 5]])
@@ -192,7 +192,7 @@ def test_exact_accepted_characters_win_over_the_estimate():
 
 
 def test_copied_drafts_are_coloured_apart_from_the_drafters():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     # round 1: the drafter's accepted tokens made "He", a grafted copy's "llo", the bonus "X";
     # round 2 (an older record: no copy count): its accepted draft "a", the bonus "b"

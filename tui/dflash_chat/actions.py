@@ -42,12 +42,20 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("copy_code", "ctrl+b", "Copy the last code block of the selected (or last) reply"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
+    ActionSpec("search_chats", "ctrl+f", "Search past chats"),
+    ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),
+    ActionSpec("toggle_chats", "ctrl+l", "Show or hide the chat list", "Chats"),
+    ActionSpec("toggle_speed", "ctrl+backslash", "Show or hide the speed panel", "Speed"),
+    ActionSpec("restart_service", "ctrl+right_square_bracket", "Restart the service", "", APP),
 )
 
 # Keys the widgets handle themselves: listed in help, not remappable.
 FIXED_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "Send the prompt"),
-    ("up / down", "Prompt history (in the prompt)"),
+    ("ctrl+j, shift+enter, alt+enter", "New line in the prompt (Shift/Alt where the terminal "
+                                        "reports them; a paste keeps its lines)"),
+    ("@path", "In a prompt: attach that text file"),
+    ("up / down", "Prompt history (on the prompt's first / last line)"),
     ("tab / shift+tab", "Move focus (chats, messages, prompt)"),
     ("ctrl+p", "Command palette: every action"),
     ("ctrl+q", "Quit"),

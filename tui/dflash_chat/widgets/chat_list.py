@@ -1,9 +1,12 @@
-"""The chats, newest first. Selecting one opens it; Delete and R act on the highlighted one."""
+"""The chats, newest first, each as its title (up to two lines) and the day it began. Selecting
+one opens it; Delete and R act on the highlighted one."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import ClassVar
 
+from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import OptionList
@@ -12,12 +15,18 @@ from textual.widgets.option_list import Option
 from dflash_chat.storage import Chat
 from dflash_chat.widgets import widget_css
 
-TITLE_WIDTH = 21  # the list is 24 cells wide
+TITLE_CHARS = 2 * 22  # two lines of a list 24 cells wide (less its scrollbar)
 
 
 def one_line(title: str, width: int) -> str:
     title = " ".join(title.split())
     return title if len(title) <= width else title[: width - 1] + "…"
+
+
+def chat_label(chat: Chat) -> Text:
+    label = Text(one_line(chat.title or "untitled", TITLE_CHARS))
+    label.append(f"\n{datetime.fromtimestamp(chat.created):%Y-%m-%d %H:%M}", style="dim")
+    return label
 
 
 class ChatList(OptionList):
@@ -40,8 +49,7 @@ class ChatList(OptionList):
 
     def show(self, chats: list[Chat], current: int | None) -> None:
         self.clear_options()
-        self.add_options([Option(one_line(chat.title or "untitled", TITLE_WIDTH), id=str(chat.id))
-                          for chat in chats])
+        self.add_options([Option(chat_label(chat), id=str(chat.id)) for chat in chats])
         if current is not None:
             ids = [chat.id for chat in chats]
             if current in ids:
