@@ -45,7 +45,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("search_chats", "ctrl+f", "Search past chats"),
     ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),
     ActionSpec("toggle_chats", "ctrl+l", "Show or hide the chat list", "Chats"),
-    ActionSpec("toggle_speed", "ctrl+backslash", "Show or hide the speed panel", "Speed"),
+    ActionSpec("toggle_speed", "ctrl+backslash", "Show or hide the speed panel"),
     ActionSpec("restart_service", "ctrl+right_square_bracket", "Restart the service", "", APP),
 )
 

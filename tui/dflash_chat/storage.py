@@ -110,8 +110,8 @@ class ChatStore:
 
     # --- chats ---
 
-    def create_chat(self, title: str, system_prompt: str = "") -> Chat:
-        now = time.time()
+    def create_chat(self, title: str, system_prompt: str = "", created: float | None = None) -> Chat:
+        now = time.time() if created is None else created
         with self._tx():
             cursor = self._db.execute(
                 "INSERT INTO chats (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",

@@ -40,7 +40,7 @@ class ChatScreen(Screen):
                 yield PromptInput(store.prompt_history(), id="prompt")
             yield SpeedPanel(id="speed")
         yield StatusBar(id="status")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # the prompt names Ctrl+P
 
     @property
     def conversation(self) -> Conversation:

@@ -24,14 +24,24 @@ COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 6), ("Downloaded
 
 
 MIN_COLUMN = 5
+PAIR_MIN = 18  # the pair's id is what a row is: its column gives up cells last
 
 
 def fitted_widths(widths: list[int], room: int) -> list[int]:
-    """Column widths that fit `room` cells (each column pads 2): the wide ones give up cells
-    first, none below MIN_COLUMN, so every column stays on screen."""
+    """Column widths that fit `room` cells (each column pads 2), so every column stays on
+    screen: the widest give up cells first, none below MIN_COLUMN, the first (the pair) not
+    below PAIR_MIN unless nothing else can give."""
     widths = list(widths)
-    while sum(widths) + 2 * len(widths) > room and max(widths) > MIN_COLUMN:
-        widest = widths.index(max(widths))
+    floors = [min(width, PAIR_MIN if index == 0 else MIN_COLUMN)
+              for index, width in enumerate(widths)]
+    while sum(widths) + 2 * len(widths) > room:
+        giving = [i for i, width in enumerate(widths) if width > floors[i]]
+        if not giving:
+            floors = [min(floor, MIN_COLUMN) for floor in floors]
+            if all(width <= floor for width, floor in zip(widths, floors, strict=True)):
+                break
+            continue
+        widest = max(giving, key=lambda i: widths[i])
         widths[widest] -= 1
     return widths
 
