@@ -26,7 +26,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, figures_text, speculatio
 from dflash_chat.widgets.status_bar import StatusBar
 from textual import events
 from textual.command import CommandList, CommandPalette
-from textual.widgets import Input, ProgressBar
+from textual.widgets import Input, Markdown, ProgressBar
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 WIDE, NARROW = (150, 45), (80, 24)
@@ -117,7 +117,7 @@ def test_markdown_is_rendered_with_the_draft_colours_on_it(home):
         view = app.chat_screen.conversation.last_view("assistant")
         await until(pilot, lambda: bool(view.query(MarkdownFence)), "rendered")
         fence = view.query_one(MarkdownFence)
-        assert fence.display and view.body.display and fence.region.height > 0
+        assert fence.display and view.query_one(Markdown).display and fence.region.height > 0
         assert not any("```" in block._content.plain for block in view.query(MarkdownBlock))
         painted = [span for block in view.query(MarkdownBlock) for span in block._content.spans
                    if str(span.style) == DRAFT_STYLE]

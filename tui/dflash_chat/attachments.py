@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 ATTACHMENT = re.compile(r"(?<!\S)@(\S+)")
+TRAILING = ".,;:!?)'\""  # punctuation after a path belongs to the sentence
 MAX_ATTACHMENT_BYTES = 256 * 1024  # a prompt, not a corpus: larger files would not fit a context
 
 
@@ -22,9 +23,12 @@ def expand_attachments(prompt: str, cwd: Path) -> str:
     """The prompt with each `@path` naming a file followed by that file's contents."""
     blocks = []
     for match in ATTACHMENT.finditer(prompt):
-        path = (cwd / Path(match.group(1)).expanduser()).resolve()
-        if path.is_file():
-            blocks.append(f"{match.group(1)}:\n\n```\n{read_text_file(path)}\n```")
+        word = match.group(1)
+        for name in dict.fromkeys((word, word.rstrip(TRAILING))):  # "see @notes.txt, then"
+            path = (cwd / Path(name).expanduser()).resolve()
+            if path.is_file():
+                blocks.append(f"{name}:\n\n```\n{read_text_file(path)}\n```")
+                break
     return "\n\n".join([prompt, *blocks])
 
 

@@ -54,6 +54,10 @@ class ServiceProcess:
         self._stdout_task: asyncio.Task | None = None
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
     def exit_status(self) -> str:
         code = self._process.returncode if self._process is not None else None
         return "still running" if code is None else (
