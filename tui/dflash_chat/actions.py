@@ -52,8 +52,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
 # Keys the widgets handle themselves: listed in help, not remappable.
 FIXED_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "Send the prompt"),
-    ("ctrl+j, shift+enter, alt+enter", "New line in the prompt (Shift/Alt where the terminal "
-                                        "reports them; a paste keeps its lines)"),
+    ("ctrl+j, shift+enter, alt+enter",
+     "New line in the prompt (Shift/Alt where the terminal reports them)"),
     ("@path", "In a prompt: attach that text file"),
     ("up / down", "Prompt history (on the prompt's first / last line)"),
     ("tab / shift+tab", "Move focus (chats, messages, prompt)"),

@@ -34,4 +34,4 @@ def edit_text(text: str) -> str:
             raise EditorError(f"editor {command[0]!r} exited with status {result.returncode}; "
                               f"the prompt is unchanged")
         edited = path.read_text(encoding="utf-8")
-    return edited[:-1] if edited.endswith("\n") else edited
+    return edited.removesuffix("\n")

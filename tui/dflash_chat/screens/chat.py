@@ -11,10 +11,10 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from dflash_chat.actions import CHAT
+from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import THINKING_MODES, Settings
-from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
 from dflash_chat.storage import chat_title, export_markdown
 from dflash_chat.widgets.chat_list import ChatList
@@ -23,6 +23,7 @@ from dflash_chat.widgets.message import MessageView, code_blocks
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel
 from dflash_chat.widgets.status_bar import StatusBar
+
 
 class ChatScreen(Screen):
     CSS_PATH = "chat.tcss"
