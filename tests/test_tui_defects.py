@@ -93,7 +93,8 @@ async def streamed_reply(app, pilot, chunks, status: str, usage: StreamUsage | N
     return conversation.last_view("assistant")
 
 
-# 1. a pasted multi-line prompt keeps only its first line
+# 1. a pasted multi-line prompt keeps only its first line (with bracketed paste, and without:
+#    then the terminal types the line breaks as Enter keys, straight after each other)
 def test_a_pasted_prompt_arrives_whole_and_ctrl_j_starts_a_line(home):
     async def scenario(app, pilot):
         prompt = app.chat_screen.query_one(PromptInput)
@@ -107,6 +108,19 @@ def test_a_pasted_prompt_arrives_whole_and_ctrl_j_starts_a_line(home):
         user = [m for m in app.store.messages(chat_id) if m.role == "user"][-1]
         assert user.content == "def f():\n    return 1\nprint(f())\nwhy?"
         assert prompt.value == ""
+    run(scenario)
+
+
+def test_a_paste_typed_as_keys_keeps_its_line_breaks(home):
+    async def scenario(app, pilot):
+        prompt = app.chat_screen.query_one(PromptInput)
+        for char in "one\rtwo\rthree":  # one read from the terminal: all queued at once
+            key = "enter" if char == "\r" else char
+            app.post_message(events.Key(key, char))
+        await until(pilot, lambda: prompt.value == "one\ntwo\nthree", "pasted")
+        await pilot.press("enter")  # nothing follows: it sends
+        await until(pilot, lambda: app.chat_screen.conversation.generating, "sent")
+        assert app.chat_screen.conversation.last_view("user").text == "one\ntwo\nthree"
     run(scenario)
 
 
@@ -294,7 +308,8 @@ def test_a_prompt_refused_while_streaming_is_kept(home):
         await until(pilot, lambda: app.chat_screen.conversation.generating, "streaming")
         prompt.value = "second, typed meanwhile"
         await pilot.press("enter")
-        assert prompt.value == "second, typed meanwhile" and "Esc stops it" in notices(app)
+        await until(pilot, lambda: "Esc stops it" in notices(app), "refused")
+        assert prompt.value == "second, typed meanwhile"
     run(scenario)
 
 

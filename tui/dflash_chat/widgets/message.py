@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
@@ -28,6 +29,21 @@ CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
 def code_blocks(text: str) -> list[str]:
     return CODE_BLOCK.findall(text)
+
+
+def line_break_parser() -> MarkdownIt:
+    """Textual's "gfm-like" parser with each newline a line break: a pasted prompt, a poem or a
+    list written without blank lines shows its lines as they were written."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("newlines_break", _soft_breaks_to_hard)
+    return parser
+
+
+def _soft_breaks_to_hard(state) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
 
 
 class MessageView(Vertical, can_focus=True):
@@ -49,7 +65,7 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(self.header, classes="header", markup=False)
-        yield Markdown(self.text, classes="body")
+        yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
 
     @property
     def body(self) -> Markdown:

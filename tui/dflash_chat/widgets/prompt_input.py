@@ -2,6 +2,10 @@
 them) and Ctrl+J start a new line; a paste arrives whole, newlines kept. Up on the first line
 and Down on the last walk the user's earlier prompts.
 
+A terminal without bracketed paste (or a tmux `paste-buffer` without -p) types a paste's line
+breaks as Enter keys: Enter therefore sends only once ENTER_SETTLE_S has passed with no other
+key; a key that follows sooner makes that Enter a line break of the paste.
+
 The prompt is cleared only when the screen accepts it (`accept`): a prompt refused while a
 reply streams stays where it was typed.
 """
@@ -13,6 +17,7 @@ from typing import ClassVar
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import TextArea
 
 from dflash_chat.widgets import widget_css
@@ -21,6 +26,7 @@ NEWLINE_KEYS = frozenset({"shift+enter", "alt+enter", "ctrl+j", "shift+\r", "\r"
 # the app's own keys win over TextArea's (F6 settings, F7 rename, Ctrl+Y copy, Ctrl+E
 # editor), and Up/Down walk the history from the first / last line
 APP_KEYS = frozenset({"f6", "f7", "ctrl+y,super+y", "end,ctrl+e", "up", "down"})
+ENTER_SETTLE_S = 0.05  # far below a person's next key, far above a paste's next character
 PLACEHOLDER = "Ask something. Enter sends, Ctrl+J new line, Up: history, Ctrl+P: every action"
 
 
@@ -44,6 +50,7 @@ class PromptInput(TextArea, inherit_bindings=False):
         self.prompts = list(history or [])
         self._position = len(self.prompts)  # len = the prompt being typed
         self._draft = ""
+        self._send_timer: Timer | None = None  # an Enter waiting to see whether a paste follows
 
     @property
     def value(self) -> str:
@@ -53,6 +60,11 @@ class PromptInput(TextArea, inherit_bindings=False):
     def value(self, text: str) -> None:
         self.load_text(text)
         self.move_cursor(self.document.end)
+
+    def _send(self) -> None:
+        self._send_timer = None
+        if self.text.strip():
+            self.post_message(self.Send(self.text.strip()))
 
     def remember(self, text: str) -> None:
         if not self.prompts or self.prompts[-1] != text:
@@ -78,11 +90,14 @@ class PromptInput(TextArea, inherit_bindings=False):
             self._position]
 
     async def _on_key(self, event: events.Key) -> None:
+        if self._send_timer is not None:  # the Enter before this key was a pasted line break
+            self._send_timer.stop()
+            self._send_timer = None
+            self.insert("\n")
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            if self.text.strip():
-                self.post_message(self.Send(self.text.strip()))
+            self._send_timer = self.set_timer(ENTER_SETTLE_S, self._send)
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
