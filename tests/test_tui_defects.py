@@ -344,3 +344,23 @@ def test_edit_in_editor_and_attach_a_file(home, tmp_path, monkeypatch):
         assert "```\nline A\nline B\n```" in user.text
     run(scenario)
     assert os.environ["VISUAL"].endswith("editor.py")
+
+
+def test_a_chat_brings_back_the_settings_it_was_sent_with(home):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Creative")
+    store.add_message(chat.id, "user", "Write a poem.")
+    store.set_chat_settings(chat.id, {"pair": "qwen3-4b", "temperature": 0.9, "max_tokens": 64,
+                                      "speculative": False})
+    store.close()
+
+    async def scenario(app, pilot):
+        assert app.chat_screen.conversation.chat_id == chat.id  # the newest chat opens first
+        assert (app.settings.temperature, app.settings.max_tokens) == (0.9, 64)
+        assert not app.settings.speculative and not app.chat_screen.query_one(StatusBar).speculative
+        app.status = {"loaded": {"pair": "embedded", "served_name": "embedded",
+                                 "engine": "transformers", "drafter": "z/d"}}
+        await app.chat_screen.open_chat(chat.id)  # now the service has said what is loaded
+        await pilot.pause()
+        assert "written with qwen3-4b; embedded is loaded" in notices(app)
+    run(scenario)

@@ -203,10 +203,13 @@ class DFlashChatApp(App):
             return  # already said, or restarting
         self.service_ready.clear()  # prompts wait for a restart instead of failing
         self.service_state = "service stopped"
-        keys = effective_keys(BY_ID["restart_service"], self.settings.keymap)
+        keys = self.restart_keys()
         tail = f"\n{self.process.log_tail()}" if self.process is not None else ""
         self.notify(f"{message.reason}. {keys} restarts it; its log: {self.service_log}{tail}",
                     title="The service stopped", severity="error", timeout=60)
+
+    def restart_keys(self) -> str:
+        return effective_keys(BY_ID["restart_service"], self.settings.keymap)
 
     async def action_restart_service(self) -> None:
         """Start the service again (or reconnect to --server): for a dead or stuck service."""
@@ -313,7 +316,8 @@ class DFlashChatApp(App):
         from dflash_chat.screens.help import HelpScreen
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.settings.keymap))
+            self.push_screen(HelpScreen(self.settings.keymap,
+                                        self.service_log if self.process else None))
 
     def action_race(self) -> None:
         from dflash_chat.screens.race import RaceScreen

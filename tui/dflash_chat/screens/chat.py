@@ -68,7 +68,10 @@ class ChatScreen(Screen):
 
     def _show_service(self) -> None:
         bar = self.query_one(StatusBar)
-        bar.service, bar.model = self.app.service_state, self.app.model_label
+        state = self.app.service_state
+        if state == "service stopped":
+            state += f" ({self.app.restart_keys()} restarts it)"
+        bar.service, bar.model = state, self.app.model_label
         bar.warning = self.app.thinking_warning()
         self.query_one(SpeedPanel).pair = self.app.model_label
 
