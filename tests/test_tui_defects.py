@@ -246,7 +246,10 @@ def test_a_stopped_reply_keeps_its_figures(home):
 # 8. a reply cut at max tokens has no marker
 def test_a_reply_cut_at_max_tokens_says_so(home):
     async def scenario(app, pilot):
-        chunks = [chunk("One", [1], 0, 0), chunk(" two", [2, 3], 1, 1, finish="length")]
+        lines = [f"Line {i} of a long answer." for i in range(30)]  # well past the fold
+        chunks = [chunk("One", [1], 0, 0)]
+        chunks += [chunk(f"\n\n{line}", [i, i + 1], 1, i + 1) for i, line in enumerate(lines)]
+        chunks.append(chunk(" two", [2, 3], 1, 99, finish="length"))
         usage = StreamUsage(5, 3, {**STATS, "prefill_s": 0.02},
                             cached_tokens=4)
         view = await streamed_reply(app, pilot, chunks, "done", usage)
@@ -254,8 +257,9 @@ def test_a_reply_cut_at_max_tokens_says_so(home):
         figures = figures_text(app.chat_screen.query_one(SpeedPanel).snapshot).plain
         assert "max tokens reached" in figures and "4/5 prompt tokens cached" in figures
         assert "ms to first token" in figures and "-" not in figures.split("ms to first")[0][-9:]
+        await pilot.pause()
         conversation = app.chat_screen.conversation
-        assert conversation.scroll_y == conversation.max_scroll_y
+        assert conversation.max_scroll_y > 0 and conversation.scroll_y == conversation.max_scroll_y
     run(scenario, size=NARROW)
 
 
