@@ -125,7 +125,8 @@ class LiveStats:
                                    for k in range(max(self.per_round, default=0) + 1)]}
         ttft = (self.first_token_at - self.sent_at
                 if self.first_token_at is not None and self.sent_at is not None else None)
-        return {**final, "completion_tokens": self.tokens, "ttft_s": ttft,
+        return {"speculative": self.speculative, "rounds": self.rounds, **final,
+                "completion_tokens": self.tokens, "ttft_s": ttft,
                 "finish_reason": self.finish_reason}
 
     def snapshot(self) -> SpeedSnapshot:
