@@ -328,7 +328,7 @@ def test_a_killed_service_is_noticed_and_restarted_by_a_key(pair, service_env, h
             os.kill(killed, signal.SIGKILL)  # as `kill -9` from another terminal
             await until(pilot, lambda: app.service_state == "service stopped", what="noticed")
             said = "\n".join(str(n.message) for n in app._notifications)
-            assert "killed by signal 9" in said and "restarts it" in said
+            assert "killed by signal 9" in said and "ctrl+] restarts it" in said
             assert str(app.service_log) in said
             assert "serving" in app.service_log.read_text()  # the child's stdout is logged
             await pilot.press("ctrl+right_square_bracket")

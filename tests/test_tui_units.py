@@ -387,3 +387,10 @@ def test_a_stopped_reply_keeps_its_own_figures():
     assert totals["tau"] == 2.5 and totals["completion_tokens"] == 6
     assert totals["decode_tokens_per_s"] == 2.5 and totals["ttft_s"] == 0.5
     assert totals["accepted_per_round"] == [0, 0, 1, 1]
+
+
+def test_key_labels_read_as_the_keys_printed_on_a_keyboard():
+    from dflash_chat.actions import key_label
+
+    assert key_label("ctrl+right_square_bracket,f4") == "ctrl+], f4"
+    assert key_label("ctrl+backslash") == "ctrl+\\"

@@ -69,6 +69,18 @@ def effective_keys(spec: ActionSpec, keymap: dict[str, str]) -> str:
     return keymap.get(spec.id, spec.keys)
 
 
+KEY_SYMBOLS = {"right_square_bracket": "]", "left_square_bracket": "[", "backslash": "\\"}
+
+
+def key_label(keys: str) -> str:
+    """Keys as people read them: "ctrl+right_square_bracket,f4" -> "ctrl+], f4"."""
+    labels = []
+    for key in (k.strip() for k in keys.split(",") if k.strip()):
+        *modifiers, name = key.split("+")
+        labels.append("+".join([*modifiers, KEY_SYMBOLS.get(name, name)]))
+    return ", ".join(labels)
+
+
 def check_keymap(keymap: dict[str, str]) -> list[str]:
     """Problems with a user keymap: unknown action ids, empty keys, one key for two actions."""
     problems = [f"unknown action {action!r} in the keymap" for action in keymap if action not in BY_ID]

@@ -17,7 +17,7 @@ from textual.app import App
 from textual.message import Message
 from textual.reactive import var
 
-from dflash_chat.actions import APP, BY_ID, effective_keys
+from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.commands import DFlashCommands
 from dflash_chat.protocol import ServiceError
@@ -209,7 +209,7 @@ class DFlashChatApp(App):
                     title="The service stopped", severity="error", timeout=60)
 
     def restart_keys(self) -> str:
-        return effective_keys(BY_ID["restart_service"], self.settings.keymap)
+        return key_label(effective_keys(BY_ID["restart_service"], self.settings.keymap))
 
     async def action_restart_service(self) -> None:
         """Start the service again (or reconnect to --server): for a dead or stuck service."""

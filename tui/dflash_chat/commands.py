@@ -9,13 +9,13 @@ from functools import partial
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 
-from dflash_chat.actions import ACTIONS, ActionSpec, effective_keys
+from dflash_chat.actions import ACTIONS, ActionSpec, effective_keys, key_label
 
 MATCH_STYLE = "bold reverse"
 
 
 def palette_label(spec: ActionSpec, keymap: dict[str, str]) -> str:
-    return f"{spec.title}  [{effective_keys(spec, keymap).replace(',', ', ')}]"
+    return f"{spec.title}  [{key_label(effective_keys(spec, keymap))}]"
 
 
 class DFlashCommands(Provider):

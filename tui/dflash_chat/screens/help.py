@@ -11,12 +11,12 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
-from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys
+from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys, key_label
 
 
 def help_rows(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
     """(keys, what it does, action id) for every action, then the fixed keys."""
-    rows = [(effective_keys(spec, keymap), spec.title, spec.id) for spec in ACTIONS]
+    rows = [(key_label(effective_keys(spec, keymap)), spec.title, spec.id) for spec in ACTIONS]
     return rows + [(keys, title, "") for keys, title in FIXED_KEYS]
 
 
