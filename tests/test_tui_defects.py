@@ -298,8 +298,15 @@ def test_narrow_terminals_collapse_the_side_panels(home):
         assert screen.conversation.region.width >= 76
         await pilot.press("ctrl+l")
         assert chats.display and chats.region.width > 0
+        await pilot.pause()
+        assert app.focused is chats
         await pilot.press("ctrl+l", "ctrl+backslash")
         assert not chats.display and speed.display
+        await pilot.press("ctrl+backslash", "ctrl+l")
+        await pilot.pause()
+        await pilot.press("enter")  # picks the highlighted chat: the list steps aside
+        await pilot.pause()
+        assert not chats.display and isinstance(app.focused, PromptInput)
     run(scenario, size=NARROW)
 
 

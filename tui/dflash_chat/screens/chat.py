@@ -100,6 +100,9 @@ class ChatScreen(Screen):
     async def on_chat_list_chat_selected(self, message: ChatList.ChatSelected) -> None:
         if type(message) is ChatList.ChatSelected:
             await self.open_chat(message.chat_id)
+            if self.has_class("-show-chats"):  # the list over the conversation steps aside
+                self.remove_class("-show-chats")
+                self.query_one(PromptInput).focus()
 
     def on_chat_list_delete_requested(self, message: ChatList.DeleteRequested) -> None:
         self._delete_chat(message.chat_id)
@@ -156,8 +159,13 @@ class ChatScreen(Screen):
         self._toggle_panel("speed")
 
     def _toggle_panel(self, panel: str) -> None:
-        """Wide: hide or show it in place. Narrow: show it over the conversation, or hide it."""
+        """Wide: hide or show it in place. Narrow: show it over the conversation, or hide it.
+        A chat list brought up takes the focus (arrows pick a chat); hidden, the prompt has it."""
         self.toggle_class(f"-show-{panel}" if self.has_class("-narrow") else f"-hide-{panel}")
+        if panel == "chats":
+            chats = self.query_one(ChatList)
+            self.call_after_refresh(chats.focus if chats.display else self.query_one(
+                PromptInput).focus)
 
     async def action_search_chats(self) -> None:
         from dflash_chat.screens.search import SearchScreen
