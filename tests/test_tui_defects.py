@@ -144,6 +144,27 @@ def test_markdown_is_rendered_with_the_draft_colours_on_it(home):
     run(scenario)
 
 
+def test_a_streaming_reply_is_painted_as_it_renders(home):
+    async def scenario(app, pilot):
+        screen = app.chat_screen
+        screen.query_one(PromptInput).value = "Show code."
+        await pilot.press("enter")
+        conversation = screen.conversation
+        await until(pilot, lambda: conversation.generating, "reply started")
+        view = conversation.last_view("assistant")
+        text = "Here:\n\n```python\nprint('hi')\n```\n"
+        chunks = [chunk(text[:6], [1], 0, 0), chunk(text[6:], [2, 3, 4, 5], 3, 1)]
+        conversation.post_message(Conversation.ChunksArrived(view.message_id, chunks))
+
+        def painted() -> bool:
+            return any(str(span.style) == DRAFT_STYLE for fence in view.query(MarkdownFence)
+                       for span in fence._content.spans)
+
+        await until(pilot, painted, "the streaming code block painted")
+        assert conversation.generating  # still streaming
+    run(scenario)
+
+
 # 3. settings: nothing focused, "saved" with nothing changed, the refusal off screen
 def test_settings_focus_a_field_and_show_a_refusal_on_screen(home):
     async def scenario(app, pilot):

@@ -1,7 +1,8 @@
 """One chat message. A reply streams into its Markdown through `Markdown.get_stream()` (one
 widget update per batch, never per token). The Markdown is always rendered; with colouring on,
 the drafter's accepted tokens show green on the rendered text and tokens a prompt-lookup copy
-brought cyan (draft_colours.py), painted whenever the Markdown finishes a full render.
+brought cyan (draft_colours.py), painted whenever the Markdown finishes a full render and, while
+a reply streams, every PAINT_EVERY_S over what the stream has rendered so far.
 
 The service sends one text delta per round, with how many of its characters the accepted
 drafts made (and of those, a prompt-lookup copy); from other servers the split between the
@@ -16,6 +17,7 @@ from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -24,6 +26,7 @@ from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.draft_colours import accepted_text, colour_markdown
 
 __all__ = ["MessageView", "accepted_text", "code_blocks", "describe"]
+PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
 
@@ -60,6 +63,7 @@ class MessageView(Vertical, can_focus=True):
         self.meta = message.meta
         self.rounds: list[list[int]] = [list(r) for r in message.meta.get("rounds", [])]
         self._stream: MarkdownStream | None = None
+        self._painter: Timer | None = None  # repaints a streaming reply's colours
         self.set_reactive(MessageView.show_accepted, show_accepted and self.role == "assistant")
         self.set_reactive(MessageView.header, describe(message))
 
@@ -77,15 +81,14 @@ class MessageView(Vertical, can_focus=True):
 
     async def watch_show_accepted(self, show: bool) -> None:
         if not self.is_mounted or self._stream is not None:
-            return  # a streaming reply is painted when it ends
+            return  # a streaming reply's painter reads the flag itself
         if show:
             colour_markdown(self.body, self.text, self.rounds)
         else:  # a fresh render drops the colours
             await self.body.update(self.text)
 
     def on_markdown_table_of_contents_updated(self, event: Markdown.TableOfContentsUpdated) -> None:
-        """Posted after every full render: paint it (not while streaming: a stream renders the
-        tail only, whose lines are not the source's)."""
+        """Posted after every full render: paint it (a streaming reply has its painter)."""
         event.stop()
         if self.show_accepted and self._stream is None:
             colour_markdown(self.body, self.text, self.rounds)
@@ -94,6 +97,13 @@ class MessageView(Vertical, can_focus=True):
 
     def start_stream(self) -> None:
         self._stream = Markdown.get_stream(self.body)
+        self._painter = self.set_interval(PAINT_EVERY_S, self._paint_stream)
+
+    def _paint_stream(self) -> None:
+        """The stream renders in batches behind `self.text`: paint what it has rendered (the
+        final full render, when the reply ends, paints every block again)."""
+        if self.show_accepted:
+            colour_markdown(self.body, self.text, self.rounds)
 
     async def append(self, text: str, rounds: list[list[int]]) -> None:
         self.text += text
@@ -102,6 +112,9 @@ class MessageView(Vertical, can_focus=True):
             await self._stream.write(text)
 
     async def finish_stream(self) -> None:
+        if self._painter is not None:
+            self._painter.stop()
+            self._painter = None
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
