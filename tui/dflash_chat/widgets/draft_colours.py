@@ -9,6 +9,8 @@ character, and the rendered text takes that character's colour. Rendering is nev
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from rich.text import Text
 from textual.content import Content
 from textual.widgets import Markdown
@@ -82,18 +84,25 @@ def coloured(content: Content, source: str, styles: list[str | None], offset: in
     return content
 
 
-def colour_markdown(markdown: Markdown, text: str, rounds: list[list[int]]) -> None:
-    """Colour the accepted drafts on every rendered block of `markdown` (showing `text`)."""
+def colour_markdown(markdown: Markdown, text: str, rounds: list[list[int]],
+                    painted: WeakKeyDictionary | None = None) -> None:
+    """Colour the accepted drafts on every rendered block of `markdown` (showing `text`).
+    `painted` remembers what each block was given: a block still showing it is skipped (a
+    streaming reply changes only its last blocks between paints)."""
+    painted = WeakKeyDictionary() if painted is None else painted
     styles = char_styles(text, rounds)
     line_starts = [0]
     for line in text.splitlines(keepends=True):
         line_starts.append(line_starts[-1] + len(line))
     for block in markdown.query(MarkdownBlock):
         content = block._content  # the block's rendered text (Textual keeps no public copy)
+        if painted.get(block) is content:
+            continue
         first, last = block.source_range
         if not content.plain or last <= first or last >= len(line_starts):
             continue
         start, end = line_starts[first], line_starts[last]
         if isinstance(block, MarkdownFence):  # the code starts after the ``` line
             start = text.find("\n", start, end) + 1 or start
-        block.set_content(coloured(content, text[start:end], styles, start))
+        painted[block] = coloured(content, text[start:end], styles, start)
+        block.set_content(painted[block])

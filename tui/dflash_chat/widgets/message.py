@@ -12,6 +12,7 @@ drafts and the target's own token is estimated by the token counts.
 from __future__ import annotations
 
 import re
+from weakref import WeakKeyDictionary
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
@@ -64,6 +65,7 @@ class MessageView(Vertical, can_focus=True):
         self.rounds: list[list[int]] = [list(r) for r in message.meta.get("rounds", [])]
         self._stream: MarkdownStream | None = None
         self._painter: Timer | None = None  # repaints a streaming reply's colours
+        self._painted: WeakKeyDictionary = WeakKeyDictionary()  # block -> the content it got
         self.set_reactive(MessageView.show_accepted, show_accepted and self.role == "assistant")
         self.set_reactive(MessageView.header, describe(message))
 
@@ -103,7 +105,7 @@ class MessageView(Vertical, can_focus=True):
         """The stream renders in batches behind `self.text`: paint what it has rendered (the
         final full render, when the reply ends, paints every block again)."""
         if self.show_accepted:
-            colour_markdown(self.body, self.text, self.rounds)
+            colour_markdown(self.body, self.text, self.rounds, self._painted)
 
     async def append(self, text: str, rounds: list[list[int]]) -> None:
         self.text += text
