@@ -394,3 +394,12 @@ def test_key_labels_read_as_the_keys_printed_on_a_keyboard():
 
     assert key_label("ctrl+right_square_bracket,f4") == "ctrl+], f4"
     assert key_label("ctrl+backslash") == "ctrl+\\"
+
+
+def test_chat_list_titles_take_two_lines_at_most():
+    from dflash_chat.widgets.chat_list import title_lines
+
+    assert title_lines("Adding numbers") == "Adding numbers"
+    two = title_lines("Write a Python function that reverses a string please")
+    assert two == "Write a Python\nfunction that…"
+    assert all(len(line) <= 20 for line in two.splitlines())

@@ -3,6 +3,7 @@ one opens it; Delete and R act on the highlighted one."""
 
 from __future__ import annotations
 
+import textwrap
 from datetime import datetime
 from typing import ClassVar
 
@@ -15,16 +16,21 @@ from textual.widgets.option_list import Option
 from dflash_chat.storage import Chat
 from dflash_chat.widgets import widget_css
 
-TITLE_CHARS = 2 * 22  # two lines of a list 24 cells wide (less its scrollbar)
+TITLE_WIDTH = 20  # the list is 24 cells wide: its border, padding and scrollbar take 4
+TITLE_LINES = 2
 
 
-def one_line(title: str, width: int) -> str:
-    title = " ".join(title.split())
-    return title if len(title) <= width else title[: width - 1] + "…"
+def title_lines(title: str, width: int = TITLE_WIDTH, lines: int = TITLE_LINES) -> str:
+    """The title wrapped at words into at most `lines` lines, cut with "…" when longer."""
+    wrapped = textwrap.wrap(" ".join(title.split()), width) or ["untitled"]
+    if len(wrapped) > lines:
+        last = wrapped[lines - 1]
+        wrapped = [*wrapped[:lines - 1], (last if len(last) < width else last[:width - 1]) + "…"]
+    return "\n".join(wrapped)
 
 
 def chat_label(chat: Chat) -> Text:
-    label = Text(one_line(chat.title or "untitled", TITLE_CHARS))
+    label = Text(title_lines(chat.title))
     label.append(f"\n{datetime.fromtimestamp(chat.created):%Y-%m-%d %H:%M}", style="dim")
     return label
 
