@@ -45,12 +45,11 @@ class Conversation(VerticalScroll):
     generating: var[bool] = var(False)
 
     class Speed(Message):
-        """New figures for the speed panel, about the reply `message_id`."""
+        """New figures for the speed panel, about the reply being generated."""
 
-        def __init__(self, snapshot: SpeedSnapshot, message_id: int | None = None):
+        def __init__(self, snapshot: SpeedSnapshot):
             super().__init__()
             self.snapshot = snapshot
-            self.message_id = message_id
 
     class RequestSent(Message):
         def __init__(self, message_id: int, at: float):
@@ -136,7 +135,7 @@ class Conversation(VerticalScroll):
         self.call_after_refresh(self.scroll_end, animate=False)
         self._reply = Reply(stored.id, view, LiveStats(speculative), meta)
         self.generating = True
-        self.post_message(self.Speed(self._reply.stats.snapshot(), stored.id))
+        self.post_message(self.Speed(self._reply.stats.snapshot()))
         self._worker = self._stream_reply(stored.id, request, {**options,
                                                                 "speculative": speculative})
 
@@ -202,7 +201,7 @@ class Conversation(VerticalScroll):
         await reply.view.append("".join(c.text for c in message.chunks), rounds)
         if following:
             self.call_after_refresh(self.scroll_end, animate=False)
-        self.post_message(self.Speed(reply.stats.snapshot(), reply.message_id))
+        self.post_message(self.Speed(reply.stats.snapshot()))
         if time.monotonic() - reply.saved_at >= SAVE_EVERY_S:
             self._save(reply, "streaming")
 
@@ -231,7 +230,7 @@ class Conversation(VerticalScroll):
         if following:  # the final render can add lines below the fold
             self.call_after_refresh(self.scroll_end, animate=False)
         self.post_message(self.Speed(reply.stats.snapshot() if reply.stats.tokens
-                                     else SpeedSnapshot(), reply.message_id))
+                                     else SpeedSnapshot()))
         self.post_message(self.ReplyFinished(reply.message_id, message.status))
 
     def _save(self, reply: Reply, status: str) -> None:
