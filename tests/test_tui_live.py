@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -311,4 +313,27 @@ def test_app_starts_its_own_service_and_is_usable_before_it_loads(pair, service_
             assert "calibrating target" in states
             assert states.index("calibrating target") < states.index("ready")
         assert not app.process.running  # the app stops its child on exit
+    asyncio.run(scenario())
+
+
+def test_a_killed_service_is_noticed_and_restarted_by_a_key(pair, service_env, home):
+    # the module's service has calibrated the pair in service_env's data dir: no wait for that
+    app = DFlashChatApp(Options(serve_args=serve_args(pair), env=service_env),
+                        settings=Settings(max_tokens=8))
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.service_ready.is_set(), timeout=600, what="ready")
+            killed = app.process.pid
+            os.kill(killed, signal.SIGKILL)  # as `kill -9` from another terminal
+            await until(pilot, lambda: app.service_state == "service stopped", what="noticed")
+            said = "\n".join(str(n.message) for n in app._notifications)
+            assert "killed by signal 9" in said and "ctrl+] restarts it" in said
+            assert str(app.service_log) in said
+            assert "serving" in app.service_log.read_text()  # the child's stdout is logged
+            await pilot.press("ctrl+right_square_bracket")
+            await until(pilot, lambda: app.service_state == "ready", timeout=600, what="restart")
+            assert app.process.pid != killed
+            view = await reply(pilot, app, "Hello again")
+            assert view.text and app.store.message(view.message_id).status == "done"
     asyncio.run(scenario())

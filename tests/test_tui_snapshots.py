@@ -6,6 +6,8 @@ Update after a deliberate change: pytest tests/test_tui_snapshots.py --snapshot-
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from dflash_chat.app import DFlashChatApp, Options
 from dflash_chat.protocol import StreamChunk, StreamUsage
@@ -18,6 +20,8 @@ from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel
 
 SIZE = (120, 40)
+NARROW = (80, 24)  # below the width where the side panels step aside
+CREATED = 1_767_225_600.0  # 2026-01-01 00:00 UTC: the chat list shows each chat's date
 REPLY = ("Here is a function that adds two numbers:\n\n```python\ndef add(a, b):\n"
          "    return a + b\n```\n\nCall it as `add(1, 2)`.")
 ROUNDS = [[12, 5, 6], [14, 0, 1], [22, 7, 8], [30, 3, 4], [10, 1, 2], [len(REPLY) - 88, 2, 3]]
@@ -29,9 +33,11 @@ STATS = {"tau": 4.0, "decode_tokens_per_s": 87.5, "speculative": True, "block_si
 @pytest.fixture
 def app(tmp_path, monkeypatch) -> DFlashChatApp:
     monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
     store = ChatStore(tmp_path / DB_NAME)
-    store.create_chat("Older chat")
-    chat = store.create_chat("Adding numbers", "Be brief.")
+    store.create_chat("Older chat", created=CREATED)
+    chat = store.create_chat("Adding numbers", "Be brief.", created=CREATED + 3600)
     store.add_message(chat.id, "user", "Write a Python function that adds two numbers.")
     store.add_message(chat.id, "assistant", REPLY, "done",
                       {"speculative": True, "rounds": ROUNDS, "stats": STATS})
@@ -61,7 +67,22 @@ def test_chat_screen(app, snap_compare):
 
 
 def test_chat_screen_colours_the_drafters_tokens(app, snap_compare):
-    assert snap_compare(app, press=["f3"], terminal_size=SIZE, run_before=with_speed)
+    app.set_reactive(DFlashChatApp.settings, Settings(show_accepted=True))
+    assert snap_compare(app, terminal_size=SIZE, run_before=with_speed)
+
+
+def test_chat_screen_at_80x24(app, snap_compare):
+    assert snap_compare(app, terminal_size=NARROW, run_before=with_speed)
+
+
+async def settings_open(pilot) -> None:
+    await pilot.press("f6")
+    pilot.app.focused.cursor_blink = False
+    await pilot.pause()
+
+
+def test_settings_at_80x24(app, snap_compare):
+    assert snap_compare(app, terminal_size=NARROW, run_before=settings_open)
 
 
 def test_help_screen(app, snap_compare):
@@ -102,6 +123,10 @@ def test_race_verdict(app, snap_compare):
     assert snap_compare(app, terminal_size=SIZE, run_before=finished_race)
 
 
+def test_race_verdict_at_80x24(app, snap_compare):
+    assert snap_compare(app, terminal_size=NARROW, run_before=finished_race)
+
+
 async def listed_catalog(pilot) -> None:
     from dflash_local.catalog import load_catalog
     from dflash_local.engines.selection import PlatformInfo
@@ -128,3 +153,7 @@ async def listed_catalog(pilot) -> None:
 
 def test_model_picker(app, snap_compare):
     assert snap_compare(app, terminal_size=SIZE, run_before=listed_catalog)
+
+
+def test_model_picker_at_80x24(app, snap_compare):
+    assert snap_compare(app, terminal_size=NARROW, run_before=listed_catalog)

@@ -146,7 +146,7 @@ def test_race_verdict_compares_token_for_token():
 
 
 def test_accepted_tokens_are_coloured_per_round():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     text = accepted_text("abcdXY", [[4, 3, 4], [2, 0, 1]])
     assert text.plain == "abcdXY"
@@ -156,7 +156,8 @@ def test_accepted_tokens_are_coloured_per_round():
 
 # --- boundaries ---
 
-PLAIN_MODULES = ["storage", "settings", "client", "service", "stats", "actions"]
+PLAIN_MODULES = ["storage", "settings", "client", "service", "stats", "actions", "attachments",
+                 "editor"]
 
 
 @pytest.mark.parametrize("module", PLAIN_MODULES)
@@ -183,7 +184,7 @@ def test_the_app_imports_no_model_code():
 
 
 def test_exact_accepted_characters_win_over_the_estimate():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     # a round of 3 committed tokens, 2 of them drafted, whose drafts made 5 of its 6 characters
     text = accepted_text("HelloX", [[6, 2, 3, 5]])
@@ -192,7 +193,7 @@ def test_exact_accepted_characters_win_over_the_estimate():
 
 
 def test_copied_drafts_are_coloured_apart_from_the_drafters():
-    from dflash_chat.widgets.message import accepted_text
+    from dflash_chat.widgets.draft_colours import accepted_text
 
     # round 1: the drafter's accepted tokens made "He", a grafted copy's "llo", the bonus "X";
     # round 2 (an older record: no copy count): its accepted draft "a", the bonus "b"
@@ -326,3 +327,113 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
     assert "does not fit: needs" in fit_details(too_big)[0] and "has 10.7 GB" in fit_details(too_big)[0]
     assert fits_label(listed("gemma-4-31b-it-mlx-4bit")).plain == "no"
     assert fits_label({"engines": ["mlx"]}).plain == "?"  # an older service: no estimate
+
+
+# --- issue 35: titles, search, an older store, attachments, colours on rendered text ---
+
+def test_chat_titles_are_the_first_line_with_words():
+    from dflash_chat.storage import TITLE_CHARS, chat_title
+
+    assert chat_title("\n  Fix this bug  \n```py\nx = 1\n```") == "Fix this bug"
+    long = chat_title("word " * 40)
+    assert len(long) == TITLE_CHARS and long.endswith("…")
+
+
+def test_search_finds_word_prefixes_across_chats_and_follows_edits(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    rust = store.create_chat("Rust")
+    store.add_message(rust.id, "user", "How do lifetimes work in Rust?")
+    python = store.create_chat("Python")
+    reply = store.add_message(python.id, "assistant", "Use a generator", "streaming")
+    assert [hit.chat.title for hit in store.search("lifetime")] == ["Rust"]
+    assert "[lifetimes]" in store.search("lifetime")[0].snippet
+    store.update_message(reply.id, "Use a dataclass", "done")
+    assert store.search("generator") == [] and store.search("datacl")[0].chat.id == python.id
+    assert store.search('"; DROP TABLE chats; --') == []  # words, never FTS5 syntax
+    store.delete_chat(rust.id)
+    assert store.search("lifetimes") == []
+
+
+def test_a_store_an_older_app_wrote_gains_settings_and_search(tmp_path):
+    import sqlite3
+
+    from dflash_chat.storage import SCHEMA
+
+    path = tmp_path / "chats.db"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA)  # the chats table had no settings column, and no search index
+    old.execute("INSERT INTO chats (id, title, created, updated) VALUES (1, 'Old', 0, 0)")
+    old.execute("INSERT INTO messages (chat_id, role, content, created) "
+                "VALUES (1, 'user', 'an ancient question', 0)")
+    old.commit()
+    old.close()
+    store = ChatStore(path)
+    assert store.chat(1).settings == {} and store.search("ancient")[0].chat.title == "Old"
+    store.set_chat_settings(1, {"pair": "embedded", "temperature": 0.5})
+    assert store.chat(1).settings == {"pair": "embedded", "temperature": 0.5}
+
+
+def test_attachments_follow_the_prompt_and_bad_files_are_refused(tmp_path):
+    from dflash_chat.attachments import MAX_ATTACHMENT_BYTES, AttachmentError, expand_attachments
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    assert expand_attachments("see @a.py, mail @someone", tmp_path) == (
+        "see @a.py, mail @someone\n\na.py:\n\n```\nx = 1\n```")
+    assert expand_attachments("no file: @nobody.", tmp_path) == "no file: @nobody."
+    (tmp_path / "blob").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(AttachmentError, match="not UTF-8 text"):
+        expand_attachments("@blob", tmp_path)
+    (tmp_path / "big").write_text("x" * (MAX_ATTACHMENT_BYTES + 1))
+    with pytest.raises(AttachmentError, match="more than the"):
+        expand_attachments("@big", tmp_path)
+
+
+def test_rendered_text_takes_the_colour_of_the_source_it_shows():
+    from dflash_chat.widgets.draft_colours import DRAFT_STYLE, align, coloured
+    from textual.content import Content
+
+    source = "Use **bold** and `code` here"
+    rendered = "Use bold and code here"
+    pairs = align(rendered, source)
+    assert [source[i] for i in pairs if i is not None] == list(rendered)
+    styles = [DRAFT_STYLE if source.index("bold") <= i < source.index("bold") + 4 else None
+              for i in range(len(source))]
+    painted = coloured(Content(rendered), source, styles, 0)
+    assert [rendered[s.start:s.end] for s in painted.spans] == ["bold"]
+
+
+def test_picker_columns_fit_the_width_pair_last():
+    from dflash_chat.screens.picker import MIN_COLUMN, PAIR_MIN, fitted_widths
+
+    widths = [22, 26, 9, 6, 10, 8, 6]
+    assert fitted_widths(widths, 200) == widths
+    narrow = fitted_widths(widths, 78)
+    assert sum(narrow) + 2 * len(narrow) <= 78 and narrow[0] == PAIR_MIN
+    assert min(fitted_widths(widths, 30)) == MIN_COLUMN
+
+
+def test_a_stopped_reply_keeps_its_own_figures():
+    stats = LiveStats(speculative=True)
+    stats.sent_at = 9.5
+    for index, (ids, accepted) in enumerate([([1], 0), ([2, 3, 4], 2), ([5, 6], 1)]):
+        stats.add(chunk(ids, accepted, round_index=index, at=10.0 + index))
+    totals = stats.totals()
+    assert totals["tau"] == 2.5 and totals["completion_tokens"] == 6
+    assert totals["decode_tokens_per_s"] == 2.5 and totals["ttft_s"] == 0.5
+    assert totals["accepted_per_round"] == [0, 0, 1, 1]
+
+
+def test_key_labels_read_as_the_keys_printed_on_a_keyboard():
+    from dflash_chat.actions import key_label
+
+    assert key_label("ctrl+right_square_bracket,f4") == "ctrl+], f4"
+    assert key_label("ctrl+backslash") == "ctrl+\\"
+
+
+def test_chat_list_titles_take_two_lines_at_most():
+    from dflash_chat.widgets.chat_list import title_lines
+
+    assert title_lines("Adding numbers") == "Adding numbers"
+    two = title_lines("Write a Python function that reverses a string please")
+    assert two == "Write a Python\nfunction that…"
+    assert all(len(line) <= 20 for line in two.splitlines())

@@ -42,12 +42,20 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("copy_code", "ctrl+b", "Copy the last code block of the selected (or last) reply"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
+    ActionSpec("search_chats", "ctrl+f", "Search past chats"),
+    ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),
+    ActionSpec("toggle_chats", "ctrl+l", "Show or hide the chat list", "Chats"),
+    ActionSpec("toggle_speed", "ctrl+backslash", "Show or hide the speed panel"),
+    ActionSpec("restart_service", "ctrl+right_square_bracket", "Restart the service", "", APP),
 )
 
 # Keys the widgets handle themselves: listed in help, not remappable.
 FIXED_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "Send the prompt"),
-    ("up / down", "Prompt history (in the prompt)"),
+    ("ctrl+j, shift+enter, alt+enter",
+     "New line in the prompt (Shift/Alt where the terminal reports them)"),
+    ("@path", "In a prompt: attach that text file"),
+    ("up / down", "Prompt history (on the prompt's first / last line)"),
     ("tab / shift+tab", "Move focus (chats, messages, prompt)"),
     ("ctrl+p", "Command palette: every action"),
     ("ctrl+q", "Quit"),
@@ -59,6 +67,18 @@ BY_ID = {spec.id: spec for spec in ACTIONS}
 def effective_keys(spec: ActionSpec, keymap: dict[str, str]) -> str:
     """The keys an action answers to once the user's keymap is applied."""
     return keymap.get(spec.id, spec.keys)
+
+
+KEY_SYMBOLS = {"right_square_bracket": "]", "left_square_bracket": "[", "backslash": "\\"}
+
+
+def key_label(keys: str) -> str:
+    """Keys as people read them: "ctrl+right_square_bracket,f4" -> "ctrl+], f4"."""
+    labels = []
+    for key in (k.strip() for k in keys.split(",") if k.strip()):
+        *modifiers, name = key.split("+")
+        labels.append("+".join([*modifiers, KEY_SYMBOLS.get(name, name)]))
+    return ", ".join(labels)
 
 
 def check_keymap(keymap: dict[str, str]) -> list[str]:

@@ -17,13 +17,14 @@ from textual.app import App
 from textual.message import Message
 from textual.reactive import var
 
-from dflash_chat.actions import APP, BY_ID
+from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.commands import DFlashCommands
 from dflash_chat.protocol import ServiceError
 from dflash_chat.screens.chat import ChatScreen
-from dflash_chat.service import ServiceProcess, ServiceStartError, wait_healthy
+from dflash_chat.service import HEALTH_EVERY_S, ServiceProcess, ServiceStartError, wait_healthy
 from dflash_chat.settings import (
+    CHAT_FIELDS,
     THEMES_DARK_LIGHT,
     Settings,
     load_settings,
@@ -40,6 +41,7 @@ class Options:
     serve_args: tuple[str, ...] = ()  # passed to `serve` (--target, --drafter, --pair...)
     connect: bool = True  # False: no service at all (snapshot tests)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
+    serve_command: tuple[str, ...] | None = None  # what runs `serve` (default: this Python's)
 
 
 class DFlashChatApp(App):
@@ -69,6 +71,7 @@ class DFlashChatApp(App):
         self.status: dict = {}  # the last GET /dflash/status
         self.catalog: list[dict] = []
         self.chat_screen: ChatScreen | None = None
+        self._health_timer = None  # the health watch, once the service has answered
 
     def on_mount(self) -> None:
         self.chat_screen = ChatScreen()
@@ -117,9 +120,9 @@ class DFlashChatApp(App):
 
     def _start_service(self) -> None:
         if self.options.server is None:
-            self.process = ServiceProcess(list(self.options.serve_args),
-                                          self.data_dir / "logs" / "service.log",
-                                          env=self.options.env, on_phase=self._show_phase)
+            self.process = ServiceProcess(list(self.options.serve_args), self.service_log,
+                                          env=self.options.env, on_phase=self._show_phase,
+                                          command=self.options.serve_command)
             self.service_state = "loading model"
         self._connect(self.process)
 
@@ -141,8 +144,14 @@ class DFlashChatApp(App):
                 await client.aclose()
             self.post_message(self.ServiceDown(str(exc)))
 
+    @property
+    def service_log(self) -> Path:
+        return self.data_dir / "logs" / "service.log"
+
     def on_dflash_chat_app_service_up(self, message: ServiceUp) -> None:
         self.client = message.client
+        if self._health_timer is None:
+            self._health_timer = self.set_interval(HEALTH_EVERY_S, self._check_health)
         self.on_dflash_chat_app_status_fetched(self.StatusFetched(message.status))
         self.service_ready.set()
         self.fetch_catalog()
@@ -169,6 +178,49 @@ class DFlashChatApp(App):
         self.service_state = "service failed"
         self.notify(message.reason, title="The service did not start", severity="error",
                     timeout=30)
+
+    # --- the health watch: a dead service says so, and a key restarts it ---
+
+    class ServiceLost(Message):
+        def __init__(self, reason: str):
+            super().__init__()
+            self.reason = reason
+
+    @work(exclusive=True, group="health")
+    async def _check_health(self) -> None:
+        if self.client is None or not self.service_ready.is_set():
+            return
+        if self.process is not None and not self.process.running:
+            self.post_message(self.ServiceLost(f"the service exited ({self.process.exit_status})"))
+            return
+        try:
+            await self.client.health()
+        except ServiceError as exc:
+            self.post_message(self.ServiceLost(exc.message))
+
+    def on_dflash_chat_app_service_lost(self, message: ServiceLost) -> None:
+        if not self.service_ready.is_set():
+            return  # already said, or restarting
+        self.service_ready.clear()  # prompts wait for a restart instead of failing
+        self.service_state = "service stopped"
+        keys = self.restart_keys()
+        tail = f"\n{self.process.log_tail()}" if self.process is not None else ""
+        self.notify(f"{message.reason}. {keys} restarts it; its log: {self.service_log}{tail}",
+                    title="The service stopped", severity="error", timeout=60)
+
+    def restart_keys(self) -> str:
+        return key_label(effective_keys(BY_ID["restart_service"], self.settings.keymap))
+
+    async def action_restart_service(self) -> None:
+        """Start the service again (or reconnect to --server): for a dead or stuck service."""
+        self.service_ready.clear()
+        self.service_state = "starting"
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+        if self.process is not None:
+            await self.process.stop()
+        self._start_service()
 
     @work(group="status")
     async def refresh_status(self) -> None:
@@ -215,11 +267,31 @@ class DFlashChatApp(App):
         pair = self.catalog_pair(loaded.get("pair"))
         trained = pair["thinking"] if pair else "none"
         wanted = self.settings.thinking
+        if trained == "none" and pair and wanted == "on":
+            return f"{pair['id']} has no thinking mode: thinking on changes nothing"
         if trained in ("on", "off") and wanted != "auto" and wanted != trained:
             return f"the drafter was trained with thinking {trained}: expect a lower tau"
         return ""
 
     # --- settings ---
+
+    def chat_settings(self) -> dict:
+        """What a chat keeps of the settings it was sent with: the pair and the sampling."""
+        loaded = self.status.get("loaded") or {}
+        return {"pair": loaded.get("pair") or loaded.get("served_name"),
+                **{name: getattr(self.settings, name) for name in CHAT_FIELDS}}
+
+    def apply_chat_settings(self, chat) -> None:
+        """An opened chat's sampling applies again; a different pair is pointed out."""
+        stored = {name: value for name, value in chat.settings.items() if name in CHAT_FIELDS}
+        wanted = replace(self.settings, **stored)
+        if wanted != self.settings and not wanted.problems():
+            self.apply_settings(wanted)
+        pair = chat.settings.get("pair")
+        loaded = (self.status.get("loaded") or {}).get("pair")
+        if pair and loaded and pair != loaded:
+            self.notify(f"This chat was written with {pair}; {loaded} is loaded (F5: models)",
+                        severity="warning")
 
     def update_settings(self, **changes) -> None:
         self.apply_settings(replace(self.settings, **changes))
@@ -244,7 +316,8 @@ class DFlashChatApp(App):
         from dflash_chat.screens.help import HelpScreen
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.settings.keymap))
+            self.push_screen(HelpScreen(self.settings.keymap,
+                                        self.service_log if self.process else None))
 
     def action_race(self) -> None:
         from dflash_chat.screens.race import RaceScreen

@@ -69,8 +69,9 @@ class DFlashClient:
         async for payload in self._sse("POST", "/v1/chat/completions", json=body):
             if payload.get("usage"):
                 usage = payload["usage"]
+                details = usage.get("prompt_tokens_details") or {}  # a prefix cache's share
                 yield StreamUsage(usage["prompt_tokens"], usage["completion_tokens"],
-                                  usage.get("dflash") or {})
+                                  usage.get("dflash") or {}, details.get("cached_tokens"))
             for choice in payload.get("choices", ()):
                 yield _chunk(choice, payload.get("dflash") or {})
 

@@ -50,3 +50,4 @@ class StreamUsage:
     prompt_tokens: int
     completion_tokens: int
     dflash: dict  # tau, decode/prefill tokens/s, drafted, accepted, accepted_per_round, engine...
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if sent

@@ -2,8 +2,8 @@
 
 Boundary: no Textual, no model code: it runs `python -m dflash_local.cli serve` on a free
 loopback port (port 0, read back from the line serve prints) with a random API key passed
-through the environment (not argv, which other users can read in `ps`). The child's stderr
-goes to a log file whose tail explains a failed start.
+through the environment (not argv, which other users can read in `ps`). The child's stderr and
+stdout go to a log file (both appending) whose tail explains a failed start or a dead service.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
 PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long wait before it, named
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
+HEALTH_EVERY_S = 2.0  # how often the app checks that its service still answers
 LOG_TAIL_LINES = 12
 
 
@@ -53,11 +54,23 @@ class ServiceProcess:
         self._stdout_task: asyncio.Task | None = None
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def exit_status(self) -> str:
+        code = self._process.returncode if self._process is not None else None
+        return "still running" if code is None else (
+            f"killed by signal {-code}" if code < 0 else f"exit status {code}")
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
     async def start(self) -> str:
         """Start the child and return its URL once it prints it (after the pair has loaded)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_bytes(b"")  # one log per start; both writers then append
         with self._open_log() as log:  # the child keeps its own descriptor
             self._process = await asyncio.create_subprocess_exec(
                 *self.command, "--host", "127.0.0.1", "--port", "0", *self.serve_args,
@@ -68,12 +81,16 @@ class ServiceProcess:
         return self.url
 
     def _open_log(self):
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        return open(self.log_path, "wb")
+        return open(self.log_path, "ab")
+
+    def _log_line(self, line: bytes) -> None:
+        with self._open_log() as log:
+            log.write(line)
 
     async def _read_url(self) -> str:
         assert self._process is not None and self._process.stdout is not None
         while line := await self._process.stdout.readline():
+            self._log_line(line)
             text = line.decode(errors="replace").strip()
             if match := SERVING_LINE.search(text):
                 return match.group(1)
@@ -91,10 +108,10 @@ class ServiceProcess:
             raise ServiceStartError(f"{exc}:\n{self.log_tail()}") from None
 
     async def _drain_stdout(self) -> None:
-        """Keep reading the child's stdout so a full pipe never blocks it."""
+        """Keep reading the child's stdout into the log, so a full pipe never blocks it."""
         assert self._process is not None and self._process.stdout is not None
-        while await self._process.stdout.readline():
-            pass
+        while line := await self._process.stdout.readline():
+            self._log_line(line)
 
     async def stop(self) -> None:
         """SIGTERM (uvicorn shuts down gracefully and unloads), then SIGKILL if it lingers."""

@@ -18,6 +18,9 @@ from dflash_chat.actions import check_keymap
 THINKING_MODES = ("auto", "on", "off")  # auto: the chat template's default
 THEMES_DARK_LIGHT = ("textual-dark", "textual-light")
 FILE_NAME = "settings.toml"
+# what a chat keeps of the settings it was last sent with (storage: chats.settings)
+CHAT_FIELDS = ("speculative", "thinking", "temperature", "top_p", "max_tokens", "seed",
+               "block_size")
 
 
 @dataclass(frozen=True)

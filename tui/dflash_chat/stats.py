@@ -8,7 +8,7 @@ arrived); when the stream ends, the service's own totals (usage.dflash) replace 
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dflash_chat.protocol import MODE_LOOKUP, MODE_SPECULATIVE, StreamChunk
 
@@ -37,6 +37,15 @@ class SpeedSnapshot:
     plain_rounds: int = 0  # rounds the auto block policy ran plainly (speculation was losing)
     lookup_rounds: int = 0  # rounds that verified a prompt-lookup draft instead of the drafter's
     mode: str = MODE_SPECULATIVE  # the latest round's
+    live: bool = False  # a reply is streaming (False and not final: no reply shown)
+    ttft_s: float | None = None  # request sent to first token, on the client's clock
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of prompt_tokens, those a prefix cache served
+    finish_reason: str | None = None  # "length": the reply hit max tokens
+
+    @property
+    def waiting(self) -> bool:
+        return self.live and self.tokens == 0
 
     @property
     def acceptance(self) -> float:
@@ -56,6 +65,8 @@ class LiveStats:
     mode: str = MODE_SPECULATIVE
     plain_rounds: int = 0
     lookup_rounds: int = 0
+    sent_at: float | None = None  # when the request left (for the time to first token)
+    finish_reason: str | None = None
     first_token_at: float | None = None
     last_at: float | None = None
     per_round: Counter = field(default_factory=Counter)
@@ -68,6 +79,7 @@ class LiveStats:
 
     def add(self, chunk: StreamChunk) -> None:
         count = len(chunk.token_ids)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
         self.tokens += count
         self.token_ids.extend(chunk.token_ids)
         self.block_size = chunk.block_size
@@ -101,27 +113,33 @@ class LiveStats:
     def finish(self, dflash: dict) -> None:
         self.final = dflash
 
+    def totals(self) -> dict:
+        """The reply's figures as usage.dflash names them, plus the client's own (time to
+        first token, tokens): what a reply keeps, also one stopped before the service's totals."""
+        final = self.final or {
+            "speculative": self.speculative, "decode_tokens_per_s": self._rate_overall(),
+            "tau": self.tau, "rounds": self.rounds, "drafted": self.drafted,
+            "draft_depth": self.reachable, "accepted": self.accepted,
+            "block_size": self.block_size,
+            "accepted_per_round": [self.per_round.get(k, 0)
+                                   for k in range(max(self.per_round, default=0) + 1)]}
+        ttft = (self.first_token_at - self.sent_at
+                if self.first_token_at is not None and self.sent_at is not None else None)
+        return {"speculative": self.speculative, "rounds": self.rounds, **final,
+                "completion_tokens": self.tokens, "ttft_s": ttft,
+                "finish_reason": self.finish_reason}
+
     def snapshot(self) -> SpeedSnapshot:
-        final = self.final or {}
-        if final:
-            histogram = final.get("accepted_per_round", [])
-            per_round = tuple((k, n) for k, n in enumerate(histogram) if n)
-            return SpeedSnapshot(  # "now" is over: the service's totals replace the live figures
-                speculative=final.get("speculative", self.speculative), tokens=self.tokens,
-                tokens_per_s=final.get("decode_tokens_per_s", 0.0),
-                samples=tuple(self._samples), tau=final.get("tau", 0.0),
-                rounds=final.get("rounds", self.rounds), drafted=final.get("drafted", 0),
-                reachable=final.get("draft_depth", final.get("drafted", 0)),
-                accepted=final.get("accepted", 0), per_round=per_round,
-                prefill_s=final.get("prefill_s"), block_size=final.get("block_size", 1),
-                engine=final.get("engine", ""), final=True, plain_rounds=self.plain_rounds,
-                lookup_rounds=self.lookup_rounds, mode=self.mode)
+        if self.final:  # "now" is over: the service's totals replace the live figures
+            return replace(final_snapshot(self.totals()), samples=tuple(self._samples),
+                           plain_rounds=self.plain_rounds, lookup_rounds=self.lookup_rounds,
+                           mode=self.mode)
         return SpeedSnapshot(
             speculative=self.speculative, tokens=self.tokens, tokens_per_s_now=self._rate_now(),
             tokens_per_s=self._rate_overall(), samples=tuple(self._samples), tau=self.tau,
             rounds=self.rounds, drafted=self.drafted, reachable=self.reachable,
             accepted=self.accepted, per_round=tuple(sorted(self.per_round.items())),
-            block_size=self.block_size,
+            block_size=self.block_size, live=True, finish_reason=self.finish_reason,
             plain_rounds=self.plain_rounds, lookup_rounds=self.lookup_rounds, mode=self.mode)
 
     @property
@@ -141,6 +159,22 @@ class LiveStats:
         if self.first_token_at is None or self.last_at is None or self.last_at <= self.first_token_at:
             return 0.0
         return (self.tokens - 1) / (self.last_at - self.first_token_at)
+
+
+def final_snapshot(totals: dict) -> SpeedSnapshot:
+    """A finished reply's figures, from what `LiveStats.totals` kept (stored with the reply)."""
+    histogram = totals.get("accepted_per_round", [])
+    return SpeedSnapshot(
+        speculative=totals.get("speculative", True), tokens=totals.get("completion_tokens", 0),
+        tokens_per_s=totals.get("decode_tokens_per_s", 0.0), tau=totals.get("tau", 0.0),
+        rounds=totals.get("rounds", 0), drafted=totals.get("drafted", 0),
+        reachable=totals.get("draft_depth", totals.get("drafted", 0)),
+        accepted=totals.get("accepted", 0),
+        per_round=tuple((k, n) for k, n in enumerate(histogram) if n),
+        prefill_s=totals.get("prefill_s"), block_size=totals.get("block_size", 1),
+        engine=totals.get("engine", ""), final=True, ttft_s=totals.get("ttft_s"),
+        prompt_tokens=totals.get("prompt_tokens"), cached_tokens=totals.get("cached_tokens"),
+        finish_reason=totals.get("finish_reason"))
 
 
 HALF_PRECISION = ("bfloat16", "float16")  # not "server": a served engine's is unknown

@@ -32,6 +32,23 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 """
+# search over past chats: an external-content FTS5 index of the messages, kept by triggers
+SEARCH_SCHEMA = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+"""
+TITLE_CHARS = 60
+SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
 DB_NAME = "chats.sqlite3"
 
@@ -42,6 +59,14 @@ class Chat:
     title: str
     system_prompt: str
     updated: float
+    created: float = 0.0
+    settings: dict = field(default_factory=dict)  # the pair and sampling it was last sent with
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    chat: Chat
+    snippet: str  # the matching message, the match in [brackets]
 
 
 @dataclass(frozen=True)
@@ -64,8 +89,18 @@ class ChatStore:
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a killed process
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._migrate()
         with self._tx():
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='streaming'")
+
+    def _migrate(self) -> None:
+        """Bring a store an older app wrote up to this schema (columns added, search built)."""
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(chats)")}
+        if "settings" not in columns:
+            self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+        tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
+        if "messages_fts" not in tables:
+            self._db.executescript(f"BEGIN; {SEARCH_SCHEMA} COMMIT;")
 
     def close(self) -> None:
         self._db.close()
@@ -75,25 +110,44 @@ class ChatStore:
 
     # --- chats ---
 
-    def create_chat(self, title: str, system_prompt: str = "") -> Chat:
-        now = time.time()
+    def create_chat(self, title: str, system_prompt: str = "", created: float | None = None) -> Chat:
+        now = time.time() if created is None else created
         with self._tx():
             cursor = self._db.execute(
                 "INSERT INTO chats (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
                 (title, system_prompt, now, now))
-        return Chat(cursor.lastrowid, title, system_prompt, now)
+        return Chat(cursor.lastrowid, title, system_prompt, now, now)
 
     def chats(self) -> list[Chat]:
-        rows = self._db.execute(
-            "SELECT id, title, system_prompt, updated FROM chats ORDER BY updated DESC, id DESC")
-        return [Chat(row["id"], row["title"], row["system_prompt"], row["updated"]) for row in rows]
+        rows = self._db.execute("SELECT * FROM chats ORDER BY updated DESC, id DESC")
+        return [_chat(row) for row in rows]
 
     def chat(self, chat_id: int) -> Chat:
-        row = self._db.execute("SELECT id, title, system_prompt, updated FROM chats WHERE id=?",
-                               (chat_id,)).fetchone()
+        row = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
         if row is None:
             raise KeyError(f"no chat {chat_id}")
-        return Chat(row["id"], row["title"], row["system_prompt"], row["updated"])
+        return _chat(row)
+
+    def set_chat_settings(self, chat_id: int, settings: dict) -> None:
+        with self._tx():
+            self._db.execute("UPDATE chats SET settings=? WHERE id=?",
+                             (json.dumps(settings), chat_id))
+
+    def search(self, query: str, limit: int = SEARCH_LIMIT) -> list[SearchHit]:
+        """Chats whose messages hold every word of `query` (as word prefixes), best first."""
+        words = [w.replace('"', '""') for w in query.split()]
+        if not words:
+            return []
+        match = " ".join(f'"{word}"*' for word in words)  # quoted: no FTS5 syntax from users
+        rows = self._db.execute(
+            "SELECT m.chat_id, snippet(messages_fts, 0, '[', ']', '…', 8) AS snip "
+            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+            "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (match, limit * 4)).fetchall()
+        hits: dict[int, SearchHit] = {}
+        for row in rows:
+            if row["chat_id"] not in hits and len(hits) < limit:
+                hits[row["chat_id"]] = SearchHit(self.chat(row["chat_id"]), row["snip"])
+        return list(hits.values())
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         with self._tx():
@@ -159,6 +213,12 @@ class ChatStore:
         return history
 
 
+def chat_title(prompt: str) -> str:
+    """A new chat's title: the first line of its first prompt that has words."""
+    line = next((line.strip() for line in prompt.splitlines() if line.strip()), "New chat")
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"
+
+
 def export_markdown(chat: Chat, messages: list[Message]) -> str:
     """A chat as a Markdown document: title, system prompt, then each turn."""
     parts = [f"# {chat.title}\n"]
@@ -183,6 +243,11 @@ class _Transaction:
 
     def __exit__(self, exc_type, *_exc) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _chat(row: sqlite3.Row) -> Chat:
+    return Chat(row["id"], row["title"], row["system_prompt"], row["updated"], row["created"],
+                json.loads(row["settings"]))
 
 
 def _message(row: sqlite3.Row) -> Message:

@@ -11,18 +11,18 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from dflash_chat.actions import CHAT
+from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import THINKING_MODES, Settings
-from dflash_chat.storage import export_markdown
+from dflash_chat.stats import SpeedSnapshot, final_snapshot
+from dflash_chat.storage import chat_title, export_markdown
 from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel
 from dflash_chat.widgets.status_bar import StatusBar
-
-TITLE_CHARS = 40
 
 
 class ChatScreen(Screen):
@@ -41,13 +41,18 @@ class ChatScreen(Screen):
                 yield PromptInput(store.prompt_history(), id="prompt")
             yield SpeedPanel(id="speed")
         yield StatusBar(id="status")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # the prompt names Ctrl+P
 
     @property
     def conversation(self) -> Conversation:
         return self.query_one(Conversation)
 
+    def on_resize(self, event) -> None:
+        """Below NARROW_COLUMNS the side panels step aside (their keys bring them back)."""
+        self.set_class(event.size.width < NARROW_COLUMNS, "-narrow")
+
     async def on_mount(self) -> None:
+        self.set_class(self.app.size.width < NARROW_COLUMNS, "-narrow")
         self.watch(self.app, "settings", self._show_settings)
         self.watch(self.app, "service_state", self._show_service)
         self.watch(self.app, "model_label", self._show_service)
@@ -63,7 +68,10 @@ class ChatScreen(Screen):
 
     def _show_service(self) -> None:
         bar = self.query_one(StatusBar)
-        bar.service, bar.model = self.app.service_state, self.app.model_label
+        state = self.app.service_state
+        if state == "service stopped":
+            state += f" ({self.app.restart_keys()} restarts it)"
+        bar.service, bar.model = state, self.app.model_label
         bar.warning = self.app.thinking_warning()
         self.query_one(SpeedPanel).pair = self.app.model_label
 
@@ -76,6 +84,10 @@ class ChatScreen(Screen):
         self._editing = None
         await self.conversation.show_chat(chat_id)
         self.refresh_chat_list()
+        last = self.conversation.last_view("assistant")  # the panel shows this chat's figures
+        self.query_one(SpeedPanel).snapshot = reply_snapshot(last.meta if last else {})
+        if chat_id is not None:
+            self.app.apply_chat_settings(self.app.store.chat(chat_id))
 
     def refresh_chat_list(self) -> None:
         self.query_one(ChatList).show(self.app.store.chats(), self.conversation.chat_id)
@@ -88,6 +100,9 @@ class ChatScreen(Screen):
     async def on_chat_list_chat_selected(self, message: ChatList.ChatSelected) -> None:
         if type(message) is ChatList.ChatSelected:
             await self.open_chat(message.chat_id)
+            if self.has_class("-show-chats"):  # the list over the conversation steps aside
+                self.remove_class("-show-chats")
+                self.query_one(PromptInput).focus()
 
     def on_chat_list_delete_requested(self, message: ChatList.DeleteRequested) -> None:
         self._delete_chat(message.chat_id)
@@ -99,28 +114,85 @@ class ChatScreen(Screen):
 
     async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
         conversation = self.conversation
-        if conversation.generating:
-            self.notify("A reply is streaming: Esc stops it", severity="warning")
+        if conversation.generating:  # the prompt stays in the field for after
+            self.notify("A reply is streaming: Esc stops it, then Enter sends this",
+                        severity="warning")
             return
+        try:
+            text = expand_attachments(message.text, Path.cwd())
+        except AttachmentError as exc:
+            self.notify(str(exc), title="Not sent", severity="error")
+            return
+        self.query_one(PromptInput).accept()
         if conversation.chat_id is None:
-            chat = self.app.store.create_chat(message.text[:TITLE_CHARS],
+            chat = self.app.store.create_chat(chat_title(message.text),
                                               self.app.settings.system_prompt)
             await self.open_chat(chat.id)
         if self._editing is not None:
             await conversation.drop_from(self._editing)
             self._editing = None
         settings = self.app.settings
-        await conversation.send(message.text, settings.sampling(), settings.speculative)
+        self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
+        await conversation.send(text, settings.sampling(), settings.speculative)
         self.refresh_chat_list()
 
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
         self.query_one(SpeedPanel).snapshot = message.snapshot
+
+    def on_descendant_focus(self, event) -> None:
+        """A reply selected: the panel shows its figures (the streaming one shows itself)."""
+        view = event.widget
+        if isinstance(view, MessageView) and view.role == "assistant" and not (
+                self.conversation.generating and view is self.conversation.last_view("assistant")):
+            self.query_one(SpeedPanel).snapshot = reply_snapshot(view.meta)
 
     # --- actions (ids in actions.py) ---
 
     def action_stop(self) -> None:
         if self.conversation.stop():
             self.notify("Stopped: the partial reply is kept")
+
+    def action_toggle_chats(self) -> None:
+        self._toggle_panel("chats")
+
+    def action_toggle_speed(self) -> None:
+        self._toggle_panel("speed")
+
+    def _toggle_panel(self, panel: str) -> None:
+        """Wide: hide or show it in place. Narrow: show it over the conversation, or hide it.
+        A chat list brought up takes the focus (arrows pick a chat); hidden, the prompt has it."""
+        self.toggle_class(f"-show-{panel}" if self.has_class("-narrow") else f"-hide-{panel}")
+        if panel == "chats":
+            chats = self.query_one(ChatList)
+            self.call_after_refresh(chats.focus if chats.display else self.query_one(
+                PromptInput).focus)
+
+    async def action_search_chats(self) -> None:
+        from dflash_chat.screens.search import SearchScreen
+
+        async def open_hit(chat_id: int | None) -> None:
+            if chat_id is not None:
+                await self.open_chat(chat_id)
+
+        self.app.push_screen(SearchScreen(), open_hit)
+
+    def action_edit_in_editor(self) -> None:
+        from textual.app import SuspendNotSupported
+
+        from dflash_chat.editor import EditorError, edit_text
+
+        prompt = self.query_one(PromptInput)
+        try:
+            try:
+                with self.app.suspend():
+                    edited = edit_text(prompt.text)
+            except SuspendNotSupported:  # no terminal to hand over (headless): run it as is
+                edited = edit_text(prompt.text)
+        except EditorError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        prompt.value = edited
+        prompt.focus()
 
     def action_toggle_speculative(self) -> None:
         speculative = not self.app.settings.speculative
@@ -158,7 +230,6 @@ class ChatScreen(Screen):
         self._editing = last.message_id
         prompt = self.query_one(PromptInput)
         prompt.value = last.text
-        prompt.cursor_position = len(last.text)
         prompt.focus()
         self.notify("Editing the last prompt: Enter resends it (the old turn is replaced)")
 
@@ -240,6 +311,14 @@ class ChatScreen(Screen):
 
         self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
                              delete)
+
+
+NARROW_COLUMNS = 110  # below this the chat list and the speed panel step aside
+
+
+def reply_snapshot(meta: dict) -> SpeedSnapshot:
+    """A stored reply's figures for the speed panel (none: the panel says so)."""
+    return final_snapshot(meta["stats"]) if meta.get("stats") else SpeedSnapshot()
 
 
 def export_path(data_dir: Path, chat_id: int) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -10,12 +11,12 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
-from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys
+from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys, key_label
 
 
 def help_rows(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
     """(keys, what it does, action id) for every action, then the fixed keys."""
-    rows = [(effective_keys(spec, keymap), spec.title, spec.id) for spec in ACTIONS]
+    rows = [(key_label(effective_keys(spec, keymap)), spec.title, spec.id) for spec in ACTIONS]
     return rows + [(keys, title, "") for keys, title in FIXED_KEYS]
 
 
@@ -23,9 +24,10 @@ class HelpScreen(ModalScreen[None]):
     CSS_PATH = "help.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,f1,q", "dismiss", "Close")]
 
-    def __init__(self, keymap: dict[str, str]):
+    def __init__(self, keymap: dict[str, str], service_log: Path | None = None):
         super().__init__()
         self.keymap = keymap
+        self.service_log = service_log  # the child service's log, when the app started one
 
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
@@ -37,6 +39,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static("Green text in a reply (F3): tokens the drafter proposed and the target "
                          "accepted; cyan: accepted tokens copied from the context (prompt lookup). "
                          "tau: tokens committed per verify round.", id="help-note")
+            if self.service_log is not None:
+                yield Static(f"The service's log: {self.service_log}", id="help-log",
+                             markup=False)
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(result)

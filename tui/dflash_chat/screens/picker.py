@@ -23,6 +23,29 @@ COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 10), ("Downloade
            ("Thinking", 8), ("", 6))
 
 
+MIN_COLUMN = 5
+PAIR_MIN = 18  # the pair's id is what a row is: its column gives up cells last
+
+
+def fitted_widths(widths: list[int], room: int) -> list[int]:
+    """Column widths that fit `room` cells (each column pads 2), so every column stays on
+    screen: the widest give up cells first, none below MIN_COLUMN, the first (the pair) not
+    below PAIR_MIN unless nothing else can give."""
+    widths = list(widths)
+    floors = [min(width, PAIR_MIN if index == 0 else MIN_COLUMN)
+              for index, width in enumerate(widths)]
+    while sum(widths) + 2 * len(widths) > room:
+        giving = [i for i, width in enumerate(widths) if width > floors[i]]
+        if not giving:
+            floors = [min(floor, MIN_COLUMN) for floor in floors]
+            if all(width <= floor for width, floor in zip(widths, floors, strict=True)):
+                break
+            continue
+        widest = max(giving, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
+
+
 def pair_size_gb(pair: dict) -> tuple[float | None, bool]:
     """(known size in GB, whether it is complete); None when no size is known."""
     sizes = [pair[role].get("size_gb") for role in ("target", "drafter")]
@@ -184,7 +207,9 @@ class PickerScreen(Screen):
     def on_mount(self) -> None:
         self.query_one(ProgressBar).display = False  # until a download starts
         table = self.query_one(DataTable)
-        for label, width in COLUMNS:
+        room = self.app.size.width - 2  # the table's scrollbar
+        widths = fitted_widths([width for _, width in COLUMNS], room)
+        for (label, _), width in zip(COLUMNS, widths, strict=True):
             table.add_column(label, width=width)
         table.focus()
         self.action_refresh()
@@ -312,14 +337,20 @@ class PickerScreen(Screen):
         fit = snap.get("fit") or {}
         if fit and not fit.get("fits"):
             line += f" | warning: {fit.get('label') or 'it may not fit in memory'}"
-        self.query_one("#download-status", Static).update(line)
+        if snap["status"] in ("failed", "cancelled"):  # no bar left pulsing at "--%"
+            bar.display = False
+            line += f": {snap['error']}" if snap.get("error") else ""
+        self.query_one("#download-status", Static).update(
+            Text(line, style="bold red") if snap["status"] == "failed" else Text(line))
         if snap["status"] in ("done", "failed", "cancelled"):
             self.download_id = None
             self.post_message(self.Outcome("download", snap.get("label", ""), snap.get("error")))
 
     def action_cancel_download(self) -> None:
-        if self.download_id is not None:
-            self._cancel(self.download_id)
+        if self.download_id is None:
+            self.notify("No download is running: nothing to cancel", severity="warning")
+            return
+        self._cancel(self.download_id)
 
     @work(group="picker-cancel")
     async def _cancel(self, download_id: str) -> None:

@@ -1,5 +1,6 @@
 """Settings: sampling, thinking, theme, the system prompt for new chats, and the keymap.
-Saved to settings.toml only when every field is valid; the problems are listed otherwise."""
+Saved to settings.toml only when every field is valid; the problems are listed otherwise, above
+the form where they are seen. The first field has the focus when the screen opens."""
 
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ def settings_from_form(base: Settings, numbers: dict[str, str], switches: dict[s
 
 class SettingsScreen(Screen):
     CSS_PATH = "settings.tcss"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Cancel"),
+                                             Binding("ctrl+s", "save", "Save")]
+    AUTO_FOCUS = "#num-temperature"
 
     def compose(self) -> ComposeResult:
         settings: Settings = self.app.settings
+        yield Static(id="problems", markup=False)
         with VerticalScroll(id="form"):
             yield Label("Sampling", classes="section")
             for name, label, _ in NUMBERS:
@@ -83,7 +87,6 @@ class SettingsScreen(Screen):
                     yield Label(spec.title)
                     yield Input(settings.keymap.get(spec.id, spec.keys), placeholder=spec.keys,
                                 id=f"key-{spec.id}")
-            yield Static(id="problems", markup=False)
             with Horizontal(id="buttons"):
                 yield Button("Save (Ctrl+S)", variant="primary", id="save")
                 yield Button("Cancel (Esc)", id="cancel")
@@ -106,7 +109,12 @@ class SettingsScreen(Screen):
             system_prompt=self.query_one("#system-prompt", Input).value)
         if settings is None:
             self.query_one("#problems", Static).update("Not saved:\n" + "\n".join(problems))
+            self.query_one("#problems").display = True
+            self.notify("\n".join(problems), title="Not saved", severity="error")
             return
-        self.app.apply_settings(settings)
-        self.notify("Settings saved")
+        if settings == self.app.settings:
+            self.notify("Nothing changed: nothing to save")
+        else:
+            self.app.apply_settings(settings)
+            self.notify("Settings saved")
         self.app.pop_screen()

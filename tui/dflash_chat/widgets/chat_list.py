@@ -1,9 +1,13 @@
-"""The chats, newest first. Selecting one opens it; Delete and R act on the highlighted one."""
+"""The chats, newest first, each as its title (up to two lines) and the day it began. Selecting
+one opens it; Delete and R act on the highlighted one."""
 
 from __future__ import annotations
 
+import textwrap
+from datetime import datetime
 from typing import ClassVar
 
+from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import OptionList
@@ -12,12 +16,23 @@ from textual.widgets.option_list import Option
 from dflash_chat.storage import Chat
 from dflash_chat.widgets import widget_css
 
-TITLE_WIDTH = 21  # the list is 24 cells wide
+TITLE_WIDTH = 20  # the list is 24 cells wide: its border, padding and scrollbar take 4
+TITLE_LINES = 2
 
 
-def one_line(title: str, width: int) -> str:
-    title = " ".join(title.split())
-    return title if len(title) <= width else title[: width - 1] + "…"
+def title_lines(title: str, width: int = TITLE_WIDTH, lines: int = TITLE_LINES) -> str:
+    """The title wrapped at words into at most `lines` lines, cut with "…" when longer."""
+    wrapped = textwrap.wrap(" ".join(title.split()), width) or ["untitled"]
+    if len(wrapped) > lines:
+        last = wrapped[lines - 1]
+        wrapped = [*wrapped[:lines - 1], (last if len(last) < width else last[:width - 1]) + "…"]
+    return "\n".join(wrapped)
+
+
+def chat_label(chat: Chat) -> Text:
+    label = Text(title_lines(chat.title))
+    label.append(f"\n{datetime.fromtimestamp(chat.created):%Y-%m-%d %H:%M}", style="dim")
+    return label
 
 
 class ChatList(OptionList):
@@ -40,8 +55,7 @@ class ChatList(OptionList):
 
     def show(self, chats: list[Chat], current: int | None) -> None:
         self.clear_options()
-        self.add_options([Option(one_line(chat.title or "untitled", TITLE_WIDTH), id=str(chat.id))
-                          for chat in chats])
+        self.add_options([Option(chat_label(chat), id=str(chat.id)) for chat in chats])
         if current is not None:
             ids = [chat.id for chat in chats]
             if current in ids:

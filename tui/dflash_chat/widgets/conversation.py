@@ -45,11 +45,17 @@ class Conversation(VerticalScroll):
     generating: var[bool] = var(False)
 
     class Speed(Message):
-        """New figures for the speed panel."""
+        """New figures for the speed panel, about the reply being generated."""
 
         def __init__(self, snapshot: SpeedSnapshot):
             super().__init__()
             self.snapshot = snapshot
+
+    class RequestSent(Message):
+        def __init__(self, message_id: int, at: float):
+            super().__init__()
+            self.message_id = message_id
+            self.at = at
 
     class ReplyFinished(Message):
         def __init__(self, message_id: int, status: str):
@@ -155,6 +161,7 @@ class Conversation(VerticalScroll):
         posted_at = 0.0
         try:
             await app.service_ready.wait()
+            self.post_message(self.RequestSent(message_id, time.monotonic()))
             async for item in app.client.stream_chat(messages, **options):
                 if isinstance(item, StreamUsage):
                     usage = item
@@ -173,6 +180,10 @@ class Conversation(VerticalScroll):
             if pending:
                 self.post_message(self.ChunksArrived(message_id, pending))
             self.post_message(self.StreamEnded(message_id, status, usage, error))
+
+    def on_conversation_request_sent(self, message: RequestSent) -> None:
+        if self._reply is not None and self._reply.message_id == message.message_id:
+            self._reply.stats.sent_at = message.at
 
     async def on_conversation_chunks_arrived(self, message: ChunksArrived) -> None:
         reply = self._reply
@@ -199,16 +210,27 @@ class Conversation(VerticalScroll):
         if reply is None or reply.message_id != message.message_id:
             return
         if message.usage is not None:
-            reply.stats.finish(message.usage.dflash)
-            reply.meta["stats"] = message.usage.dflash
+            reply.stats.finish({**message.usage.dflash,
+                                "prompt_tokens": message.usage.prompt_tokens,
+                                "cached_tokens": message.usage.cached_tokens})
+        if reply.stats.tokens:
+            if reply.stats.final is None:  # stopped: the figures it had (no service totals)
+                reply.stats.finish(reply.stats.totals())
+            reply.meta["stats"] = reply.stats.totals()
+            reply.meta["finish_reason"] = reply.stats.finish_reason
         if message.error:
             reply.meta["error"] = message.error
+        following = self.scroll_y >= self.max_scroll_y - 1
         await reply.view.finish_stream()
         self._save(reply, message.status)
+        reply.view.meta = reply.meta
         reply.view.header = describe(self.store.message(reply.message_id))
         self._reply, self._worker = None, None
         self.generating = False
-        self.post_message(self.Speed(reply.stats.snapshot()))
+        if following:  # the final render can add lines below the fold
+            self.call_after_refresh(self.scroll_end, animate=False)
+        self.post_message(self.Speed(reply.stats.snapshot() if reply.stats.tokens
+                                     else SpeedSnapshot()))
         self.post_message(self.ReplyFinished(reply.message_id, message.status))
 
     def _save(self, reply: Reply, status: str) -> None:

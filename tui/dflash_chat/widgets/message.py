@@ -1,6 +1,8 @@
 """One chat message. A reply streams into its Markdown through `Markdown.get_stream()` (one
-widget update per batch, never per token); with colouring on, the same text is shown with the
-drafter's accepted tokens in green instead, and tokens a prompt-lookup copy brought in cyan.
+widget update per batch, never per token). The Markdown is always rendered; with colouring on,
+the drafter's accepted tokens show green on the rendered text and tokens a prompt-lookup copy
+brought cyan (draft_colours.py), painted whenever the Markdown finishes a full render and, while
+a reply streams, every PAINT_EVERY_S over what the stream has rendered so far.
 
 The service sends one text delta per round, with how many of its characters the accepted
 drafts made (and of those, a prompt-lookup copy); from other servers the split between the
@@ -10,48 +12,42 @@ drafts and the target's own token is estimated by the token counts.
 from __future__ import annotations
 
 import re
-import time
+from weakref import WeakKeyDictionary
 
-from rich.text import Text
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.storage import Message
 from dflash_chat.widgets import widget_css
+from dflash_chat.widgets.draft_colours import accepted_text, colour_markdown
 
-DRAFT_STYLE = "bold green"
-COPY_STYLE = "bold cyan"  # accepted drafts copied from the context (prompt lookup), not drafted
-ACCEPTED_REFRESH_S = 0.2
+__all__ = ["MessageView", "accepted_text", "code_blocks", "describe"]
+PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
-
-
-def accepted_text(text: str, rounds: list[list[int]]) -> Text:
-    """`text` with the accepted drafts styled; rounds are [chars, accepted, committed] plus,
-    from services that say it, the exact count of characters the accepted drafts made and how
-    many of those (the last) a prompt-lookup copy made."""
-    styled = Text()
-    position = 0
-    for chars, accepted, committed, *exact in rounds:
-        piece = text[position:position + chars]
-        position += chars
-        if exact and exact[0] is not None:
-            split = min(exact[0], len(piece))
-        else:  # an older record or another server: share the round's characters by tokens
-            split = round(len(piece) * accepted / committed) if committed else 0
-        # the copy's characters follow the drafter's; a piece a stop string cut keeps its start
-        own = min(exact[0] - (exact[1] or 0), split) if len(exact) > 1 and exact[0] is not None else split
-        styled.append(piece[:own], style=DRAFT_STYLE)
-        styled.append(piece[own:split], style=COPY_STYLE)
-        styled.append(piece[split:])
-    styled.append(text[position:])
-    return styled
 
 
 def code_blocks(text: str) -> list[str]:
     return CODE_BLOCK.findall(text)
+
+
+def line_break_parser() -> MarkdownIt:
+    """Textual's "gfm-like" parser with each newline a line break: a pasted prompt, a poem or a
+    list written without blank lines shows its lines as they were written."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("newlines_break", _soft_breaks_to_hard)
+    return parser
+
+
+def _soft_breaks_to_hard(state) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
 
 
 class MessageView(Vertical, can_focus=True):
@@ -65,53 +61,67 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message.id
         self.role = message.role
         self.text = message.content
+        self.meta = message.meta
         self.rounds: list[list[int]] = [list(r) for r in message.meta.get("rounds", [])]
         self._stream: MarkdownStream | None = None
-        self._accepted_at = 0.0
+        self._painter: Timer | None = None  # repaints a streaming reply's colours
+        self._painted: WeakKeyDictionary = WeakKeyDictionary()  # block -> the content it got
         self.set_reactive(MessageView.show_accepted, show_accepted and self.role == "assistant")
         self.set_reactive(MessageView.header, describe(message))
 
     def compose(self) -> ComposeResult:
         yield Static(self.header, classes="header", markup=False)
-        yield Markdown(self.text, classes="body")
-        yield Static(classes="accepted")
+        yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
 
-    def on_mount(self) -> None:
-        self._show_mode()
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(".body", Markdown)
 
     def watch_header(self, header: str) -> None:
         if self.is_mounted:
             self.query_one(".header", Static).update(header)
 
-    def watch_show_accepted(self) -> None:
-        if self.is_mounted:
-            self._show_mode()
+    async def watch_show_accepted(self, show: bool) -> None:
+        if not self.is_mounted or self._stream is not None:
+            return  # a streaming reply's painter reads the flag itself
+        if show:
+            colour_markdown(self.body, self.text, self.rounds)
+        else:  # a fresh render drops the colours
+            await self.body.update(self.text)
 
-    def _show_mode(self) -> None:
-        self.set_class(self.show_accepted, "-show-accepted")
-        if self.show_accepted:
-            self.query_one(".accepted", Static).update(accepted_text(self.text, self.rounds))
+    def on_markdown_table_of_contents_updated(self, event: Markdown.TableOfContentsUpdated) -> None:
+        """Posted after every full render: paint it (a streaming reply has its painter)."""
+        event.stop()
+        if self.show_accepted and self._stream is None:
+            colour_markdown(self.body, self.text, self.rounds)
 
     # --- streaming ---
 
     def start_stream(self) -> None:
-        self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+        self._stream = Markdown.get_stream(self.body)
+        self._painter = self.set_interval(PAINT_EVERY_S, self._paint_stream)
+
+    def _paint_stream(self) -> None:
+        """The stream renders in batches behind `self.text`: paint what it has rendered (the
+        final full render, when the reply ends, paints every block again)."""
+        if self.show_accepted:
+            colour_markdown(self.body, self.text, self.rounds, self._painted)
 
     async def append(self, text: str, rounds: list[list[int]]) -> None:
         self.text += text
         self.rounds.extend(rounds)
         if self._stream is not None:
             await self._stream.write(text)
-        now = time.monotonic()
-        if self.show_accepted and now - self._accepted_at > ACCEPTED_REFRESH_S:
-            self._accepted_at = now
-            self.query_one(".accepted", Static).update(accepted_text(self.text, self.rounds))
 
     async def finish_stream(self) -> None:
+        if self._painter is not None:
+            self._painter.stop()
+            self._painter = None
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        self._show_mode()
+        if self.show_accepted:  # one full render, which the handler above paints
+            await self.body.update(self.text)
 
 
 def describe(message: Message) -> str:
@@ -125,6 +135,8 @@ def describe(message: Message) -> str:
         if meta.get("speculative", True):
             parts.append(f"tau {stats.get('tau', 0.0):.2f}")
         parts.append(f"{stats.get('decode_tokens_per_s', 0.0):.1f} tok/s")
+    if meta.get("finish_reason") == "length":
+        parts.append("max tokens reached")
     if message.status not in ("done", "streaming"):
         parts.append(message.status + (f": {meta['error']}" if meta.get("error") else ""))
     return " | ".join(parts)

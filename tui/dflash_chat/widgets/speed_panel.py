@@ -30,19 +30,33 @@ def histogram_text(per_round: tuple[tuple[int, int], ...], width: int = BAR_WIDT
 
 def figures_text(snap: SpeedSnapshot) -> Text:
     text = Text()
+    if not snap.live and not snap.final:
+        return Text("no reply yet", style="dim")
+    if snap.waiting:
+        return Text("waiting for the first token", style="yellow")
     now = "       -" if snap.final else f"{snap.tokens_per_s_now:8.1f}"
     text.append(now, style="bold")
     text.append(" tok/s now\n")
     label = "decode" if snap.final else "average"
     text.append(f"{snap.tokens_per_s:8.1f} tok/s {label}\n")
     text.append(f"{snap.tokens:8d} tokens\n")
+    if snap.finish_reason == "length":
+        text.append("max tokens reached\n", style="bold yellow")
+    if snap.ttft_s is not None:
+        text.append(f"{snap.ttft_s * 1000:8.0f} ms to first token\n")
     if snap.prefill_s is not None:
         text.append(f"{snap.prefill_s * 1000:8.0f} ms prefill\n")
+    if snap.cached_tokens is not None and snap.prompt_tokens:
+        text.append(f"{snap.cached_tokens:8d}/{snap.prompt_tokens} prompt tokens cached\n")
     return text
 
 
 def speculation_text(snap: SpeedSnapshot) -> Text:
     text = Text()
+    if not (snap.live or snap.final):
+        return Text("-", style="dim")
+    if snap.waiting:  # no round yet: no block size or tau to show
+        return Text(f"{'speculative' if snap.speculative else 'plain'}: no round yet", style="dim")
     if not snap.speculative:
         text.append("plain decoding", style="bold red")
         text.append(f"\n{snap.rounds} rounds, 1 token each\n")

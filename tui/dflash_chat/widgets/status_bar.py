@@ -11,6 +11,8 @@ from textual.widget import Widget
 from dflash_chat.protocol import PHASE_CALIBRATING
 from dflash_chat.widgets import widget_css
 
+DOWN_STATES = ("service stopped", "service failed", "error")
+
 
 class StatusBar(Widget):
     DEFAULT_CSS = widget_css(__file__)
@@ -43,7 +45,9 @@ class StatusBar(Widget):
         state = self.service
         if self.busy_since is not None:
             state += f" {time.monotonic() - self.busy_since:.0f} s"
-        text.append(f" {state} ", style="reverse green" if ready else "reverse yellow")
+        down = self.service.startswith(DOWN_STATES)
+        style = "reverse green" if ready else "reverse red" if down else "reverse yellow"
+        text.append(f" {state} ", style=style)
         if self.model:
             text.append(f" {self.model} ")
         text.append(" | ")

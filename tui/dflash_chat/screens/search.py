@@ -1,0 +1,57 @@
+"""Search past chats (Ctrl+F): every word typed, as a word prefix, over all messages (SQLite
+FTS5). Enter on a hit opens its chat."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, OptionList
+from textual.widgets.option_list import Option
+
+from dflash_chat.storage import SearchHit
+
+
+def hit_label(hit: SearchHit) -> Text:
+    label = Text(hit.chat.title, style="bold")
+    label.append(f"  {datetime.fromtimestamp(hit.chat.created):%Y-%m-%d %H:%M}", style="dim")
+    label.append("\n" + " ".join(hit.snippet.split()))
+    return label
+
+
+class SearchScreen(ModalScreen[int | None]):
+    CSS_PATH = "search.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("down", "results", "Results", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="search-box"):
+            yield Label("Search past chats (every word; Enter on a hit opens it)")
+            yield Input(placeholder="words...", id="search-query")
+            yield OptionList(id="search-hits")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        hits = self.app.store.search(event.value)
+        results = self.query_one(OptionList)
+        results.clear_options()
+        results.add_options([Option(hit_label(hit), id=str(hit.chat.id)) for hit in hits])
+        if hits:
+            results.highlighted = 0
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        results = self.query_one(OptionList)
+        if results.option_count:
+            self.dismiss(int(results.get_option_at_index(results.highlighted or 0).id))
+
+    def action_results(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id))
