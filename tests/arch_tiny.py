@@ -17,7 +17,7 @@ import torch
 from tiny_models import VOCAB, make_drafter, make_tokenizer
 
 MODEL_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
-               "gpt_oss")
+               "gpt_oss", "gemma3_text")
 TAPS = [0, 1, 2]  # a GatedDeltaNet and an attention layer in each hybrid; never the last layer
 LAYERS = 4
 WINDOW = 6
@@ -49,6 +49,7 @@ HF_CONFIGS: dict[str, tuple[str, dict, bool]] = {
                                "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 8,
                                "vocab_size_per_layer_input": VOCAB,
                                "final_logit_softcapping": 30.0}, True),
+    "gemma3_text": ("gemma3_text", {**_COMMON, **_SLIDING, "query_pre_attn_scalar": 16}, False),
     "gpt_oss": ("gpt_oss", {**_COMMON, **_SLIDING, "num_local_experts": 4, "num_experts_per_tok": 2,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}},
                 False),
@@ -74,7 +75,7 @@ def hf_target(out: Path, model_type: str, seed: int = 0) -> Path:
         for param in model.parameters():
             if param.dim() >= 2:
                 param.normal_(0.0, 0.15)
-        if model_type == "gemma4":  # it scales embeddings by sqrt(hidden): at 0.15 a token's
+        if model_type.startswith("gemma"):  # embeddings scaled by sqrt(hidden): at 0.15 a token's
             model.get_input_embeddings().weight.normal_(0.0, 0.05)  # own outweighs every layer
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import transformers
-from arch_tiny import drafter_for, hf_target
+from arch_tiny import hf_target
 from tiny_models import VOCAB, drafter_config_json
 from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
@@ -113,8 +113,13 @@ def test_a_drafter_for_another_vocabulary_is_refused(hybrid, tmp_path, engine):
         ENGINES[engine](hybrid, drafter)
 
 
-def test_the_matrix_drafter_fits_its_target(tmp_path):
-    """The helper the refusals start from makes a pair that passes the same checks."""
-    target = hf_target(tmp_path / "target", "qwen3_5")
-    engine = TorchEngine(target, drafter_for(tmp_path / "drafter", target))
-    assert engine.pair.block_size == 8 and engine.capabilities.hybrid_targets
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_fitting_drafter_gets_past_every_check_to_the_weights(hybrid, tmp_path, engine):
+    """The control: the same weightless target with a drafter that fits fails only where the
+    weights load, so the refusals above come from the checks."""
+    drafter = write_drafter_config(tmp_path, hybrid, taps=[0, 1, 2])
+    with pytest.raises(Exception) as failure:
+        ENGINES[engine](hybrid, drafter)
+    assert not isinstance(failure.value, IncompatiblePairError)
+    assert "not supported" not in str(failure.value)
+    assert "safetensors" in str(failure.value) or "weight" in str(failure.value).lower()
