@@ -11,20 +11,14 @@ from config.json before any weight loads, naming the architecture and the engine
 
 from __future__ import annotations
 
-import json
-import re
-import sys
-
 import numpy as np
 import pytest
 import torch
-import transformers
-from arch_tiny import LAYERS, MODEL_TYPES, TAPS, drafter_for, hf_target
-from tiny_models import VOCAB, drafter_config_json
+from arch_tiny import MODEL_TYPES, TAPS, drafter_for, hf_target
+from tiny_models import VOCAB
 
 from dflash_local.catalog import load_catalog
 from dflash_local.engines.architectures import MLX_MODEL_TYPES
-from dflash_local.errors import CheckpointError, IncompatiblePairError
 from dflash_local.events import GenerationParams, GenerationStats, parse_block_size
 
 ENGINES = ("mlx", "transformers")

@@ -18,9 +18,9 @@ from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionC
 
 mlx_lm = pytest.importorskip("mlx_lm")
 
-from dflash_local.engines.mlx_engine import MLXEngine  # noqa: E402 (after the skip)
-from dflash_local.engines.torch_engine import TorchEngine  # noqa: E402
-from dflash_local.errors import CheckpointError, IncompatiblePairError  # noqa: E402
+from dflash_local.engines.mlx_engine import MLXEngine
+from dflash_local.engines.torch_engine import TorchEngine
+from dflash_local.errors import CheckpointError, IncompatiblePairError
 
 ENGINES = {"mlx": MLXEngine, "transformers": TorchEngine}
 

@@ -4,11 +4,12 @@ Each adapter states, for one family of mlx-lm model classes, where the decoder s
 how its input is scaled, which mask each layer gets and what the head is. The loop then
 collects the drafter's taps (tap i = output of decoder layer i) without wrapping or swapping
 any layer. Sliding-window layers get a plain KVCache (windowed by their mask) instead of
-mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6, Qwen3-Next) mark
-their GatedDeltaNet layers recurrent: their input is kept so the runner can replay the
-accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs its rows as
-one sequence, each at the RoPE position of its depth (`rows_at_positions`), through the RoPEs
-`install_row_rope` wrapped at load.
+mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6,
+Qwen3-Next) mark their GatedDeltaNet layers recurrent: their input is kept so the runner can
+replay the accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs
+its rows as one sequence, each at the RoPE position of its depth (`rows_at_positions`), through
+the RoPEs `install_row_rope` wrapped at load. An architecture without an adapter, or whose model
+class the installed mlx-lm lacks, is refused from its config.json (`adapter_for`).
 """
 
 from __future__ import annotations
