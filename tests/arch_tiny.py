@@ -35,42 +35,49 @@ _GATED_DELTA_NET = {
 }
 _SLIDING = {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"] * (LAYERS // 2)}
 
-# model_type -> (the text model's config type, its fields, whether config.json nests it)
-HF_CONFIGS: dict[str, tuple[str, dict, bool]] = {
-    "llama": ("llama", {**_COMMON, "tie_word_embeddings": False}, False),
-    "qwen3": ("qwen3", {**_COMMON, "tie_word_embeddings": True}, False),
-    "qwen3_moe": ("qwen3_moe", {**_COMMON, **_MOE}, False),
-    "qwen3_5": ("qwen3_5_text", {**_COMMON, **_GATED_DELTA_NET}, True),
+# model_type -> (the text model's config type, its fields)
+HF_CONFIGS: dict[str, tuple[str, dict]] = {
+    "llama": ("llama", {**_COMMON, "tie_word_embeddings": False}),
+    "qwen3": ("qwen3", {**_COMMON, "tie_word_embeddings": True}),
+    "qwen3_moe": ("qwen3_moe", {**_COMMON, **_MOE}),
+    "qwen3_5": ("qwen3_5_text", {**_COMMON, **_GATED_DELTA_NET}),
     "qwen3_5_moe": ("qwen3_5_moe_text", {**_COMMON, **_GATED_DELTA_NET, **_MOE,
-                                         "shared_expert_intermediate_size": 32}, True),
+                                         "shared_expert_intermediate_size": 32}),
     "qwen3_next": ("qwen3_next", {**_COMMON, **_GATED_DELTA_NET, **_MOE,
-                                  "shared_expert_intermediate_size": 32}, False),
+                                  "shared_expert_intermediate_size": 32}),
     "gemma4": ("gemma4_text", {**_COMMON, **_SLIDING, "global_head_dim": 16,
                                "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 8,
                                "vocab_size_per_layer_input": VOCAB,
-                               "final_logit_softcapping": 30.0}, True),
-    "gemma3_text": ("gemma3_text", {**_COMMON, **_SLIDING, "query_pre_attn_scalar": 16}, False),
+                               "final_logit_softcapping": 30.0}),
+    "gemma3_text": ("gemma3_text", {**_COMMON, **_SLIDING, "query_pre_attn_scalar": 16}),
     "gpt_oss": ("gpt_oss", {**_COMMON, **_SLIDING, "num_local_experts": 4, "num_experts_per_tok": 2,
-                            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}},
-                False),
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}}),
+}
+_TINY_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                "out_hidden_size": 64}
+# the multimodal checkpoints as published (Qwen3.5/3.6, Gemma 4): the text model nested in the
+# config and in the weights' names, a vision tower beside it (none for Gemma 4 here)
+MULTIMODAL = {
+    "qwen3_5": {"vision_config": _TINY_VISION},
+    "qwen3_5_moe": {"vision_config": _TINY_VISION},
+    "gemma4": {"vision_config": None, "audio_config": None},
 }
 
 
 def hf_target(out: Path, model_type: str, seed: int = 0) -> Path:
     """A random target built with the Transformers class of `model_type`, saved as a checkpoint
-    directory whose config.json says `model_type` (multimodal ones nest the text model under
-    text_config, as Qwen3.5 and Gemma 4 checkpoints do)."""
-    from transformers import AutoModelForCausalLM
+    directory whose config.json says `model_type` (multimodal ones as published: MULTIMODAL)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    text_type, fields, nested = HF_CONFIGS[model_type]
-    text_config = CONFIG_MAPPING[text_type](**fields)
-    config = text_config
-    if model_type == "gemma4":  # the multimodal class, with no vision or audio tower
-        config = CONFIG_MAPPING["gemma4"](text_config=text_config, vision_config=None,
-                                          audio_config=None)
+    text_type, fields = HF_CONFIGS[model_type]
+    config = CONFIG_MAPPING[text_type](**fields)
+    model_class = AutoModelForCausalLM
+    if model_type in MULTIMODAL:
+        config = CONFIG_MAPPING[model_type](text_config=config, **MULTIMODAL[model_type])
+        model_class = AutoModelForImageTextToText
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model_class.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger than default: greedy output depends on the prompt
         for param in model.parameters():
             if param.dim() >= 2:
@@ -79,11 +86,6 @@ def hf_target(out: Path, model_type: str, seed: int = 0) -> Path:
             model.get_input_embeddings().weight.normal_(0.0, 0.05)  # own outweighs every layer
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    if nested and model_type != "gemma4":  # Qwen3.5's checkpoints: the text model nested
-        raw = json.loads((out / "config.json").read_text())
-        wrapper = {"model_type": model_type, "architectures": raw.pop("architectures"),
-                   "text_config": raw, "tie_word_embeddings": raw.get("tie_word_embeddings")}
-        (out / "config.json").write_text(json.dumps(wrapper, indent=2))
     make_tokenizer(out)
     return out
 
