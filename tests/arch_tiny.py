@@ -33,7 +33,8 @@ _GATED_DELTA_NET = {
     "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
     "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
 }
-_SLIDING = {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"] * (LAYERS // 2)}
+_SLIDING = {"sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"] * (LAYERS // 2)}
 
 # model_type -> (the text model's config type, its fields)
 HF_CONFIGS: dict[str, tuple[str, dict]] = {
