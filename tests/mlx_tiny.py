@@ -14,6 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
 from tiny_models import VOCAB, make_tokenizer
 
 from dflash_local.accel import mlx_attention
@@ -50,6 +51,27 @@ CONFIGS: dict[str, dict] = {
         "tie_word_embeddings": True,
         "rope_parameters": {"type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
     }},
+    "qwen3_5_moe": {"model_type": "qwen3_5_moe", "text_config": {
+        **_ATTENTION, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 4,
+        "full_attention_interval": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "tie_word_embeddings": True, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "rope_parameters": {"type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
+    }},
+    "qwen3_next": {
+        **_ATTENTION, "model_type": "qwen3_next", "num_hidden_layers": 4,
+        "full_attention_interval": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "moe_intermediate_size": 32,
+        "rope_theta": 10_000.0, "partial_rotary_factor": 0.25, "tie_word_embeddings": False,
+    },
+    "gpt_oss": {
+        **_ATTENTION, "model_type": "gpt_oss", "num_hidden_layers": 4, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "sliding_window": 6, "rope_theta": 10_000.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
     "gemma3_text": {**_ATTENTION, "model_type": "gemma3_text", "num_hidden_layers": 6,
                     "sliding_window": 6, "sliding_window_pattern": 3, "query_pre_attn_scalar": 16},
     "gemma4_text": {
@@ -72,7 +94,8 @@ def build_model(family: str, seed: int = 0, **overrides):
     mx.random.seed(seed)
     params = []
     for name, value in tree_flatten(model.parameters()):
-        if value.ndim == 2 and "norm" not in name:
+        experts = value.ndim == 3 and "switch_mlp" in name  # MoE: one matrix per expert
+        if (value.ndim == 2 or experts) and "norm" not in name:
             value = INIT_STD * mx.random.normal(value.shape)
         params.append((name, value))
     model.update(tree_unflatten(params))
@@ -110,3 +133,36 @@ def zlab_mlx_config(zlab, config, num_target_layers: int, **dflash2):
         max_position_embeddings=config.max_position_embeddings, block_size=config.block_size,
         target_layer_ids=config.target_layer_ids, num_target_layers=num_target_layers,
         mask_token_id=config.mask_token_id, **dflash2)
+
+
+class LayerRecorder:
+    """Test-only oracle: wraps a decoder layer and records its output (never in product code)."""
+
+    def __init__(self, layer, sink: dict, index: int):
+        self.layer, self.sink, self.index = layer, sink, index
+
+    def __call__(self, *args, **kwargs):
+        out = self.layer(*args, **kwargs)
+        self.sink[self.index] = out[0] if isinstance(out, tuple) else out
+        return out
+
+    def __getattr__(self, name):  # the model reads layer flags (use_sliding, is_linear, ...)
+        return getattr(self.layer, name)
+
+
+def reference_outputs(model, layers: list, steps: list[list[int]]):
+    """The model's own forward over successive inputs (one cache), with every decoder layer's
+    output recorded: [(logits, {layer index: output}) per step], as numpy arrays."""
+    import numpy as np
+
+    originals, outputs = list(layers), []
+    cache = make_prompt_cache(model)
+    try:
+        for token_ids in steps:
+            recorded: dict = {}
+            layers[:] = [LayerRecorder(layer, recorded, i) for i, layer in enumerate(originals)]
+            logits = model(mx.array([token_ids]), cache=cache)
+            outputs.append((np.array(logits[0]), {i: np.array(v[0]) for i, v in recorded.items()}))
+    finally:
+        layers[:] = originals
+    return outputs

@@ -12,8 +12,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from mlx_lm.models.cache import make_prompt_cache
-from mlx_tiny import CONFIGS, build_model, write_target
+from mlx_tiny import CONFIGS, build_model, reference_outputs, write_target
 from tiny_models import make_drafter
 
 from dflash_local.engines import mlx_engine
@@ -21,41 +20,10 @@ from dflash_local.engines.mlx_adapters import adapter_for
 from dflash_local.engines.mlx_engine import MLXEngine, MLXTargetRunner
 from dflash_local.errors import CheckpointError, IncompatiblePairError
 
-FAMILIES = ["qwen3", "qwen3_moe", "llama", "llama_sliding", "qwen3_5", "gemma3_text", "gemma3",
-            "gemma4_text", "gemma4"]
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "llama_sliding", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+            "gpt_oss", "gemma3_text", "gemma3", "gemma4_text", "gemma4"]
 PROMPT = [5, 17, 99, 42, 7, 250, 31, 8, 64, 120, 11, 9]
 BLOCK = [77, 3, 3, 140, 200, 6]
-
-
-class _Recorder:
-    """Test-only oracle: wraps a layer, records its output (never used by product code)."""
-
-    def __init__(self, layer, sink: dict, index: int):
-        self.layer, self.sink, self.index = layer, sink, index
-
-    def __call__(self, *args, **kwargs):
-        out = self.layer(*args, **kwargs)
-        self.sink[self.index] = out[0] if isinstance(out, tuple) else out
-        return out
-
-    def __getattr__(self, name):  # the model reads layer flags (use_sliding, is_linear, ...)
-        return getattr(self.layer, name)
-
-
-def _reference(model, adapter, steps):
-    """The model's own forward over successive inputs, with every layer's output recorded."""
-    layers = adapter.text_model(model).layers
-    originals, outputs = list(layers), []
-    cache = make_prompt_cache(model)
-    try:
-        for token_ids in steps:
-            recorded: dict = {}
-            layers[:] = [_Recorder(layer, recorded, i) for i, layer in enumerate(originals)]
-            logits = model(mx.array([token_ids]), cache=cache)
-            outputs.append((np.array(logits[0]), {i: np.array(v[0]) for i, v in recorded.items()}))
-    finally:
-        layers[:] = originals
-    return outputs
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -65,7 +33,7 @@ def test_explicit_loop_equals_model_forward(family):
     tap_ids = frozenset(range(len(adapter.text_model(model).layers)))
     cache = adapter.make_cache(model)
     for (expected_logits, expected_taps), token_ids in zip(
-        _reference(model, adapter, [PROMPT, BLOCK]), [PROMPT, BLOCK]
+        reference_outputs(model, adapter.text_model(model).layers, [PROMPT, BLOCK]), [PROMPT, BLOCK]
     ):
         run = adapter.run(model, mx.array([token_ids]), cache, tap_ids)
         logits = np.array(adapter.logits(model, run.hidden)[0])
@@ -74,7 +42,8 @@ def test_explicit_loop_equals_model_forward(family):
             np.testing.assert_allclose(np.array(run.taps[index][0]), expected_taps[index], atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama_sliding", "qwen3_5", "gemma3_text", "gemma4_text"])
+@pytest.mark.parametrize("family", ["qwen3", "llama_sliding", "qwen3_5", "qwen3_next", "gpt_oss",
+                                    "gemma3_text", "gemma4_text"])
 @pytest.mark.parametrize("kept_rows", [1, 3, 6])
 def test_commit_leaves_the_cache_of_a_fresh_prefill(family, kept_rows):
     """verify(6 rows) + commit(k) must equal prefilling the k accepted rows: trim for attention

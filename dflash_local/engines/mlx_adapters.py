@@ -4,23 +4,27 @@ Each adapter states, for one family of mlx-lm model classes, where the decoder s
 how its input is scaled, which mask each layer gets and what the head is. The loop then
 collects the drafter's taps (tap i = output of decoder layer i) without wrapping or swapping
 any layer. Sliding-window layers get a plain KVCache (windowed by their mask) instead of
-mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6) mark
-their GatedDeltaNet layers recurrent: their input is kept so the runner can replay the
-accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs its rows as
-one sequence, each at the RoPE position of its depth (`rows_at_positions`), through the RoPEs
-`install_row_rope` wrapped at load.
+mlx-lm's RotatingKVCache, which cannot be trimmed once full. Hybrid targets (Qwen3.5/3.6,
+Qwen3-Next) mark their GatedDeltaNet layers recurrent: their input is kept so the runner can
+replay the accepted rows from the saved state (see MLXTargetRunner.commit). A tree verify runs
+its rows as one sequence, each at the RoPE position of its depth (`rows_at_positions`), through
+the RoPEs `install_row_rope` wrapped at load. An architecture without an adapter, or whose model
+class the installed mlx-lm lacks, is refused from its config.json (`adapter_for`).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import mlx_lm
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.utils import MODEL_REMAPPING
 
 from dflash_local.accel import Installed, mlx_rope
-from dflash_local.errors import CheckpointError
+from dflash_local.engines.architectures import refuse
 
 
 @dataclass
@@ -149,6 +153,30 @@ class Qwen35Adapter(TargetAdapter):
         layer.linear_attn(layer.input_layernorm(layer_input), None, cache)
 
 
+class Qwen3NextAdapter(Qwen35Adapter):
+    """Qwen3-Next: Qwen3.5's hybrid layers (GatedDeltaNet and gated attention, MoE MLPs) in a
+    plain text model."""
+
+    model_types = ("qwen3_next",)
+
+    def language_model(self, model):
+        return model
+
+
+class GptOssAdapter(TargetAdapter):
+    """gpt-oss: sliding-window and full-attention layers as its `layer_types` say."""
+
+    model_types = ("gpt_oss",)
+
+    def full_attention(self, model) -> bool:
+        return False
+
+    def masks(self, inner, h, cache):
+        full = create_attention_mask(h, cache[inner.ga_idx])
+        sliding = create_attention_mask(h, cache[inner.swa_idx], window_size=inner.window_size)
+        return [full if kind == "full_attention" else sliding for kind in inner.layer_types]
+
+
 class Gemma3Adapter(TargetAdapter):
     model_types = ("gemma3", "gemma3_text")
 
@@ -213,15 +241,20 @@ class Gemma4Adapter(TargetAdapter):
 
 ADAPTERS: dict[str, TargetAdapter] = {
     model_type: adapter
-    for adapter in (Qwen3Adapter(), LlamaAdapter(), Qwen35Adapter(), Gemma3Adapter(), Gemma4Adapter())
+    for adapter in (Qwen3Adapter(), LlamaAdapter(), Qwen35Adapter(), Qwen3NextAdapter(),
+                    GptOssAdapter(), Gemma3Adapter(), Gemma4Adapter())
     for model_type in adapter.model_types
 }
 
 
 def adapter_for(model_type: str) -> TargetAdapter:
+    """The adapter of an architecture this mlx-lm has a model class for; refused otherwise."""
     if model_type not in ADAPTERS:
-        raise CheckpointError(
-            f"target model_type {model_type!r} is not supported by the MLX engine "
-            f"(supported: {', '.join(sorted(ADAPTERS))})"
-        )
+        raise refuse(model_type, "mlx", f"supported: {', '.join(sorted(ADAPTERS))}")
+    module = f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}"
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise refuse(model_type, "mlx", f"mlx-lm {mlx_lm.__version__} has no {module}: "
+                                        "a newer mlx-lm has it") from None
     return ADAPTERS[model_type]

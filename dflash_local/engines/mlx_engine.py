@@ -11,7 +11,6 @@ attention and the per-row RoPE on its target at load and uninstalls them in `clo
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
+from dflash_local.engines.architectures import read_target_config
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.errors import CheckpointError, InvalidRequestError
@@ -166,13 +166,6 @@ def verifies_trees(model, adapter: TargetAdapter) -> bool:
     return not any(adapter.is_recurrent(layer) for layer in layers) and adapter.can_verify_trees(model)
 
 
-def _read_config(target_path: Path) -> dict:
-    config_path = Path(target_path) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"target directory {target_path} has no config.json")
-    return json.loads(config_path.read_text())
-
-
 def _check_pair(drafter_path: Path | None, target_path: Path):
     if drafter_path is None:
         return None
@@ -218,7 +211,7 @@ class MLXEngine(LocalEngine):
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
-        raw_config = _read_config(target_path)
+        raw_config = read_target_config(target_path)
         self.adapter = adapter_for(str(raw_config.get("model_type")))
         drafter_config = _check_pair(drafter_path, target_path)
         # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)

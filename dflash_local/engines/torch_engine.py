@@ -1,7 +1,10 @@
 """The Transformers engine: target via AutoModelForCausalLM, our torch drafter, our loop.
 
 Taps come from forward hooks on just the tapped decoder layers (no output_hidden_states, which
-keeps every layer's output alive); the target cache is rolled back by cropping. On a CPU the
+keeps every layer's output alive). The target cache is rolled back by cropping; sliding-window
+and GatedDeltaNet layers (Gemma 3/4, gpt-oss, Qwen3.5/3.6, Qwen3-Next) record their past through
+each forward so that the crop can restore them (engines/torch_rollback.py), and a target whose
+layers cannot be rolled back is refused from its config before it loads. On a CPU the
 engine installs the grouped-query attention and packs the linears at load (dflash_local/accel/).
 """
 
@@ -27,6 +30,7 @@ from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
+from dflash_local.engines import torch_rollback
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities
@@ -96,12 +100,15 @@ class TorchTargetRunner:
         self.cache = DynamicCache(config=model.config)
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._length = 0
+        self._verified_rows = 0
         self._pending_taps: torch.Tensor | None = None
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int], logits_to_keep: int, **tree_inputs):
+    def _forward(self, ids: list[int], logits_to_keep: int, rollback_rows: int = 0, **tree_inputs):
+        """`rollback_rows`: how many of the rows a later `_keep` may drop (recorded per row)."""
         if self.taps is not None:
             self.taps.enabled = True
+        torch_rollback.before_forward(self.cache, rollback_rows)
         input_ids = torch.tensor([ids], device=self.model.device)
         out = self.model(input_ids, use_cache=True, logits_to_keep=logits_to_keep,
                          **{self._cache_kwarg: self.cache}, **tree_inputs)
@@ -110,6 +117,7 @@ class TorchTargetRunner:
 
     def prefill(self, prompt_ids: list[int]):
         logits, taps = self._forward(prompt_ids, logits_to_keep=1)
+        torch_rollback.keep_rows(self.cache, 0)  # drop the record of the prompt
         self._length = len(prompt_ids)
         return logits[-1], taps
 
@@ -120,13 +128,13 @@ class TorchTargetRunner:
 
     def verify_chain(self, block_ids: list[int]) -> np.ndarray:
         """The rows as one causal sequence after the cache: the cheaper verify of a chain."""
-        logits, self._pending_taps = self._forward(block_ids, logits_to_keep=0)
+        logits, self._pending_taps = self._forward(block_ids, logits_to_keep=0,
+                                                   rollback_rows=len(block_ids))
+        self._verified_rows = len(block_ids)
         return logits
 
     def _keep(self, kept_rows: int):
-        verified = self.cache.get_seq_length() - self._length
-        if verified > kept_rows:
-            self.cache.crop(-(verified - kept_rows))
+        torch_rollback.keep_rows(self.cache, self._verified_rows - kept_rows)
         self._length += kept_rows
         taps = self._pending_taps
         return taps[:, :kept_rows] if taps is not None else None
@@ -146,6 +154,7 @@ class TorchTargetRunner:
         logits, self._pending_taps = self._forward(
             [anchor_id, *tree.token_ids], logits_to_keep=0, attention_mask=mask,
             position_ids=positions, cache_position=torch.arange(past, past + rows, device=device))
+        self._verified_rows = rows
         return logits
 
     @torch.inference_mode()
@@ -199,6 +208,7 @@ class TorchEngine(LocalEngine):
         dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        torch_rollback.check_target(target_path)  # config.json only: before any weight loads
         torch_dtype = DTYPES[dtype]
         drafter_config = load_checked_drafter_config(drafter_path, target_path) if drafter_path else None
         draft_ids = None
@@ -223,13 +233,14 @@ class TorchEngine(LocalEngine):
                 self.drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
-        max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
+        text_config = self.model.config.get_text_config(decoder=True)  # multimodal: the LM's
+        max_context = int(getattr(text_config, "max_position_embeddings", 0) or 32768)
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
                               dtype, drafter_config.block_size if drafter_config else 1,
                               draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
-            tree_verify=supports_tree(self.model.config),
+            hybrid_targets=True, tree_verify=supports_tree(self.model.config),
         )
         super().__init__(tokenizer, pair, capabilities)
 

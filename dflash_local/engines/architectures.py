@@ -1,0 +1,57 @@
+"""Which target architectures each local engine runs, read from config.json alone (framework-free).
+
+An engine checks a target before any weight loads; a refusal names the architecture, why this
+engine cannot run it and which local engine can. The tables list what the architecture matrix
+(tests/test_architecture_matrix.py) runs losslessly on each engine: the MLX engine runs exactly
+the model types its adapters know (engines/mlx_adapters.py); the Transformers engine runs any
+model whose layers it can roll back (engines/torch_rollback.py) and, of those with recurrent
+layers, only the ones listed here, whose modeling hands the cache one state per row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_local.errors import CheckpointError
+
+MLX_MODEL_TYPES = frozenset({
+    "llama", "mistral", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+    "gemma3", "gemma3_text", "gemma4", "gemma4_text", "gpt_oss",
+})
+# hybrid targets whose GatedDeltaNet layers compute per-row recurrent states when the cache
+# asks (`recurrent_states_to_keep`): what a rollback restores
+TORCH_RECURRENT_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next"})
+ENGINE_FLAGS = {"mlx": "--engine mlx", "transformers": "--engine transformers"}
+
+
+def read_target_config(target_path: str | Path) -> dict:
+    """The target's config.json as a dict; a missing or broken file is a CheckpointError."""
+    config_path = Path(target_path) / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"target directory {target_path} has no config.json")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
+
+
+def model_type_of(raw: dict) -> str:
+    """The architecture as the checkpoint names it (the outer one of a multimodal wrapper)."""
+    return str(raw.get("model_type") or (raw.get("text_config") or {}).get("model_type"))
+
+
+def runs_elsewhere(model_type: str, engine: str) -> str:
+    """The end of a refusal: the local engine that runs this architecture, if one does."""
+    if engine != "mlx" and model_type in MLX_MODEL_TYPES:
+        return f"; the MLX engine runs it ({ENGINE_FLAGS['mlx']})"
+    if engine != "transformers" and model_type in MLX_MODEL_TYPES | TORCH_RECURRENT_MODEL_TYPES:
+        return f"; the Transformers engine runs it ({ENGINE_FLAGS['transformers']})"
+    return "; vLLM or SGLang may serve it (--engine vllm, --engine sglang)"
+
+
+def refuse(model_type: str, engine: str, why: str) -> CheckpointError:
+    """The error an engine raises for a target it cannot run, before loading it."""
+    label = {"mlx": "MLX", "transformers": "Transformers"}.get(engine, engine)
+    return CheckpointError(f"target model_type {model_type!r} is not supported by the {label} "
+                           f"engine ({why}){runs_elsewhere(model_type, engine)}")
