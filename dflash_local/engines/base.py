@@ -8,12 +8,15 @@ Both yield the same StepEvents, so the service, the TUI and the benchmark never 
 from __future__ import annotations
 
 import abc
+import functools
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
     Auto,
     BlockSize,
@@ -119,7 +122,12 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+        check_prompt_chars(messages, self.capabilities.max_context, self.longest_token_chars)
         return chat_prompt_ids(self.tokenizer, messages, thinking)
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
@@ -147,13 +155,73 @@ class LocalEngine(Engine):
                           copied_chars=accepted_chars - drafter_chars)
 
 
+# private-use characters: no chat template or tokenizer gives them a meaning
+CONTENT_MARK = "\ue000dflash-content-{}\ue001"
+CONTENT_MARK_SPLIT = re.compile("\ue000dflash-content-(\\d+)\ue001")
+TOO_LONG_MARGIN = 2  # a normalizer may fold characters: stay well clear of a real prompt
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
-    one encoding for what the engines serve and what a drafter is trained on."""
+    one encoding for what the engines serve and what a drafter is trained on.
+
+    Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
+    characters, never as the control token, so only the template's own markup ends or opens a
+    turn. Content free of special-token text is encoded exactly as the rendered template."""
+    for index, message in enumerate(messages):
+        check_text(message["content"], f"messages[{index}].content")
     extra = {} if thinking is None else {"enable_thinking": thinking}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+    specials = special_token_texts(tokenizer)
+    if not any(special in message["content"] for message in messages for special in specials):
+        return tokenizer.encode(_render(tokenizer, messages, extra), add_special_tokens=False)
+    marked = [{**message, "content": CONTENT_MARK.format(index)}
+              for index, message in enumerate(messages)]
+    pieces = CONTENT_MARK_SPLIT.split(_render(tokenizer, marked, extra))
+    ids = []
+    for position, piece in enumerate(pieces):  # template text, content index, template text...
+        if position % 2:
+            ids += tokenizer.encode(messages[int(piece)]["content"], add_special_tokens=False,
+                                    split_special_tokens=True)
+        elif piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+    return ids
+
+
+def _render(tokenizer, messages: list[dict], extra: dict) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          **extra)
-    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def special_token_texts(tokenizer) -> set[str]:
+    """The texts the tokenizer would turn into special (control) tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return ({token.content for token in added.values() if getattr(token, "special", False)}
+            | set(getattr(tokenizer, "all_special_tokens", ()))) - {""}
+
+
+def unicode_problem(text: str) -> str | None:
+    """What makes `text` unencodable: JSON's "\\ud800" gives Python a lone surrogate, which no
+    tokenizer can encode; None when it is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"character {exc.start} is a lone surrogate ({text[exc.start]!a}): not valid Unicode text"
+    return None
+
+
+def check_text(text: str, where: str) -> None:
+    if (problem := unicode_problem(text)) is not None:
+        raise InvalidRequestError(f"{where}: {problem}")
+
+
+def check_prompt_chars(messages: list[dict], max_context: int, longest_token_chars: int) -> None:
+    """Refuse a prompt too long for the context without tokenizing it (10 MB would hold the
+    worker for seconds): no token covers more than the vocabulary's longest entry."""
+    chars = sum(len(message["content"]) for message in messages)
+    limit = max_context * longest_token_chars * TOO_LONG_MARGIN
+    if chars > limit:
+        raise PromptTooLongError(f"prompt of {chars} characters cannot fit the target's context "
+                                 f"of {max_context} tokens (at most {limit} characters)")
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:
