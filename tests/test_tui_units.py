@@ -292,3 +292,11 @@ def test_the_picker_marks_dflash2_drafters_only():
     assert "drafter z-lab/Qwen3.8-27B-DFlash2 (DFlash 2)\n" in pair_details(pair)
     for v1 in ({"repo": "z-lab/X", "version": 1}, {"repo": "z-lab/X"}):  # older services: no field
         assert "drafter z-lab/X\n" in pair_details({**pair, "drafter": v1})
+
+
+def test_the_picker_says_a_partial_download_is_incomplete():
+    from dflash_chat.screens.picker import downloaded_label
+
+    partial = {"target": "incomplete: resume or delete"}
+    assert downloaded_label({"target": False, "drafter": True}, partial).plain == partial["target"]
+    assert downloaded_label({"target": True, "drafter": True}, {}).plain == "yes"

@@ -49,7 +49,9 @@ def fits_label(size_gb: float | None, complete: bool, memory: dict) -> Text:
     return Text("tight", style="yellow")
 
 
-def downloaded_label(available: dict) -> Text:
+def downloaded_label(available: dict, incomplete: dict | None = None) -> Text:
+    if incomplete:  # a partial download: the service's words, "incomplete: resume or delete"
+        return Text(next(iter(incomplete.values())), style="red")
     target, drafter = available.get("target"), available.get("drafter")
     if target and drafter:
         return Text("yes", style="green")
@@ -61,7 +63,7 @@ def downloaded_label(available: dict) -> Text:
 def pair_row(pair: dict, memory: dict) -> tuple:
     size, complete = pair_size_gb(pair)
     return (pair["id"], ", ".join(pair["engines"]), size_label(size, complete),
-            fits_label(size, complete, memory), downloaded_label(pair.get("available", {})),
+            fits_label(size, complete, memory), downloaded_label(pair.get("available", {}), pair.get("incomplete")),
             pair["thinking"], Text("loaded", style="bold green") if pair.get("loaded") else "")
 
 
