@@ -8,7 +8,6 @@ Both yield the same StepEvents, so the service, the TUI and the benchmark never 
 from __future__ import annotations
 
 import abc
-import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -122,12 +121,10 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
-        check_prompt_chars(messages, self.capabilities.max_context, self.longest_token_chars)
+        for index, message in enumerate(messages):  # before any tokenizer sees it
+            check_text(message["content"], f"messages[{index}].content")
+        check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
         return chat_prompt_ids(self.tokenizer, messages, thinking)
-
-    @functools.cached_property
-    def longest_token_chars(self) -> int:
-        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
@@ -158,7 +155,9 @@ class LocalEngine(Engine):
 # private-use characters: no chat template or tokenizer gives them a meaning
 CONTENT_MARK = "\ue000dflash-content-{}\ue001"
 CONTENT_MARK_SPLIT = re.compile("\ue000dflash-content-(\\d+)\ue001")
-TOO_LONG_MARGIN = 2  # a normalizer may fold characters: stay well clear of a real prompt
+TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
+COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
+COUNT_CHUNK_CHARS = 16_384
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
@@ -214,14 +213,25 @@ def check_text(text: str, where: str) -> None:
         raise InvalidRequestError(f"{where}: {problem}")
 
 
-def check_prompt_chars(messages: list[dict], max_context: int, longest_token_chars: int) -> None:
-    """Refuse a prompt too long for the context without tokenizing it (10 MB would hold the
-    worker for seconds): no token covers more than the vocabulary's longest entry."""
+def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
+    """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
+    worker for seconds): long content is counted a chunk at a time, stopping once it is surely
+    too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
     chars = sum(len(message["content"]) for message in messages)
-    limit = max_context * longest_token_chars * TOO_LONG_MARGIN
-    if chars > limit:
-        raise PromptTooLongError(f"prompt of {chars} characters cannot fit the target's context "
-                                 f"of {max_context} tokens (at most {limit} characters)")
+    if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
+        return  # tokenizing it whole is cheap: the exact check comes after
+    counted, seen = 0, 0
+    for message in messages:
+        content = message["content"]
+        for start in range(0, len(content), COUNT_CHUNK_CHARS):
+            chunk = content[start:start + COUNT_CHUNK_CHARS]
+            counted += len(tokenizer.encode(chunk, add_special_tokens=False,
+                                            split_special_tokens=True))
+            seen += len(chunk)
+            if counted > TOO_LONG_MARGIN * max_context:
+                raise PromptTooLongError(
+                    f"prompt of {chars} characters has over {counted} tokens in its first {seen} "
+                    f"characters alone: far past the target's context of {max_context} tokens")
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:
