@@ -57,6 +57,8 @@ class Download:
     any failure: a cancelled file leaves nothing behind and the cache never holds a half blob.
     Resuming is per file: files already complete are skipped by the next download; a file cut
     off mid-way starts over (huggingface_hub resumes with Range only across retries in one call).
+    Once every listed file is in at its size, each snapshot's manifest is written
+    (snapshot_manifest.py); until then the snapshot is "incomplete: resume or delete".
     """
 
     def __init__(self, repos: list[RepoRef], *, context_tokens: int = 4096,

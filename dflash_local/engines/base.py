@@ -121,8 +121,7 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
-        for index, message in enumerate(messages):  # before any tokenizer sees it
-            check_text(message["content"], f"messages[{index}].content")
+        check_texts(messages)  # before any tokenizer sees them
         check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
@@ -167,8 +166,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
     characters, never as the control token, so only the template's own markup ends or opens a
     turn. Content free of special-token text is encoded exactly as the rendered template."""
-    for index, message in enumerate(messages):
-        check_text(message["content"], f"messages[{index}].content")
+    check_texts(messages)
     extra = {} if thinking is None else {"enable_thinking": thinking}
     specials = special_token_texts(tokenizer)
     if not any(special in message["content"] for message in messages for special in specials):
@@ -208,9 +206,10 @@ def unicode_problem(text: str) -> str | None:
     return None
 
 
-def check_text(text: str, where: str) -> None:
-    if (problem := unicode_problem(text)) is not None:
-        raise InvalidRequestError(f"{where}: {problem}")
+def check_texts(messages: list[dict]) -> None:
+    for index, message in enumerate(messages):
+        if (problem := unicode_problem(message["content"])) is not None:
+            raise InvalidRequestError(f"messages[{index}].content: {problem}")
 
 
 def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
