@@ -95,9 +95,10 @@ def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None)
     if requested not in (None, "auto"):
         from dflash_local.engines import ENGINES  # the registry alone: no framework is imported
 
-        if requested not in ENGINES:
+        known = (*ENGINES, "openai")  # openai: the relay, built by load_engine itself
+        if requested not in known:
             raise InvalidRequestError(f"engine: unknown engine {requested!r} (known: auto, "
-                                      f"{', '.join(ENGINES)})")
+                                      f"{', '.join(known)})")
         return requested
     try:
         from dflash_local.engines import choose_engine
@@ -183,10 +184,10 @@ class ServiceState:
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
                    block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
-        engine = pick_engine(engine)
         if engine == "openai":  # a caller must not point the relay at a URL of its choosing
             raise InvalidRequestError("engine: 'openai' relays the server given to serve "
                                       "--base-url; POST /dflash/load cannot load it")
+        engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
             if name is not None:
