@@ -14,6 +14,7 @@ from typing import Any
 
 from dflash_local import paths
 from dflash_local.errors import CheckpointError, ModelNotFoundError
+from dflash_local.snapshot_manifest import INCOMPLETE, IncompleteSnapshotError
 
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
 LOCAL_ENGINES = ("mlx", "transformers")  # run in this process; the others are servers
@@ -28,6 +29,7 @@ ARCH_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", 
              "sliding_window", "linear_num_key_heads", "linear_num_value_heads",
              "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
 ARCH_REQUIRED = ("num_hidden_layers", "num_key_value_heads", "head_dim")
+AVAILABLE, MISSING = "available", "missing"  # with INCOMPLETE: where a model stands locally
 
 
 @dataclass(frozen=True)
@@ -227,16 +229,23 @@ def locate(model: ModelSpec, local_only: bool = True, prepare: bool = False,
 
 def is_available(model: ModelSpec, cache_dir: str | Path | None = None) -> bool:
     """True when the model can be loaded without a download (the embedded one: importable)."""
+    return availability(model, cache_dir) == AVAILABLE
+
+
+def availability(model: ModelSpec, cache_dir: str | Path | None = None) -> str:
+    """AVAILABLE, INCOMPLETE (a partial download: "incomplete: resume or delete") or MISSING."""
     try:
         locate(model, cache_dir=cache_dir)
-        return True
+        return AVAILABLE
+    except IncompleteSnapshotError:
+        return INCOMPLETE
     except ModelNotFoundError:
         if model.source != "embedded":
-            return False
+            return MISSING
     from dflash_local import embedded
 
     try:
         embedded.find_embedded_gguf()
-        return True
+        return AVAILABLE
     except CheckpointError:
-        return False
+        return MISSING

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from dflash_local.errors import ModelNotFoundError
+from dflash_local.snapshot_manifest import IncompleteSnapshotError, check_complete
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.tiktoken"]
@@ -32,8 +33,12 @@ def resolve_model(name: str, revision: str | None = None, local_only: bool = Fal
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return Path(snapshot_download(name, revision=revision, allow_patterns=WEIGHT_PATTERNS,
-                                      local_files_only=True, cache_dir=cache_dir))
+        cached = Path(snapshot_download(name, revision=revision, allow_patterns=WEIGHT_PATTERNS,
+                                        local_files_only=True, cache_dir=cache_dir))
+        return check_complete(cached, name)
+    except IncompleteSnapshotError:
+        if local_only:
+            raise
     except LocalEntryNotFoundError:
         if local_only:
             raise ModelNotFoundError(f"{name} is not in the local Hugging Face cache") from None

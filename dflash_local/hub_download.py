@@ -25,6 +25,7 @@ from dflash_local.drafter.config import (
 from dflash_local.errors import DFlashError, IncompatiblePairError, ModelNotFoundError
 from dflash_local.hub import HUB_ERRORS, WEIGHT_PATTERNS, hub_error, is_repo_id
 from dflash_local.memory_fit import estimate_fit
+from dflash_local.snapshot_manifest import write_manifest
 
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
 PROGRESS_EVERY_S = 0.1  # listeners hear at most ~10 progress events a second
@@ -56,6 +57,8 @@ class Download:
     any failure: a cancelled file leaves nothing behind and the cache never holds a half blob.
     Resuming is per file: files already complete are skipped by the next download; a file cut
     off mid-way starts over (huggingface_hub resumes with Range only across retries in one call).
+    Once every listed file is in at its size, each snapshot's manifest is written
+    (snapshot_manifest.py); until then the snapshot is "incomplete: resume or delete".
     """
 
     def __init__(self, repos: list[RepoRef], *, context_tokens: int = 4096,
@@ -79,6 +82,7 @@ class Download:
         self._state = {"id": self.id, "label": self.label, "status": "pending", "bytes_done": 0,
                        "bytes_total": None, "files_done": 0, "repo": None, "fit": None,
                        "paths": {}, "error": None, "error_code": None}
+        self._listing: dict[str, list] = {}  # role -> the dry run's files: the manifest
         self._thread = threading.Thread(target=self._run, name=f"download-{self.id}", daemon=True)
 
     # --- control, from any thread ---
@@ -119,20 +123,27 @@ class Download:
     # --- the thread ---
 
     def _run(self) -> None:
+        outcome = {"status": "done"}
         try:
             files = self._list_files()  # first: an unreachable hub fails here, without retries
             configs = self._fetch_configs()
             _check_pair(self.repos, configs)  # before any weights
             self._check_room(files, configs)
             self._fetch_weights()
-            self._update(status="done")
+            self._write_manifests()
         except DownloadCancelled:
-            self._update(status="cancelled", error="cancelled by the client", error_code="cancelled")
+            outcome = {"status": "cancelled", "error": "cancelled by the client",
+                       "error_code": "cancelled"}
         except DFlashError as exc:
-            self._update(status="failed", error=str(exc), error_code=exc.code)
+            outcome = {"status": "failed", "error": str(exc), "error_code": exc.code}
         except Exception as exc:  # noqa: BLE001 - the thread's edge: report, never die silently
-            self._update(status="failed", error=f"{type(exc).__name__}: {exc}", error_code="download_error")
+            outcome = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                       "error_code": "download_error"}
         finally:
+            # finished before anyone hears the outcome: a listener that starts the same
+            # download again on "failed" gets a new one, not this one back
+            with self._lock:
+                self._state.update(outcome)
             self._finished.set()
             self._emit(force=True)
 
@@ -161,11 +172,12 @@ class Download:
             self._check_cancel()
             self._update(repo=ref.repo)
             try:
-                files += snapshot_download(ref.repo, revision=ref.revision, cache_dir=self.cache_dir,
+                self._listing[ref.role] = snapshot_download(ref.repo, revision=ref.revision, cache_dir=self.cache_dir,
                                            endpoint=self.endpoint, allow_patterns=WEIGHT_PATTERNS,
                                            dry_run=True, tqdm_class=_progress_bar_class(self, False))
             except HUB_ERRORS as exc:
                 raise hub_error(ref.repo, exc) from None
+            files += self._listing[ref.role]
         return files
 
     def _check_room(self, files: list, configs: dict[str, dict]) -> None:
@@ -199,6 +211,13 @@ class Download:
                 raise hub_error(ref.repo, exc) from None
             with self._lock:
                 self._state["paths"][ref.role] = path
+
+    def _write_manifests(self) -> None:
+        """Each snapshot is complete once every listed file is there at its listed size."""
+        for ref in self.repos:
+            snapshot = Path(self._state["paths"][ref.role])
+            write_manifest(snapshot, {info.filename: info.file_size
+                                      for info in self._listing[ref.role]})
 
     # --- progress plumbing ---
 

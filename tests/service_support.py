@@ -187,15 +187,17 @@ def _tree_entry(name: str, path: Path) -> dict:
 
 # --- the real server around a tiny pair ---
 
-def start_service(target: Path, drafter: Path | None, **state_options):
-    """A ServiceState with the tiny pair loaded, served by uvicorn on a free loopback port."""
+def start_service(target: Path, drafter: Path | None, app_options: dict | None = None,
+                  **state_options):
+    """A ServiceState with the tiny pair loaded, served by uvicorn on a free loopback port
+    (`app_options`: create_app's allowed hosts and body limit)."""
     from dflash_local.service.app import create_app
     from dflash_local.service.server import BackgroundServer
     from dflash_local.service.state import ServiceState
 
     state = ServiceState(loader=torch_loader, **state_options)
     state.load("transformers", target, drafter, served_name="tiny", aliases=("tiny-target",))
-    return state, BackgroundServer(create_app(state)).start()
+    return state, BackgroundServer(create_app(state, **(app_options or {}))).start()
 
 
 def assert_openai_error(response, status: int, code: str | None = None) -> dict:

@@ -393,6 +393,7 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
     local engine gets --dtype only, never the relay's keyword options (that was a TypeError)."""
     from dflash_local.cli import build_parser
     from dflash_local.service.cli_serve import _load_options
+    from dflash_local.service.errors import LoadFailedError
     from dflash_local.service.state import ServiceState
 
     args = build_parser().parse_args(["serve", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
@@ -408,7 +409,7 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
 
     state = ServiceState(loader=loader, load_options=_load_options(args))
     for engine in ("openai", "transformers", "vllm"):
-        with pytest.raises(Recorded):
+        with pytest.raises(LoadFailedError, match="Recorded"):  # a loader's own error, reported
             state.load(engine, "http://127.0.0.1:9" if engine == "openai" else "some-target", None,
                        served_name="x")
     assert calls == [("openai", {"api_key": "k", "plain_base_url": None}),

@@ -251,6 +251,7 @@ def test_full_queue_answers_429(pair):
                                     json={"messages": messages("Hi"), "max_tokens": 3})
             assert refused.status_code == 429
             assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert refused.headers["retry-after"] == "1"
             assert queued.result().status_code == 200  # ran once the stream was dropped
     finally:
         server.stop()
@@ -356,6 +357,7 @@ def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empt
                                                                       monkeypatch):
     from dflash_local import calibration
     from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.service.errors import LoadFailedError
 
     state, server, _seen = empty_service
     closed = []
@@ -365,7 +367,7 @@ def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empt
         raise RuntimeError("interrupted")
 
     monkeypatch.setattr(calibration, "measure", interrupted)
-    with pytest.raises(RuntimeError, match="interrupted"):
+    with pytest.raises(LoadFailedError, match="RuntimeError: interrupted"):
         state.load("transformers", *pair, served_name="tiny", block_size=AUTO)
     status = httpx.get(server.url + "/dflash/status", timeout=10).json()
     assert status["loaded"] is None and status["loading"] is None

@@ -275,3 +275,51 @@ def test_service_download_while_offline_reports_failure(pair, tmp_path):
         assert [d["status"] for d in listed] == ["failed"]
     finally:
         server.stop()
+
+
+def test_a_download_is_finished_before_its_outcome_is_heard(tmp_path):
+    """A client that starts the pair again on `failed` gets a new download, not this one."""
+    heard = []
+    download = Download([RepoRef(TARGET)], cache_dir=tmp_path, endpoint=closed_port_url())
+    download.subscribe(lambda snapshot: heard.append((snapshot["status"], download.finished)))
+    assert download.start().wait(60)
+    assert heard[-1] == ("failed", True)
+    assert all(finished for status, finished in heard if status in ("done", "failed"))
+
+
+def test_a_finished_download_is_complete_until_a_file_is_cut_short(pair, tmp_path):
+    from dflash_local.snapshot_manifest import MANIFEST, IncompleteSnapshotError
+
+    with LocalHub({TARGET: pair[0], DRAFTER: pair[1]}) as hub:
+        download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url).start()
+        assert download.wait(120) and download.snapshot()["status"] == "done"
+    snapshot = Path(download.snapshot()["paths"]["target"])
+    assert "model.safetensors" in json.loads((snapshot / MANIFEST).read_text())["files"]
+    assert resolve_model(TARGET, local_only=True, cache_dir=tmp_path) == snapshot
+    weights = snapshot / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as a crash mid-write would
+    with pytest.raises(IncompleteSnapshotError, match="incomplete: resume or delete"):
+        resolve_model(TARGET, local_only=True, cache_dir=tmp_path)
+
+
+def test_a_partial_download_says_incomplete_everywhere(pair, tmp_path):
+    wrong = tmp_path / "wrong-drafter"  # refused after the config files are in the cache
+    shutil.copytree(pair[1], wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 40]
+    (wrong / "config.json").write_text(json.dumps(config))
+    with LocalHub({TARGET: pair[0], DRAFTER: wrong}) as hub:
+        server = service_without_pair(tmp_path, hub.url)
+        try:
+            started = httpx.post(server.url + "/dflash/downloads", json={"pair": "tiny"}, timeout=60)
+            assert follow_events(server.url + started.json()["events"])[-1]["status"] == "failed"
+            pairs = httpx.get(server.url + "/dflash/catalog", timeout=60).json()["pairs"]
+            listed = next(p for p in pairs if p["id"] == "tiny")
+            assert listed["available"] == {"target": False, "drafter": False}
+            assert listed["incomplete"] == {"target": "incomplete: resume or delete",
+                                            "drafter": "incomplete: resume or delete"}
+            refused = httpx.post(server.url + "/dflash/load", json={"pair": "tiny"}, timeout=60)
+            assert refused.status_code == 404
+            assert "test/tiny-target is incomplete: resume or delete" in refused.json()["error"]["message"]
+        finally:
+            server.stop()

@@ -35,8 +35,9 @@ HOLD_AFTER = 64 * 1024  # bytes of a weights file the local hub sends before it 
 
 
 def fake_hub_cache(root: Path, target: Path) -> Path:
-    """A Hugging Face cache holding the catalog pair INCOMPATIBLE_PAIR as configs only, its
-    drafter built for a target of another hidden size: loading it must be refused."""
+    """A Hugging Face cache holding the catalog pair INCOMPATIBLE_PAIR as configs and empty
+    weight files (never read: the config check refuses first), its drafter built for a target
+    of another hidden size: loading it must be refused."""
     drafter = drafter_config_json(target)
     drafter["hidden_size"] = 32
     configs = {"Qwen/Qwen3-4B": (target / "config.json").read_text(),
@@ -46,6 +47,7 @@ def fake_hub_cache(root: Path, target: Path) -> Path:
         snapshot = folder / "snapshots" / ("0" * 40)
         snapshot.mkdir(parents=True)
         (snapshot / "config.json").write_text(config)
+        (snapshot / "model.safetensors").write_bytes(b"")  # config only would be incomplete
         (folder / "refs").mkdir()
         (folder / "refs" / "main").write_text("0" * 40)
     return root

@@ -437,3 +437,11 @@ def test_chat_list_titles_take_two_lines_at_most():
     two = title_lines("Write a Python function that reverses a string please")
     assert two == "Write a Python\nfunction that…"
     assert all(len(line) <= 20 for line in two.splitlines())
+
+
+def test_the_picker_says_a_partial_download_is_incomplete():
+    from dflash_chat.screens.picker import downloaded_label
+
+    partial = {"target": "incomplete: resume or delete"}
+    assert downloaded_label({"target": False, "drafter": True}, partial).plain == partial["target"]
+    assert downloaded_label({"target": True, "drafter": True}, {}).plain == "yes"

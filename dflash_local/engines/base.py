@@ -8,12 +8,14 @@ Both yield the same StepEvents, so the service, the TUI and the benchmark never 
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
     Auto,
     BlockSize,
@@ -119,6 +121,8 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+        check_texts(messages)  # before any tokenizer sees them
+        check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
         return chat_prompt_ids(self.tokenizer, messages, thinking)
 
     def encode_raw(self, text: str) -> list[int]:
@@ -147,13 +151,86 @@ class LocalEngine(Engine):
                           copied_chars=accepted_chars - drafter_chars)
 
 
+# private-use characters: no chat template or tokenizer gives them a meaning
+CONTENT_MARK = "\ue000dflash-content-{}\ue001"
+CONTENT_MARK_SPLIT = re.compile("\ue000dflash-content-(\\d+)\ue001")
+TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
+COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
+COUNT_CHUNK_CHARS = 16_384
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
-    one encoding for what the engines serve and what a drafter is trained on."""
+    one encoding for what the engines serve and what a drafter is trained on.
+
+    Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
+    characters, never as the control token, so only the template's own markup ends or opens a
+    turn. Content free of special-token text is encoded exactly as the rendered template."""
+    check_texts(messages)
     extra = {} if thinking is None else {"enable_thinking": thinking}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+    specials = special_token_texts(tokenizer)
+    if not any(special in message["content"] for message in messages for special in specials):
+        return tokenizer.encode(_render(tokenizer, messages, extra), add_special_tokens=False)
+    marked = [{**message, "content": CONTENT_MARK.format(index)}
+              for index, message in enumerate(messages)]
+    pieces = CONTENT_MARK_SPLIT.split(_render(tokenizer, marked, extra))
+    ids = []
+    for position, piece in enumerate(pieces):  # template text, content index, template text...
+        if position % 2:
+            ids += tokenizer.encode(messages[int(piece)]["content"], add_special_tokens=False,
+                                    split_special_tokens=True)
+        elif piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+    return ids
+
+
+def _render(tokenizer, messages: list[dict], extra: dict) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          **extra)
-    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def special_token_texts(tokenizer) -> set[str]:
+    """The texts the tokenizer would turn into special (control) tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return ({token.content for token in added.values() if getattr(token, "special", False)}
+            | set(getattr(tokenizer, "all_special_tokens", ()))) - {""}
+
+
+def unicode_problem(text: str) -> str | None:
+    """What makes `text` unencodable: JSON's "\\ud800" gives Python a lone surrogate, which no
+    tokenizer can encode; None when it is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"character {exc.start} is a lone surrogate ({text[exc.start]!a}): not valid Unicode text"
+    return None
+
+
+def check_texts(messages: list[dict]) -> None:
+    for index, message in enumerate(messages):
+        if (problem := unicode_problem(message["content"])) is not None:
+            raise InvalidRequestError(f"messages[{index}].content: {problem}")
+
+
+def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
+    """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
+    worker for seconds): long content is counted a chunk at a time, stopping once it is surely
+    too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
+    chars = sum(len(message["content"]) for message in messages)
+    if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
+        return  # tokenizing it whole is cheap: the exact check comes after
+    counted, seen = 0, 0
+    for message in messages:
+        content = message["content"]
+        for start in range(0, len(content), COUNT_CHUNK_CHARS):
+            chunk = content[start:start + COUNT_CHUNK_CHARS]
+            counted += len(tokenizer.encode(chunk, add_special_tokens=False,
+                                            split_special_tokens=True))
+            seen += len(chunk)
+            if counted > TOO_LONG_MARGIN * max_context:
+                raise PromptTooLongError(
+                    f"prompt of {chars} characters has over {counted} tokens in its first {seen} "
+                    f"characters alone: far past the target's context of {max_context} tokens")
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:

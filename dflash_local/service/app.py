@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 
@@ -17,14 +17,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from dflash_local import __version__
-from dflash_local.catalog import is_available
+from dflash_local.catalog import AVAILABLE, INCOMPLETE, availability
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.memory_budget import engine_budgets
 from dflash_local.pair_fit import loaded_fit, pair_fits
 from dflash_local.service import chat, responses
-from dflash_local.service.downloads import follow
+from dflash_local.service.downloads import follow, public_snapshot
 from dflash_local.service.errors import error_response, install_handlers
+from dflash_local.service.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    LOOPBACK_HOSTS,
+    BodyLimit,
+    HostAllowList,
+)
 from dflash_local.service.schemas import ChatCompletionRequest, DownloadRequest, LoadRequest
 from dflash_local.service.state import ServiceState
 
@@ -51,17 +57,22 @@ class BearerAuth:
         return await self.app(scope, receive, send)
 
 
-def create_app(state: ServiceState) -> FastAPI:
+def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
         await asyncio.to_thread(state.shutdown)
 
+    # no docs page, so no schema either: it would only map the API for a stranger
     app = FastAPI(title="dflash-local", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dflash = state
     install_handlers(app)
+    # the last added runs first: Host, then the key, then the body's size
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, api_key=state.api_key)
+    app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)
 
     @app.get("/health")
     async def health() -> dict:
@@ -109,7 +120,7 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/dflash/downloads", status_code=202)
     async def start_download(body: DownloadRequest) -> dict:
         download = state.downloads.start(body.pair, body.context_tokens)
-        return {**download.snapshot(), "events": f"/dflash/downloads/{download.id}/events"}
+        return {**public_snapshot(download), "events": f"/dflash/downloads/{download.id}/events"}
 
     @app.get("/dflash/downloads")
     async def list_downloads() -> dict:
@@ -117,7 +128,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.get("/dflash/downloads/{download_id}")
     async def get_download(download_id: str) -> dict:
-        return state.downloads.get(download_id).snapshot()
+        return public_snapshot(state.downloads.get(download_id))
 
     @app.get("/dflash/downloads/{download_id}/events")
     async def download_events(download_id: str) -> StreamingResponse:
@@ -128,7 +139,7 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.delete("/dflash/downloads/{download_id}")
     async def cancel_download(download_id: str) -> dict:
         download = state.downloads.get(download_id)
-        return {"id": download.id, "cancel_requested": download.cancel(), **download.snapshot()}
+        return {"id": download.id, "cancel_requested": download.cancel(), **public_snapshot(download)}
 
     return app
 
@@ -148,9 +159,13 @@ def _catalog_listing(state: ServiceState, budgets: dict, context_tokens: int) ->
         own = _loaded_fit(loaded, budgets, context_tokens) if is_loaded else None
         if own is not None:  # the loaded pair's own figure: its files, in the dtype it runs in
             fits[loaded.engine.pair.engine] = own
+        local = {role: availability(model, state.hub_cache_dir)
+                 for role, model in (("target", pair.target), ("drafter", pair.drafter))}
         listing.append({**pair.to_json(), "fit": fits, "loaded": is_loaded,
-                        "available": {role: is_available(model, state.hub_cache_dir) for role, model
-                                      in (("target", pair.target), ("drafter", pair.drafter))}})
+                        "available": {role: where == AVAILABLE for role, where in local.items()},
+                        # a partial download: "incomplete: resume or delete"
+                        "incomplete": {role: where for role, where in local.items()
+                                       if where == INCOMPLETE}})
     return listing
 
 
@@ -169,7 +184,7 @@ def _status(state: ServiceState) -> dict:
         "loaded": loaded.describe() if loaded else None,
         "loading": state.loading,
         "loading_phase": state.loading_phase,
-        "load_error": state.load_error,
+        "load_error": state.load_error,  # paths redacted when it was recorded
         "load_warning": state.load_warning,
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,
         "loaded_fit": _loaded_fit(loaded, engine_budgets(), DEFAULT_FIT_CONTEXT) if loaded else None,

@@ -45,6 +45,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     serve.add_argument("--max-queue", type=int, default=8, metavar="N",
                        help="requests waiting behind the running one before 429s")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                       help="also answer requests whose Host header names NAME (repeatable; '*' "
+                            "allows any). Default: loopback names and the --host address")
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+                       help="refuse larger request bodies with 413 (default: 4 MiB)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])
@@ -64,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_body_bytes < 1:
+        raise InvalidRequestError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.recalibrate and (args.no_load or args.engine in SERVED):
         raise InvalidRequestError("--recalibrate measures the local pair serve loads: not with "
                                   "--no-load or a served engine (POST /dflash/load takes "
@@ -83,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     served = state.loaded.served_name if state.loaded else "no pair loaded"
     print(f"dflash-local serving {served} on http://{host}:{port}", flush=True)
-    make_server(create_app(state), args.log_level).run(sockets=[sock])
+    app = create_app(state, allowed_hosts=allowed_hosts(args), max_body_bytes=args.max_body_bytes)
+    make_server(app, args.log_level).run(sockets=[sock])
     return 0
 
 
@@ -129,6 +137,14 @@ def _load_options(args: argparse.Namespace) -> dict[str, dict]:
     elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
         options[args.engine]["plain_twin"] = args.plain_twin
     return options
+
+
+def allowed_hosts(args: argparse.Namespace) -> list[str]:
+    """Loopback names, the address served on (unless it is every address), and --allow-host."""
+    from dflash_local.service.guards import LOOPBACK_HOSTS
+
+    bound = [] if args.host in ("0.0.0.0", "::", "") else [args.host]
+    return [*LOOPBACK_HOSTS, *bound, *args.allow_host]
 
 
 def _is_loopback(host: str) -> bool:

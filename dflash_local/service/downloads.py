@@ -16,6 +16,7 @@ from dflash_local.errors import InvalidRequestError
 from dflash_local.hub_download import TERMINAL_STATUSES, Download, RepoRef
 from dflash_local.memory_budget import engine_budgets
 from dflash_local.service.errors import NotFoundError
+from dflash_local.service.validation import redact_paths
 
 KEEP_FINISHED = 32  # finished downloads kept for GET .../events after the fact
 
@@ -52,7 +53,7 @@ class DownloadManager:
         return download
 
     def list(self) -> list[dict]:
-        return [download.snapshot() for download in self._downloads.values()]
+        return [public_snapshot(download) for download in self._downloads.values()]
 
     def cancel_all(self) -> None:
         for download in self._downloads.values():
@@ -62,6 +63,15 @@ class DownloadManager:
         finished = [key for key, download in self._downloads.items() if download.finished]
         for key in finished[: max(0, len(finished) - KEEP_FINISHED + 1)]:
             del self._downloads[key]
+
+
+def public_snapshot(download: Download, snapshot: dict | None = None) -> dict:
+    """A download's state as callers see it: no server paths (where the files went is ours)."""
+    shown = dict(snapshot or download.snapshot())
+    shown.pop("paths", None)
+    if shown.get("error"):
+        shown["error"] = redact_paths(shown["error"])
+    return shown
 
 
 async def follow(download: Download) -> AsyncIterator[dict]:
@@ -78,10 +88,10 @@ async def follow(download: Download) -> AsyncIterator[dict]:
     unsubscribe = download.subscribe(on_update)  # before the first snapshot: nothing is missed
     try:
         snapshot = download.snapshot()
-        yield snapshot
+        yield public_snapshot(download, snapshot)
         while snapshot["status"] not in TERMINAL_STATUSES:
             snapshot = await updates.get()
-            yield snapshot
+            yield public_snapshot(download, snapshot)
     finally:
         unsubscribe()
 

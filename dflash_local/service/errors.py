@@ -13,8 +13,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_local.errors import DFlashError
+from dflash_local.service.validation import describe_validation_errors, redact_paths
 
 log = logging.getLogger("dflash_local.service")
+
+
+RETRY_AFTER_S = 1  # a generation on a local pair takes seconds; a client retrying sooner wastes a request
 
 
 class QueueFullError(DFlashError):
@@ -29,6 +33,12 @@ class BusyError(DFlashError):
     """A management action that cannot run while a generation or a load is in progress."""
 
     code = "busy"
+
+
+class LoadFailedError(DFlashError):
+    """A load that broke for a reason of its own (weights unreadable, out of memory)."""
+
+    code = "load_failed"
 
 
 class NotFoundError(DFlashError):
@@ -53,6 +63,7 @@ STATUS_BY_CODE = {
     "cancelled": 503,
     "download_cancelled": 409,
     "engine_unavailable": 503,
+    "load_failed": 503,
     "model_not_loaded": 503,
 }
 TYPE_BY_STATUS = {
@@ -61,12 +72,16 @@ TYPE_BY_STATUS = {
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
 
 
 def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict:
+    # a lone surrogate echoed from the request would make the JSON body unencodable
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    param = param.encode("utf-8", "backslashreplace").decode("utf-8") if param else param
     return {"error": {"message": message, "type": TYPE_BY_STATUS.get(status, "server_error"),
                       "param": param, "code": code}}
 
@@ -74,6 +89,11 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
 def error_response(status: int, message: str, code: str | None, param: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def retry_headers(code: str) -> dict | None:
+    """A full queue or a pair still loading is worth retrying: say when."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if code in ("queue_full", "model_not_loaded") else None
 
 
 def status_of(exc: DFlashError) -> int:
@@ -84,8 +104,10 @@ def dflash_error_response(exc: DFlashError) -> JSONResponse:
     status = status_of(exc)
     if status == 500:
         log.error("unmapped %s: %s", type(exc).__name__, exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return error_response(status, str(exc), exc.code, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else retry_headers(exc.code)
+    # a bad request's message echoes the caller's own values; the others may name server paths
+    message = str(exc) if exc.code == "invalid_request" else redact_paths(str(exc))
+    return error_response(status, message, exc.code, headers=headers)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -94,21 +116,17 @@ def install_handlers(app: FastAPI) -> None:
         return dflash_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(loc) or None
-        message = first.get("msg", "invalid request")
-        if param:
-            message = f"{param}: {message}"
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more)"
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(exc.errors(), request.headers.get("content-type"))
         return error_response(400, message, "invalid_request", param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), None, headers=exc.headers)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):  # say which route: "Not Found" alone names nothing
+            message += f": {request.method} {request.url.path}"
+        code = "invalid_request" if exc.status_code == 400 else None
+        return error_response(exc.status_code, message, code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -1,7 +1,8 @@
 """Request bodies as pydantic models: the OpenAI chat fields we honour, and our extensions.
 
-Strict types (no "5" for 5, no true for 1); unknown OpenAI fields are ignored, as vLLM does.
-Range checks mirror OpenAI's (temperature in [0, 2], n == 1). Responses are plain dicts
+Strict types (no "5" for 5, no true for 1); OpenAI fields we do not implement are refused by
+name (unsupported.py), fields unknown to OpenAI are ignored, as vLLM does. Range checks mirror
+OpenAI's (temperature in [0, 2], n == 1); numbers are finite; text is valid Unicode. Responses are plain dicts
 built in responses.py: they are ours to shape, and dicts stream fastest.
 """
 
@@ -9,12 +10,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dflash_local.engines.base import unicode_problem
+from dflash_local.service.unsupported import UnsupportedMessageFields, UnsupportedOpenAIFields
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 1_000  # a stop string longer than any reply we would write cannot match
 # a fixed width, or "auto": the calibrated policy picks each round's width (1 = plain fallback)
 BlockSize = Annotated[int, Field(ge=1, le=256)] | Literal["auto"]
+
+
+def check_unicode(value: str) -> str:
+    if (problem := unicode_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
+Text = Annotated[str, AfterValidator(check_unicode)]
 
 
 class StrictModel(BaseModel):
@@ -23,12 +37,12 @@ class StrictModel(BaseModel):
 
 class TextPart(StrictModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
-class ChatMessage(StrictModel):
+class ChatMessage(UnsupportedMessageFields, StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
     def as_template_message(self) -> dict[str, str]:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -40,15 +54,15 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(StrictModel):
-    model: str | None = None
+class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
+    model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -66,16 +80,28 @@ class ChatCompletionRequest(StrictModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
-            raise ValueError("max_tokens and max_completion_tokens disagree")
-        stops = self.stop_strings()
-        if len(stops) > MAX_STOP_STRINGS or any(not stop for stop in stops):
-            raise ValueError(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings")
+            raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                             f"({self.max_completion_tokens}) disagree")
         template_thinking = (self.chat_template_kwargs or {}).get("enable_thinking")
         if template_thinking is not None and not isinstance(template_thinking, bool):
-            raise ValueError("chat_template_kwargs.enable_thinking must be a boolean")
+            raise ValueError(f"chat_template_kwargs.enable_thinking must be a boolean, got "
+                             f"{template_thinking!r}")
         if None not in (template_thinking, self.thinking) and template_thinking != self.thinking:
-            raise ValueError("thinking and chat_template_kwargs.enable_thinking disagree")
+            raise ValueError(f"thinking ({self.thinking}) and chat_template_kwargs.enable_thinking "
+                             f"({template_thinking}) disagree")
         return self
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        for index, text in enumerate(stops):
+            if not 1 <= len(text) <= MAX_STOP_CHARS:
+                raise ValueError(f"stop string {index} has {len(text)} characters: each must have "
+                                 f"1 to {MAX_STOP_CHARS}")
+        return stop
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -1,7 +1,9 @@
 """What the service owns: the loaded pair and its worker, the catalog, the downloads.
 
-Loading is blocking (the app runs it in a thread) and refuses to start while a generation runs.
-Names from remote callers are catalog ids or hub repo ids found in the local cache, never paths.
+Loading is blocking (the app runs it in a thread), refuses to start while a generation runs, and
+is transactional: the old pair serves until the new one is ready, and a failed load leaves it
+serving. Names from remote callers are catalog ids or hub repo ids found in the local cache,
+never paths, and what callers are told names no server path either.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dflash_local.errors import (
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.hub import is_repo_id, resolve_model
 from dflash_local.service.downloads import DownloadManager
-from dflash_local.service.errors import BusyError, NoModelLoadedError
+from dflash_local.service.errors import BusyError, LoadFailedError, NoModelLoadedError
+from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
 log = logging.getLogger("dflash_local.service")
@@ -38,13 +41,13 @@ WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
 
 def check_model_name(name: str | None) -> None:
-    """Refuse a model name that is a filesystem path: remote callers name models, not files."""
+    """Refuse a model name that is a filesystem path: remote callers name models, not files.
+    Judged by its shape alone: the answer never tells whether a path exists on the server."""
     if name in DEFAULT_NAMES:
         return
     is_path = (
         name.startswith(("/", "~", ".", "\\")) or ".." in name or "\\" in name or "\0" in name
         or os.path.isabs(name) or bool(WINDOWS_DRIVE.match(name))
-        or ("/" in name and os.path.exists(name))
     )
     if is_path or len(name) > 200:
         raise InvalidRequestError(f"{name[:200]!r} is not a known model (name a catalog pair or a "
@@ -60,6 +63,7 @@ class LoadedPair:
     default_block_size: BlockSize = WHOLE_BLOCK
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
+    names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
@@ -67,9 +71,17 @@ class LoadedPair:
     def describe(self) -> dict:
         pair = self.engine.pair
         return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
-                "target": pair.target, "drafter": pair.drafter, "dtype": pair.dtype,
+                "target": self.names[0], "drafter": self.names[1], "dtype": pair.dtype,
                 "drafter_block_size": pair.block_size,
                 "default_block_size": self.default_block_size.request_value}
+
+
+def public_name(name: str | Path | None) -> str | None:
+    """A model's name for callers: a repo id or URL as it is, a local directory by its own name."""
+    if name is None:
+        return None
+    text = str(name)
+    return Path(text).name if os.path.isabs(text) or text.startswith(("~", ".")) else text
 
 
 def _recommended(pair, engine: str) -> BlockSize | None:
@@ -81,6 +93,12 @@ def _recommended(pair, engine: str) -> BlockSize | None:
 def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None) -> str:
     """The engine asked for, else the installed one `engines.choose_engine` prefers, if it fits."""
     if requested not in (None, "auto"):
+        from dflash_local.engines import ENGINES  # the registry alone: no framework is imported
+
+        known = (*ENGINES, "openai")  # openai: the relay, built by load_engine itself
+        if requested not in known:
+            raise InvalidRequestError(f"engine: unknown engine {requested!r} (known: auto, "
+                                      f"{', '.join(known)})")
         return requested
     try:
         from dflash_local.engines import choose_engine
@@ -124,8 +142,8 @@ class ServiceState:
 
     def require_model(self, name: str | None) -> LoadedPair:
         check_model_name(name)
-        loaded = self.loaded
-        if self.loading is not None or loaded is None:
+        loaded = self.loaded  # while another loads, this one still serves
+        if loaded is None:
             raise NoModelLoadedError(
                 f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
                 else "no model is loaded; POST /dflash/load first")
@@ -151,7 +169,8 @@ class ServiceState:
             target, drafter, warning = pair.target.repo, pair.drafter.repo, None
         return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
                          block_size=block_size or _recommended(pair, engine),
-                         aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate)
+                         aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate,
+                         names=(pair.target.repo, pair.drafter.repo if drafter else None))
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
         try:
@@ -165,6 +184,9 @@ class ServiceState:
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
                    block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
+        if engine == "openai":  # a caller must not point the relay at a URL of its choosing
+            raise InvalidRequestError("engine: 'openai' relays the server given to serve "
+                                      "--base-url; POST /dflash/load cannot load it")
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -179,46 +201,57 @@ class ServiceState:
         else:
             target_path, drafter_path = target, drafter
         return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size,
-                         recalibrate=recalibrate)
+                         recalibrate=recalibrate, names=(target, drafter))
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
              served_name: str, pair_id: str | None = None, block_size: BlockSize | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None,
-             recalibrate: bool = False) -> LoadedPair:
-        """Unload the current pair and load this one (local paths are trusted: CLI and internal).
-        A local pair with no block size given defaults to auto (calibrated widths);
-        `recalibrate` measures this machine again (a first measurement disturbed by other work)."""
+             recalibrate: bool = False, names: tuple[str, str | None] | None = None) -> LoadedPair:
+        """Load this pair, then put it in place of the current one, which serves meanwhile and
+        stays if the load fails (local paths are trusted: CLI and internal). A local pair with
+        no block size given defaults to auto (calibrated widths); `recalibrate` measures this
+        machine again (a first measurement disturbed by other work)."""
         if block_size is None:
             block_size = AUTO if engine in LOCAL_ENGINES and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
             raise BusyError("another load is in progress")
         try:
-            self.loading = served_name  # from here on, new chat requests get 503
+            self.loading = served_name
             self.loading_phase = "loading"
             self._ensure_idle()
             precheck_pair(target, drafter)
-            self.unload()
+            engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate)
+            loaded = LoadedPair(served_name=served_name, engine=engine_obj,
+                                worker=GenerationWorker(engine_obj, max_queue=self.max_queue),
+                                pair_id=pair_id, default_block_size=block_size, aliases=aliases,
+                                names=names or (public_name(target), public_name(drafter)))
+            previous, self.loaded = self.loaded, loaded
             self.load_error, self.load_warning = None, warning
-            engine_obj = None
-            try:
-                engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
-                                         **self.load_options.get(engine, {}))
-                # the first chat would wait for it otherwise, with nothing on screen to say why
-                engine_obj.prepare(block_size, on_wait=self._set_loading_phase,
-                                   recalibrate=recalibrate)
-            except Exception as exc:
-                self.load_error = f"{type(exc).__name__}: {exc}"
-                if engine_obj is not None:
-                    _close_quietly(engine_obj)
-                raise
-            worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
-            self.loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
-                                     pair_id=pair_id, default_block_size=block_size,
-                                     aliases=aliases)
-            return self.loaded
+            if previous is not None:
+                previous.worker.retire(on_idle=previous.engine.close)
+            return loaded
         finally:
             self.loading = self.loading_phase = None
             self._load_lock.release()
+
+    def _load_engine(self, engine: str, target: str | Path, drafter: str | Path | None,
+                     block_size: BlockSize, recalibrate: bool) -> Engine:
+        engine_obj = None
+        try:
+            engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
+                                     **self.load_options.get(engine, {}))
+            # the first chat would wait for it otherwise, with nothing on screen to say why
+            engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
+            return engine_obj
+        except Exception as exc:
+            self.load_error = redact_paths(f"{type(exc).__name__}: {exc}")
+            if engine_obj is not None:
+                _close_quietly(engine_obj)
+            if isinstance(exc, DFlashError):
+                raise
+            log.exception("loading %s failed", target)
+            still = f"; {self.loaded.served_name} still serves" if self.loaded else ""
+            raise LoadFailedError(f"the load failed ({self.load_error}){still}") from None
 
     def _set_loading_phase(self, phase: str) -> None:
         self.loading_phase = phase

@@ -14,6 +14,7 @@ import queue
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dflash_local.engines.base import Engine
@@ -103,10 +104,16 @@ class Job:
 
 
 class StopMatcher:
-    """Finds stop strings across text deltas, holding back a tail that could begin one."""
+    """Finds stop strings across text deltas, holding back a tail that could begin one.
+
+    Each stop string is a Knuth-Morris-Pratt automaton that reads every character once: the
+    work is linear in the text and the stop strings, however long they are.
+    """
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(stop for stop in stops if stop)
+        self._fallback = [_longest_borders(stop) for stop in self.stops]
+        self._matched = [0] * len(self.stops)  # per stop: the longest text suffix that begins it
         self._pending = ""
 
     def feed(self, delta: str) -> tuple[str, bool]:
@@ -114,18 +121,43 @@ class StopMatcher:
         if not self.stops:
             return delta, False
         text = self._pending + delta
-        hits = [index for stop in self.stops if (index := text.find(stop)) >= 0]
-        if hits:
-            self._pending = ""
-            return text[: min(hits)], True
-        keep = max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])),
-                   default=0)
+        for end, char in enumerate(delta, start=len(self._pending) + 1):
+            found = [len(stop) for index, stop in enumerate(self.stops)
+                     if self._advance(index, char) == len(stop)]
+            if found:  # the earliest stop to end; of those ending together, the longest
+                self._pending, self._matched = "", [0] * len(self.stops)
+                return text[: end - max(found)], True
+        keep = max(self._matched)
         self._pending = text[len(text) - keep:] if keep else ""
         return text[: len(text) - keep], False
 
     def flush(self) -> str:
         text, self._pending = self._pending, ""
         return text
+
+    def _advance(self, index: int, char: str) -> int:
+        stop, fallback, matched = self.stops[index], self._fallback[index], self._matched[index]
+        if matched == len(stop):
+            matched = fallback[matched - 1]
+        while matched and stop[matched] != char:
+            matched = fallback[matched - 1]
+        if stop[matched] == char:
+            matched += 1
+        self._matched[index] = matched
+        return matched
+
+
+def _longest_borders(text: str) -> list[int]:
+    """KMP's table: for each prefix of `text`, its longest proper prefix that is also a suffix."""
+    borders = [0] * len(text)
+    length = 0
+    for position in range(1, len(text)):
+        while length and text[position] != text[length]:
+            length = borders[length - 1]
+        if text[position] == text[length]:
+            length += 1
+        borders[position] = length
+    return borders
 
 
 class GenerationWorker:
@@ -160,6 +192,18 @@ class GenerationWorker:
                 "current": current.summary() if current else None,
                 "last": self.last.summary() if self.last else None,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total}
+
+    def retire(self, on_idle: Callable[[], None]) -> None:
+        """Refuse new jobs, finish the ones already taken, then call `on_idle` (free the engine):
+        a pair replaced by a load ends its clients' replies instead of cutting them."""
+        self._closed = True
+
+        def drain() -> None:
+            self._queue.put(None)  # behind the queued jobs; waits for room in a full queue
+            self._thread.join()
+            on_idle()
+
+        threading.Thread(target=drain, name="generation-worker-retire", daemon=True).start()
 
     def close(self, timeout: float = 30.0) -> None:
         """Refuse new jobs, fail the queued ones, cancel the running one, stop the thread."""

@@ -115,7 +115,9 @@ def fit_details(pair: dict) -> list[str]:
     return lines
 
 
-def downloaded_label(available: dict) -> Text:
+def downloaded_label(available: dict, incomplete: dict | None = None) -> Text:
+    if incomplete:  # a partial download: the service's words, "incomplete: resume or delete"
+        return Text(next(iter(incomplete.values())), style="red")
     target, drafter = available.get("target"), available.get("drafter")
     if target and drafter:
         return Text("yes", style="green")
@@ -127,7 +129,7 @@ def downloaded_label(available: dict) -> Text:
 def pair_row(pair: dict) -> tuple:
     size, complete = pair_size_gb(pair)
     return (pair["id"], engines_label(pair), size_label(size, complete),
-            fits_label(pair), downloaded_label(pair.get("available", {})),
+            fits_label(pair), downloaded_label(pair.get("available", {}), pair.get("incomplete")),
             pair["thinking"], Text("loaded", style="bold green") if pair.get("loaded") else "")
 
 

@@ -1,0 +1,81 @@
+"""What every request passes before a route sees it: the Host allow-list and the body limit.
+
+Pure ASGI, so streamed responses are never buffered. The Host check stops DNS rebinding: a web
+page on evil.example that resolves its name to 127.0.0.1 still sends `Host: evil.example`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fastapi import HTTPException
+
+from dflash_local.service.errors import error_response
+from dflash_local.service.validation import shown_value
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # far past any prompt a local context holds
+
+
+def host_name(header: str) -> str:
+    """`Host` without its port: "[::1]:8000" -> "::1", "Example.com:80" -> "example.com"."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class HostAllowList:
+    """Answers 400 to a Host header not in the list ("*" in it allows any)."""
+
+    def __init__(self, app, allowed_hosts: Iterable[str] = LOOPBACK_HOSTS):
+        self.app = app
+        self.allowed = {host_name(host) for host in allowed_hosts}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or "*" in self.allowed:
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if host_name(header) not in self.allowed:
+            response = error_response(
+                400, f"Host header {shown_value(header)} is not allowed (this server answers to "
+                     f"{', '.join(sorted(self.allowed))}; serve with --allow-host to add one)",
+                "host_not_allowed", "Host")
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Answers 413 to a request body over `max_bytes`, declared or streamed, before it is parsed."""
+
+    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: str) -> str:
+        return (f"request body of {size} is over this server's limit of {self.max_bytes} bytes "
+                f"(serve --max-body-bytes)")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+        if not declared.isdigit():
+            response = error_response(400, f"Content-Length {shown_value(declared)} is not a "
+                                           f"number of bytes", "invalid_request", "Content-Length")
+            return await response(scope, receive, send)
+        if int(declared) > self.max_bytes:
+            response = error_response(413, self._too_large(f"{declared} bytes"),
+                                      "request_too_large")
+            return await response(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:  # a chunked body that declared no length
+                raise HTTPException(413, self._too_large(f"over {self.max_bytes} bytes"))
+            return message
+
+        return await self.app(scope, limited_receive, send)
