@@ -49,6 +49,7 @@ class PairSpec:
     block_sizes: tuple[tuple[str, int | str], ...]  # (engine, recommended block size or "auto")
     notes: str = ""
     drafter_version: int = 1  # the drafter's DFlash version: servers run DFlash 2 only from a release
+    draft_window: int | None = None  # default draft sliding window (long contexts); None: unbounded
 
     def block_size_for(self, engine: str) -> int | str | None:
         """The recommended block size on this engine, as the catalog writes it; None: none."""
@@ -57,6 +58,7 @@ class PairSpec:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
                 "hybrid": self.hybrid, "model_type": self.model_type, "block_size": dict(self.block_sizes), "notes": self.notes,
+                "draft_window": self.draft_window,
                 "target": self.target.to_json(),
                 "drafter": {**self.drafter.to_json(), "version": self.drafter_version}}
 
@@ -135,8 +137,14 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
     if type(version) is not int or version not in DRAFTER_VERSIONS:  # bool is an int: refused
         raise CheckpointError(f"{where} drafter: version {version!r} is not one of "
                               f"{DRAFTER_VERSIONS} (1 = DFlash, 2 = DFlash 2)")
+    window = entry.get("draft_window")
+    if window is not None and (type(window) is not int or window < 1):
+        raise CheckpointError(f"{where}: draft_window {window!r} must be an integer >= 1")
+    if window is not None and "vllm" in engines:  # vLLM reads a window from the drafter's config
+        raise CheckpointError(f"{where}: draft_window {window} on a pair vllm serves: vllm takes no "
+                              f"draft window at launch")
     return PairSpec(
-        id=pair_id, engines=engines, thinking=thinking, drafter_version=version,
+        id=pair_id, engines=engines, thinking=thinking, drafter_version=version, draft_window=window,
         hybrid=bool(entry.get("hybrid", False)), model_type=_field(entry, "model_type", str, where),
         block_sizes=tuple(sorted(block_sizes.items())),
         notes=str(entry.get("notes", "")),

@@ -10,7 +10,7 @@ import ipaddress
 import os
 import sys
 
-from dflash_local.events import block_size_arg
+from dflash_local.events import block_size_arg, draft_window_arg
 from dflash_local.precision import DTYPE_CHOICES
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
@@ -36,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
                        help="default block size for requests (default: the catalog's for the pair, "
                             "else auto for a local pair with a drafter)")
+    serve.add_argument("--draft-window", type=draft_window_arg, metavar="N",
+                       help="the drafter keeps only the last N context rows (the draft sliding "
+                            "window; default: the catalog's for the pair, else unbounded)")
     serve.add_argument("--recalibrate", action="store_true",
                        help="measure this machine's round costs for the pair again (block size "
                             "auto), instead of the cached ones")
@@ -102,17 +105,18 @@ def _initial_load(state, args: argparse.Namespace) -> None:
 
     if args.engine == "openai":
         state.load("openai", args.base_url, None, served_name=args.base_url,
-                   block_size=args.block_size)
+                   block_size=args.block_size, draft_window=args.draft_window)
         return
     if args.target:  # the local user's own names: paths and repo ids (downloaded if needed)
         target = resolve_model(args.target)
         drafter = resolve_model(args.drafter) if args.drafter else None
         state.load(pick_engine(args.engine), target, drafter, block_size=args.block_size,
-                   recalibrate=args.recalibrate,
+                   recalibrate=args.recalibrate, draft_window=args.draft_window,
                    served_name=os.path.basename(args.target.rstrip("/")) or args.target)
         return
     try:
-        state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate)
+        state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate,
+                        args.draft_window)
     except Exception as exc:
         if args.pair:
             raise

@@ -58,6 +58,7 @@ class LoadedPair:
     worker: GenerationWorker
     pair_id: str | None = None
     default_block_size: BlockSize = WHOLE_BLOCK
+    draft_window: int | None = None  # the drafter's context rows (None: unbounded)
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -69,7 +70,8 @@ class LoadedPair:
         return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
                 "target": pair.target, "drafter": pair.drafter, "dtype": pair.dtype,
                 "drafter_block_size": pair.block_size,
-                "default_block_size": self.default_block_size.request_value}
+                "default_block_size": self.default_block_size.request_value,
+                "draft_window": self.draft_window}
 
 
 def _recommended(pair, engine: str) -> BlockSize | None:
@@ -137,7 +139,8 @@ class ServiceState:
     # --- blocking: the app calls these in a thread ---
 
     def load_pair(self, pair_id: str, engine: str | None = None,
-                  block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
+                  block_size: BlockSize | None = None, recalibrate: bool = False,
+                  draft_window: int | None = None) -> LoadedPair:
         pair = self.catalog.get(pair_id)
         self._ensure_idle()  # before any slow preparation (the embedded import)
         engine = pick_engine(engine, pair.engines)
@@ -151,7 +154,8 @@ class ServiceState:
             target, drafter, warning = pair.target.repo, pair.drafter.repo, None
         return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
                          block_size=block_size or _recommended(pair, engine),
-                         aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate)
+                         aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate,
+                         draft_window=draft_window or pair.draft_window)
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
         try:
@@ -164,7 +168,8 @@ class ServiceState:
             return None, f"{exc}: decoding without speculation"
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
-                   block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
+                   block_size: BlockSize | None = None, recalibrate: bool = False,
+                   draft_window: int | None = None) -> LoadedPair:
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -179,15 +184,22 @@ class ServiceState:
         else:
             target_path, drafter_path = target, drafter
         return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size,
-                         recalibrate=recalibrate)
+                         recalibrate=recalibrate, draft_window=draft_window)
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
              served_name: str, pair_id: str | None = None, block_size: BlockSize | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None,
-             recalibrate: bool = False) -> LoadedPair:
+             recalibrate: bool = False, draft_window: int | None = None) -> LoadedPair:
         """Unload the current pair and load this one (local paths are trusted: CLI and internal).
         A local pair with no block size given defaults to auto (calibrated widths);
-        `recalibrate` measures this machine again (a first measurement disturbed by other work)."""
+        `recalibrate` measures this machine again (a first measurement disturbed by other work);
+        `draft_window` bounds the drafter's context (the engine checks it against the target's)."""
+        options = dict(self.load_options.get(engine, {}))
+        if draft_window is not None:
+            if engine == "openai":
+                raise InvalidRequestError(f"draft_window {draft_window}: a relayed server keeps its "
+                                          f"own draft window (set it where that server starts)")
+            options["draft_window"] = draft_window
         if block_size is None:
             block_size = AUTO if engine in LOCAL_ENGINES and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
@@ -202,7 +214,7 @@ class ServiceState:
             engine_obj = None
             try:
                 engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
-                                         **self.load_options.get(engine, {}))
+                                         **options)
                 # the first chat would wait for it otherwise, with nothing on screen to say why
                 engine_obj.prepare(block_size, on_wait=self._set_loading_phase,
                                    recalibrate=recalibrate)
@@ -214,7 +226,7 @@ class ServiceState:
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
             self.loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
                                      pair_id=pair_id, default_block_size=block_size,
-                                     aliases=aliases)
+                                     draft_window=draft_window, aliases=aliases)
             return self.loaded
         finally:
             self.loading = self.loading_phase = None
