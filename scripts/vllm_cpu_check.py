@@ -88,7 +88,7 @@ def _write_v1_drafter(out: Path) -> None:
 def _serve(python: str, target: str, drafter: str, log) -> subprocess.Popen:
     argv = [sys.executable, "-m", "dflash_local.cli", "serve", "--engine", "vllm", "--port", "0",
             "--target", target, "--drafter", drafter, "--dtype", "float32",
-            "--server-python", python, "--server-args", SERVER_ARGS]
+            "--server-python", python, f"--server-args={SERVER_ARGS}"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
 

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "(default: this one)")
     serve.add_argument("--server-args", metavar="ARGS", default="",
                        help="--engine vllm/sglang: more flags for the server, one string "
-                            "(e.g. \"--max-model-len 2048 --enforce-eager\")")
+                            "(e.g. --server-args=\"--max-model-len 2048 --enforce-eager\")")
     serve.add_argument("--remote-api-key", metavar="KEY", help="the remote server's API key")
     serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
     serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
