@@ -65,6 +65,7 @@ class PairSpec:
     def architecture(self) -> dict[str, Any] | None:
         """The target's architecture numbers as a config.json-shaped dict; None: not given."""
         return dict(self.arch) or None
+    draft_window: int | None = None  # default draft sliding window (long contexts); None: unbounded
 
     def block_size_for(self, engine: str) -> int | str | None:
         """The recommended block size on this engine, as the catalog writes it; None: none."""
@@ -74,6 +75,7 @@ class PairSpec:
         return {"id": self.id, "engines": list(self.engines), "thinking": self.thinking,
                 "hybrid": self.hybrid, "model_type": self.model_type, "block_size": dict(self.block_sizes), "notes": self.notes,
                 "arch": self.architecture(),
+                "draft_window": self.draft_window,
                 "target": self.target.to_json(),
                 "drafter": {**self.drafter.to_json(), "version": self.drafter_version}}
 
@@ -152,8 +154,14 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
     if type(version) is not int or version not in DRAFTER_VERSIONS:  # bool is an int: refused
         raise CheckpointError(f"{where} drafter: version {version!r} is not one of "
                               f"{DRAFTER_VERSIONS} (1 = DFlash, 2 = DFlash 2)")
+    window = entry.get("draft_window")
+    if window is not None and (type(window) is not int or window < 1):
+        raise CheckpointError(f"{where}: draft_window {window!r} must be an integer >= 1")
+    if window is not None and "vllm" in engines:  # vLLM reads a window from the drafter's config
+        raise CheckpointError(f"{where}: draft_window {window} on a pair vllm serves: vllm takes no "
+                              f"draft window at launch")
     return PairSpec(
-        id=pair_id, engines=engines, thinking=thinking, drafter_version=version,
+        id=pair_id, engines=engines, thinking=thinking, drafter_version=version, draft_window=window,
         hybrid=bool(entry.get("hybrid", False)), model_type=_field(entry, "model_type", str, where),
         block_sizes=tuple(sorted(block_sizes.items())),
         notes=str(entry.get("notes", "")), arch=_parse_arch(entry.get("arch"), where),

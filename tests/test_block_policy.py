@@ -159,7 +159,8 @@ def auto_run(engine, monkeypatch, prompt_ids, reference):
         return is_good(index) and offset < RIGHT_PREFIX
 
     monkeypatch.setattr(engine, "make_drafter",
-                        lambda: ReferenceDrafter(real(), len(prompt_ids), reference, right))
+                        lambda window=None: ReferenceDrafter(real(window), len(prompt_ids),
+                                                             reference, right))
     # lookup rounds off: this checks the block policy alone (test_lookup.py checks them)
     params = GenerationParams(max_tokens=MAX_TOKENS, block_size=parse_block_size("auto"), stop_token_ids=(-1,),
                               prompt_lookup=False)
@@ -244,8 +245,8 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
         BlockPolicy(COSTS, [0.8] * 15, max_width=width, whole_block_drafts=whole)) or policies[-1])
     make_drafter = engine.make_drafter
 
-    def recording_drafter():
-        session = make_drafter()
+    def recording_drafter(window=None):
+        session = make_drafter(window)
         propose_tree = session.propose_tree
         session.propose_tree = lambda anchor, taps, count: nodes.append(count) or propose_tree(
             anchor, taps, count)

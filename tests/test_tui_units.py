@@ -88,6 +88,9 @@ def test_bad_settings_fall_back_and_say_why(tmp_path):
     path.write_text("top_p = 5.0\n")
     settings, problems = load_settings(path)
     assert settings == Settings() and "top_p 5.0" in problems[0]
+    path.write_text("draft_window = -5\n")
+    settings, problems = load_settings(path)
+    assert settings == Settings() and "draft_window -5 is not >= 0" in problems[0]
     path.write_text("this is not toml")
     assert load_settings(path)[0] == Settings()
 
@@ -102,8 +105,9 @@ def test_keymap_conflicts_are_reported():
 
 def test_sampling_options_follow_the_settings():
     assert Settings().sampling() == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 512}
-    options = Settings(seed=7, block_size=4, thinking="off").sampling()
+    options = Settings(seed=7, block_size=4, thinking="off", draft_window=512).sampling()
     assert (options["seed"], options["block_size"], options["thinking"]) == (7, 4, False)
+    assert options["draft_window"] == 512  # 0, the default, leaves it to the service
     assert "[keymap]" in dumps(Settings())
 
 

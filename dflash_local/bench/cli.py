@@ -8,7 +8,13 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.errors import DFlashError
-from dflash_local.events import AUTO, BlockSize, GenerationParams, block_size_arg
+from dflash_local.events import (
+    AUTO,
+    BlockSize,
+    GenerationParams,
+    block_size_arg,
+    draft_window_arg,
+)
 from dflash_local.precision import DTYPE_CHOICES
 
 
@@ -33,6 +39,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tree", choices=["on", "off", "both"], default="on",
                         help="drafter rounds verify a tree of drafts (on) or one chain "
                              "(off); both: measure every DFlash method both ways side by side")
+    parser.add_argument("--draft-window", type=draft_window_arg, metavar="N",
+                        help="the drafter keeps only the last N context rows (the draft sliding "
+                             "window): draft cost and memory stay flat on long contexts; "
+                             "default: unbounded")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
     parser.add_argument("--thinking", choices=["on", "off"], help="chat template thinking switch")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
@@ -83,11 +93,12 @@ def run(args: argparse.Namespace) -> int:
         thinking=None if args.thinking is None else args.thinking == "on",
         max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
         recalibrate=args.recalibrate, lookup=args.lookup, tree=args.tree,
-        repeats=args.repeats,
+        repeats=args.repeats, draft_window=args.draft_window,
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
+                         draft_window=args.draft_window)
     try:
         record = run_suite(engine, prompts, settings)
     finally:

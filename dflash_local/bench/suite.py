@@ -41,6 +41,7 @@ class BenchSettings:
     seed: int = 0
     recalibrate: bool = False
     repeats: int = 1  # tries of every method per sample, the fastest kept
+    draft_window: int | None = None  # the engine's draft sliding window (recorded, set at load)
 
 
 def method_name(block_size: BlockSize, lookup: bool = True, tree: bool = True) -> str:

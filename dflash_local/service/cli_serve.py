@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import sys
 
-from dflash_local.events import block_size_arg
+from dflash_local.events import block_size_arg, draft_window_arg
 from dflash_local.precision import DTYPE_CHOICES
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
@@ -29,6 +30,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="--engine openai: a plain server of the same target (speculation off, races)")
     serve.add_argument("--plain-twin", action="store_true",
                        help="--engine vllm/sglang: also start a plain server (speculation off, races)")
+    serve.add_argument("--server-python", metavar="PATH",
+                       help="--engine vllm/sglang: the interpreter whose venv has the server "
+                            "(default: this one)")
+    serve.add_argument("--server-args", metavar="ARGS", default="",
+                       help="--engine vllm/sglang: more flags for the server, one string "
+                            "(e.g. --server-args=\"--max-model-len 2048 --enforce-eager\")")
     serve.add_argument("--remote-api-key", metavar="KEY", help="the remote server's API key")
     serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
     serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
@@ -36,6 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
                        help="default block size for requests (default: the catalog's for the pair, "
                             "else auto for a local pair with a drafter)")
+    serve.add_argument("--draft-window", type=draft_window_arg, metavar="N",
+                       help="the drafter keeps only the last N context rows (the draft sliding "
+                            "window; default: the catalog's for the pair, else unbounded)")
     serve.add_argument("--recalibrate", action="store_true",
                        help="measure this machine's round costs for the pair again (block size "
                             "auto), instead of the cached ones")
@@ -67,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("give --pair or --target, not both")
     if (args.engine == "openai") != bool(args.base_url):
         raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
+    if (args.server_python or args.server_args) and args.engine not in ("vllm", "sglang"):
+        raise InvalidRequestError(f"--server-python and --server-args go with --engine vllm or "
+                                  f"sglang, not --engine {args.engine}")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_body_bytes < 1:
@@ -110,17 +123,18 @@ def _initial_load(state, args: argparse.Namespace) -> None:
 
     if args.engine == "openai":
         state.load("openai", args.base_url, None, served_name=args.base_url,
-                   block_size=args.block_size)
+                   block_size=args.block_size, draft_window=args.draft_window)
         return
     if args.target:  # the local user's own names: paths and repo ids (downloaded if needed)
         target = resolve_model(args.target)
         drafter = resolve_model(args.drafter) if args.drafter else None
         state.load(pick_engine(args.engine), target, drafter, block_size=args.block_size,
-                   recalibrate=args.recalibrate,
+                   recalibrate=args.recalibrate, draft_window=args.draft_window,
                    served_name=os.path.basename(args.target.rstrip("/")) or args.target)
         return
     try:
-        state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate)
+        state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate,
+                        args.draft_window)
     except Exception as exc:
         if args.pair:
             raise
@@ -135,7 +149,8 @@ def _load_options(args: argparse.Namespace) -> dict[str, dict]:
     if args.engine == "openai":
         options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
     elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
-        options[args.engine]["plain_twin"] = args.plain_twin
+        options[args.engine].update(plain_twin=args.plain_twin, server_python=args.server_python,
+                                    extra_args=tuple(shlex.split(args.server_args)))
     return options
 
 

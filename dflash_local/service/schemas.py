@@ -74,6 +74,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
     block_size: BlockSize | None = None
     prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
     tree: bool | None = None  # verify a tree of drafts per round (default on)
+    draft_window: int | None = Field(None, ge=1)  # context rows the drafter keeps (local engines)
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
@@ -126,6 +127,7 @@ class LoadRequest(StrictModel):
     target: str | None = Field(None, min_length=1, max_length=200)
     drafter: str | None = Field(None, min_length=1, max_length=200)
     block_size: BlockSize | None = None  # default block size for requests
+    draft_window: int | None = Field(None, ge=1)  # default draft window (None: the catalog's)
     recalibrate: bool = False  # measure this machine's round costs again (block size auto)
 
     @model_validator(mode="after")

@@ -61,6 +61,7 @@ class LoadedPair:
     worker: GenerationWorker
     pair_id: str | None = None
     default_block_size: BlockSize = WHOLE_BLOCK
+    draft_window: int | None = None  # the drafter's context rows (None: unbounded)
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
     names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
@@ -73,7 +74,8 @@ class LoadedPair:
         return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
                 "target": self.names[0], "drafter": self.names[1], "dtype": pair.dtype,
                 "drafter_block_size": pair.block_size,
-                "default_block_size": self.default_block_size.request_value}
+                "default_block_size": self.default_block_size.request_value,
+                "draft_window": self.draft_window}
 
 
 def public_name(name: str | Path | None) -> str | None:
@@ -155,7 +157,8 @@ class ServiceState:
     # --- blocking: the app calls these in a thread ---
 
     def load_pair(self, pair_id: str, engine: str | None = None,
-                  block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
+                  block_size: BlockSize | None = None, recalibrate: bool = False,
+                  draft_window: int | None = None) -> LoadedPair:
         pair = self.catalog.get(pair_id)
         self._ensure_idle()  # before any slow preparation (the embedded import)
         engine = pick_engine(engine, pair.engines)
@@ -170,7 +173,8 @@ class ServiceState:
         return self.load(engine, target, drafter, served_name=pair.id, pair_id=pair.id,
                          block_size=block_size or _recommended(pair, engine),
                          aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate,
-                         names=(pair.target.repo, pair.drafter.repo if drafter else None))
+                         names=(pair.target.repo, pair.drafter.repo if drafter else None),
+                         draft_window=draft_window or pair.draft_window)
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
         try:
@@ -183,7 +187,8 @@ class ServiceState:
             return None, f"{exc}: decoding without speculation"
 
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
-                   block_size: BlockSize | None = None, recalibrate: bool = False) -> LoadedPair:
+                   block_size: BlockSize | None = None, recalibrate: bool = False,
+                   draft_window: int | None = None) -> LoadedPair:
         if engine == "openai":  # a caller must not point the relay at a URL of its choosing
             raise InvalidRequestError("engine: 'openai' relays the server given to serve "
                                       "--base-url; POST /dflash/load cannot load it")
@@ -201,16 +206,25 @@ class ServiceState:
         else:
             target_path, drafter_path = target, drafter
         return self.load(engine, target_path, drafter_path, served_name=target, block_size=block_size,
-                         recalibrate=recalibrate, names=(target, drafter))
+                         recalibrate=recalibrate, names=(target, drafter),
+                         draft_window=draft_window)
 
     def load(self, engine: str, target: str | Path, drafter: str | Path | None, *,
              served_name: str, pair_id: str | None = None, block_size: BlockSize | None = None,
              aliases: tuple[str, ...] = (), warning: str | None = None,
-             recalibrate: bool = False, names: tuple[str, str | None] | None = None) -> LoadedPair:
+             recalibrate: bool = False, names: tuple[str, str | None] | None = None,
+             draft_window: int | None = None) -> LoadedPair:
         """Load this pair, then put it in place of the current one, which serves meanwhile and
         stays if the load fails (local paths are trusted: CLI and internal). A local pair with
         no block size given defaults to auto (calibrated widths); `recalibrate` measures this
-        machine again (a first measurement disturbed by other work)."""
+        machine again (a first measurement disturbed by other work); `draft_window` bounds the
+        drafter's context (the engine checks it against the target's)."""
+        options = dict(self.load_options.get(engine, {}))
+        if draft_window is not None:
+            if engine == "openai":
+                raise InvalidRequestError(f"draft_window {draft_window}: a relayed server keeps its "
+                                          f"own draft window (set it where that server starts)")
+            options["draft_window"] = draft_window
         if block_size is None:
             block_size = AUTO if engine in LOCAL_ENGINES and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
@@ -220,10 +234,11 @@ class ServiceState:
             self.loading_phase = "loading"
             self._ensure_idle()
             precheck_pair(target, drafter)
-            engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate)
+            engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj,
                                 worker=GenerationWorker(engine_obj, max_queue=self.max_queue),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
+                                draft_window=draft_window,
                                 names=names or (public_name(target), public_name(drafter)))
             previous, self.loaded = self.loaded, loaded
             self.load_error, self.load_warning = None, warning
@@ -235,11 +250,11 @@ class ServiceState:
             self._load_lock.release()
 
     def _load_engine(self, engine: str, target: str | Path, drafter: str | Path | None,
-                     block_size: BlockSize, recalibrate: bool) -> Engine:
+                     block_size: BlockSize, recalibrate: bool, options: dict) -> Engine:
         engine_obj = None
         try:
             engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
-                                     **self.load_options.get(engine, {}))
+                                     **options)
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
             return engine_obj

@@ -34,6 +34,7 @@ class Settings:
     max_tokens: int = 512
     seed: int = -1  # -1 = no seed
     block_size: int = 0  # 0 = the service's default for the pair
+    draft_window: int = 0  # context rows the drafter keeps; 0 = the service's default for the pair
     system_prompt: str = ""  # for new chats
     keymap: dict[str, str] = field(default_factory=dict)  # action id -> keys
 
@@ -52,6 +53,8 @@ class Settings:
             problems.append(f"seed {self.seed} is not >= -1 (-1 = none)")
         if not 0 <= self.block_size <= 256:
             problems.append(f"block_size {self.block_size} is not in [0, 256] (0 = default)")
+        if self.draft_window < 0:
+            problems.append(f"draft_window {self.draft_window} is not >= 0 (0 = default)")
         return problems + check_keymap(self.keymap)
 
     def sampling(self) -> dict:
@@ -62,6 +65,8 @@ class Settings:
             options["seed"] = self.seed
         if self.block_size > 0:
             options["block_size"] = self.block_size
+        if self.draft_window > 0:
+            options["draft_window"] = self.draft_window
         if self.thinking != "auto":
             options["thinking"] = self.thinking == "on"
         return options

@@ -22,6 +22,7 @@ NUMBERS = (  # field, label, type
     ("max_tokens", "Max tokens per reply", int),
     ("seed", "Seed (-1 = none)", int),
     ("block_size", "Block size (0 = the pair's default)", int),
+    ("draft_window", "Draft window, context rows (0 = the pair's default)", int),
 )
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it per message)"),
