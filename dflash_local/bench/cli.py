@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
+from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
 from dflash_local.errors import DFlashError
 from dflash_local.events import AUTO, BlockSize, GenerationParams, block_size_arg
 from dflash_local.precision import DTYPE_CHOICES
@@ -38,7 +39,15 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
     parser.add_argument("--peers", action="store_true",
                         help="also time Transformers generate / prompt lookup / assisted "
-                             "(transformers engine) or mlx-lm generate / draft model (mlx)")
+                             "(transformers engine) or mlx-lm generate / draft model (mlx), "
+                             "and the Mac peers (--mac-peers) in a peer environment")
+    parser.add_argument("--peer-python", metavar="PATH",
+                        help=f"the Python of a peer environment (scripts/setup_peers.sh makes "
+                             f"one) that runs the Mac peers; default ${PEER_PYTHON_ENV}")
+    parser.add_argument("--mac-peers", type=mac_peer_names, default=MAC_PEERS,
+                        metavar="NAME[,NAME]",
+                        help=f"which Mac peers --peers runs, each with its own defaults and "
+                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -56,6 +65,15 @@ def add_parser(subparsers) -> None:
 
 def block_sizes(text: str) -> tuple[BlockSize, ...]:
     return tuple(dict.fromkeys(block_size_arg(part.strip().lower()) for part in text.split(",")))
+
+
+def mac_peer_names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in MAC_PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown Mac peer {', '.join(unknown)} "
+                                         f"(known: {', '.join(MAC_PEERS)})")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",
         max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
+        peer_python=peer_python_setting(args.peer_python), mac_peers=args.mac_peers,
         recalibrate=args.recalibrate, lookup=args.lookup, tree=args.tree,
         repeats=args.repeats,
     )

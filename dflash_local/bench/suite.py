@@ -38,6 +38,8 @@ class BenchSettings:
     max_samples: int = 10
     peers: bool = False
     ar_draft: str | None = None
+    peer_python: str | None = None  # a peer environment's Python (the Mac peers' processes)
+    mac_peers: tuple[str, ...] = ()  # which Mac peers to run with --peers
     seed: int = 0
     recalibrate: bool = False
     repeats: int = 1  # tries of every method per sample, the fastest kept
@@ -59,15 +61,14 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
     if AUTO in settings.block_sizes:
         log("calibrating block widths (cached per machine and pair)...")
         calibrated = engine.calibrate(force=settings.recalibrate)
-    peers = peers_for(engine, settings.ar_draft) if settings.peers else []
-    methods = _methods(engine, settings, peers)
-    first = next((p for ps in prompts.values() for p in ps), None)
-    if first is not None:
-        log("warm-up...")
-        prompt_ids = engine.encode_chat([_user(first.turns[0])], thinking=settings.thinking)
-        _measure_sample(methods, prompt_ids, _params(engine, settings, 0, WARMUP_TOKENS))
-    results = {name: _run_dataset(engine, name, items, methods, peers, settings, log)
-               for name, items in prompts.items()}
+    peers = (peers_for(engine, settings.ar_draft, settings.peer_python, settings.mac_peers, log)
+             if settings.peers else [])
+    try:
+        results = _run_all(engine, prompts, settings, peers, log)
+    finally:
+        for peer in peers:
+            if peer.close is not None:
+                peer.close()
     return {
         "schema": "dflash-local-bench/1",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -83,9 +84,22 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "settings": {**settings.__dict__,
                      "block_sizes": [size.request_value for size in settings.block_sizes]},
         "calibration": calibrated.to_json() if calibrated else None,
+        "peers": {peer.name: peer.settings for peer in peers if peer.settings is not None},
         "datasets": results,
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def _run_all(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSettings,
+             peers: list[Peer], log) -> dict:
+    methods = _methods(engine, settings, peers)
+    first = next((p for ps in prompts.values() for p in ps), None)
+    if first is not None:
+        log("warm-up...")
+        prompt_ids = engine.encode_chat([_user(first.turns[0])], thinking=settings.thinking)
+        _measure_sample(methods, prompt_ids, _params(engine, settings, 0, WARMUP_TOKENS))
+    return {name: _run_dataset(engine, name, items, methods, peers, settings, log)
+            for name, items in prompts.items()}
 
 
 def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
