@@ -12,6 +12,8 @@ from dflash_local.errors import DFlashError
 from dflash_local.events import AUTO, BlockSize, GenerationParams, block_size_arg
 from dflash_local.precision import DTYPE_CHOICES
 
+SERVED = ("openai", "vllm", "sglang")  # the server templates, tokenizes and reports acceptance
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -19,7 +21,15 @@ def add_parser(subparsers) -> None:
         description="Plain and speculative decoding through the same loop, interleaved per "
                     "sample, on the same prompts; writes a JSON record and a PNG plot.",
     )
-    parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    parser.add_argument("--engine", choices=["auto", "transformers", "mlx", *SERVED],
+                        default="auto",
+                        help="openai: a running OpenAI-compatible server (--base-url; our "
+                             "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
+    parser.add_argument("--base-url", metavar="URL", help="--engine openai: the server's URL")
+    parser.add_argument("--plain-base-url", metavar="URL",
+                        help="--engine openai: a plain server of the same target, for a server "
+                             "that cannot turn speculation off per request (vLLM, SGLang)")
+    parser.add_argument("--api-key", metavar="KEY", help="--engine openai: the server's API key")
     parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
     parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
     parser.add_argument("--dataset", default="embedded,chat", metavar="NAME[,NAME]",
@@ -76,6 +86,25 @@ def mac_peer_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _check_served_options(args: argparse.Namespace) -> None:
+    if (args.engine == "openai") != bool(args.base_url):
+        raise DFlashError(f"--base-url goes with --engine openai, and it needs one (got "
+                          f"--engine {args.engine}, --base-url {args.base_url})")
+    if args.engine in SERVED and (args.lookup != "on" or args.tree != "on"):
+        raise DFlashError(f"--lookup and --tree are the server's own settings with --engine "
+                          f"{args.engine} (got --lookup {args.lookup}, --tree {args.tree})")
+    if args.engine != "openai" and (args.plain_base_url or args.api_key):
+        raise DFlashError("--plain-base-url and --api-key go with --engine openai")
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    if args.engine == "openai":
+        return {"api_key": args.api_key, "plain_base_url": args.plain_base_url}
+    if args.engine in SERVED:  # a plain twin: vLLM and SGLang speculate on every request
+        return {"dtype": args.dtype, "plain_twin": True}
+    return {"dtype": args.dtype}
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
@@ -92,10 +121,14 @@ def run(args: argparse.Namespace) -> int:
         raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
                                       f"(known: {', '.join(DATASETS)})")
     prompts = {name: load_prompts(name, args.max_samples) for name in names}  # fail before loading
-    target, drafter = pair_names(args.target, args.drafter, speculative=True)
-    if drafter is None:
-        raise DFlashError("bench compares speculative with plain decoding: it needs a drafter "
-                          "(--drafter DIR|REPO)")
+    _check_served_options(args)
+    if args.engine == "openai":
+        target, drafter = args.base_url, None  # the server names its pair
+    else:
+        target, drafter = pair_names(args.target, args.drafter, speculative=True)
+        if drafter is None:
+            raise DFlashError("bench compares speculative with plain decoding: it needs a "
+                              "drafter (--drafter DIR|REPO)")
     settings = BenchSettings(
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",
@@ -106,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype)
+    engine = load_engine(args.engine, target, drafter, **_engine_options(args))
     try:
         record = run_suite(engine, prompts, settings)
     finally:

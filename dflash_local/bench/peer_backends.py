@@ -13,6 +13,7 @@ to the first generated token, decode = from it to the last, as bench/measure.py 
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -74,13 +75,15 @@ class MlxDspark:
     package = "mlx-dspark"
 
     def __init__(self, target: Path, drafter: Path, dtype: str, cache_dir: Path, status):
-        from mlx_dspark import calibrate as calibration
         from mlx_dspark.load import load_dflash, load_target
+
+        # the module: the package's own `calibrate` name is its function
+        calibration = importlib.import_module("mlx_dspark.calibrate")
 
         cache_dir.mkdir(parents=True, exist_ok=True)
         calibration.CACHE_DIR = str(cache_dir)  # its cache, in a dir the bench names
-        if not Path(calibration._cache_path()).exists():
-            status(f"mlx-dspark: calibrating (first use; cached in {cache_dir})")
+        if calibration.cached_curve_entry("dflash", str(target), str(drafter))[1] is None:
+            status(f"mlx-dspark: calibrating (first use for this pair; cached in {cache_dir})")
         self.target, self.tokenizer = load_target(str(target), require_tap=True)
         self.drafter, _ = load_dflash(str(drafter), quantize=dtype == "default", bits=4)
         if dtype == "float32":

@@ -71,6 +71,7 @@ def process_peers(engine, peer_python: str | None, names: tuple[str, ...],
                 peer_python, name, dtype, str(engine.pair.target_path),
                 str(engine.pair.drafter_path), blas, log)
         except peer_process.PeerProcessError as exc:
+            log(f"peer {name} cannot run: {exc}")
             peers.append(Peer(peer_process.row_name(name, None, dtype), None, f"n/a: {exc}"))
             continue
         peers.append(Peer(peer_process.row_name(name, loaded["version"], dtype),
