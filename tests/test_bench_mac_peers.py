@@ -86,6 +86,9 @@ def test_peers_that_cannot_start_stay_in_the_table_with_the_reason(tmp_path_fact
                for line in lines) == 2
     nothing_set = process_peers(engine, None, ("dflash-mlx",), lines.append)
     assert "scripts/setup_peers.sh" in nothing_set[0].unavailable
+    sampling = process_peers(engine, sys.executable, ("dflash-mlx",), lines.append, greedy=False)
+    assert "greedy only (--temperature 0)" in sampling[1].unavailable
+    assert len(lines) == 8  # no process started for those two
 
 
 def test_the_setting_is_the_flag_then_the_environment_never_a_guess(monkeypatch):

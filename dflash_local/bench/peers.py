@@ -37,7 +37,8 @@ class Peer:
 
 
 def peers_for(engine, ar_draft: str | None, peer_python: str | None = None,
-              mac_peers: tuple[str, ...] = (), log: Callable[[str], None] = print) -> list[Peer]:
+              mac_peers: tuple[str, ...] = (), log: Callable[[str], None] = print,
+              greedy: bool = True) -> list[Peer]:
     """The in-process peers of the engine, then the Mac peers named in `mac_peers`."""
     if engine.name == "transformers":
         peers = transformers_peers(engine, ar_draft)
@@ -45,23 +46,22 @@ def peers_for(engine, ar_draft: str | None, peer_python: str | None = None,
         peers = mlx_peers(engine, ar_draft)
     else:
         peers = []
-    return peers + process_peers(engine, peer_python, mac_peers, log)
+    return peers + process_peers(engine, peer_python, mac_peers, log, greedy)
 
 
 # --- dflash-mlx and mlx-dspark, each in its own process ---
 
 def process_peers(engine, peer_python: str | None, names: tuple[str, ...],
-                  log: Callable[[str], None]) -> list[Peer]:
+                  log: Callable[[str], None], greedy: bool = True) -> list[Peer]:
     from dflash_local.bench import peer_process
 
     rows = [(name, dtype) for name in names for dtype in peer_process.DRAFTER_DTYPES]
-    if rows and peer_python is None:
-        return [Peer(peer_process.row_name(name, None, dtype), None, peer_process.NO_ENVIRONMENT)
-                for name, dtype in rows]
-    if rows and engine.pair.target_path is None:
-        return [Peer(peer_process.row_name(name, None, dtype), None,
-                     f"n/a: the {engine.name} engine has no local target directory to share")
-                for name, dtype in rows]
+    reason = (peer_process.NO_ENVIRONMENT if peer_python is None else
+              "n/a: the Mac peers are measured greedy only (--temperature 0)" if not greedy else
+              f"n/a: the {engine.name} engine has no local target directory to share"
+              if engine.pair.target_path is None else None)
+    if rows and reason:
+        return [Peer(peer_process.row_name(name, None, dtype), None, reason) for name, dtype in rows]
     blas = peer_process.blas_binding(engine.compute_threads()) if rows else {}
     peers = []
     for name, dtype in rows:

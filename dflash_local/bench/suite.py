@@ -70,8 +70,8 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
     if AUTO in settings.block_sizes and not served:  # a server plans its own rounds
         log("calibrating block widths (cached per machine and pair)...")
         calibrated = engine.calibrate(force=settings.recalibrate)
-    peers = (peers_for(engine, settings.ar_draft, settings.peer_python, settings.mac_peers, log)
-             if settings.peers else [])
+    peers = (peers_for(engine, settings.ar_draft, settings.peer_python, settings.mac_peers, log,
+                       greedy=settings.temperature == 0) if settings.peers else [])
     try:
         results = _run_all(engine, prompts, settings, peers, log)
     finally:
