@@ -81,7 +81,11 @@ class PeerProcess:
         except OSError:
             raise PeerProcessError(self._died(op)) from None
         for line in self.process.stdout:
-            reply = json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:  # stray output on the protocol's pipe: said, not parsed
+                self.log(f"peer output: {line.rstrip()[:200]}")
+                continue
             if "status" in reply:
                 self.log(reply["status"])
                 continue
