@@ -3,8 +3,8 @@ a real subprocess, the rows a peer that cannot run leaves in the table, and, opt
 dflash-mlx and mlx-dspark on the embedded pair.
 
 The real-peer test is opt-in (DFLASH_TEST_PEER_PYTHON=<a peer environment's python>, made by
-scripts/setup_peers.sh): mlx-dspark calibrates for about 11 minutes on its first use on this
-machine (cached afterwards), longer than a test may take.
+scripts/setup_peers.sh): mlx-dspark calibrates for about 11 minutes (21 on a busy machine) on
+its first use of a pair, cached in the data dir, which is the test session's own and temporary.
 """
 
 from __future__ import annotations
@@ -109,12 +109,14 @@ PEER_PYTHON = os.environ.get("DFLASH_TEST_PEER_PYTHON")
 
 @pytest.mark.skipif(not PEER_PYTHON, reason="opt-in: DFLASH_TEST_PEER_PYTHON=<peer env python> "
                                             "(mlx-dspark calibrates ~11 min on first use)")
-def test_the_real_mac_peers_on_the_embedded_pair(embedded_target_dir, home):
-    out = home / "results"
+def test_the_real_mac_peers_on_the_embedded_pair(embedded_target_dir, tmp_path):
+    """The shipped pair, in the session's data dir (where the fixture imported its target):
+    1 chat prompt x 8 tokens. DFLASH_TEST_MAC_PEERS=dflash-mlx runs one peer."""
+    out = tmp_path / "results"
     peers = os.environ.get("DFLASH_TEST_MAC_PEERS", "dflash-mlx,mlx-dspark")
-    assert main(["bench", "--engine", "mlx", "--target", str(embedded_target_dir),
-                 "--dataset", "chat", "--max-samples", "1", "--max-tokens", "8", "--peers",
-                 "--peer-python", PEER_PYTHON, "--mac-peers", peers, "--out", str(out)]) == 0
+    assert main(["bench", "--engine", "mlx", "--dataset", "chat", "--max-samples", "1",
+                 "--max-tokens", "8", "--peers", "--peer-python", PEER_PYTHON,
+                 "--mac-peers", peers, "--out", str(out)]) == 0
     record = json.loads(next(out.glob("*.json")).read_text())
     result = record["datasets"]["chat"]
     rows = [peer_process.row_name(name, version, dtype) for name in peers.split(",")
