@@ -108,7 +108,7 @@ PEER_PYTHON = os.environ.get("DFLASH_TEST_PEER_PYTHON")
 
 
 @pytest.mark.skipif(not PEER_PYTHON, reason="opt-in: DFLASH_TEST_PEER_PYTHON=<peer env python> "
-                                            "(mlx-dspark calibrates ~11 min on first use)")
+                                            "(mlx-dspark calibrates 11-21 min on first use)")
 def test_the_real_mac_peers_on_the_embedded_pair(embedded_target_dir, tmp_path):
     """The shipped pair, in the session's data dir (where the fixture imported its target):
     1 chat prompt x 8 tokens. DFLASH_TEST_MAC_PEERS=dflash-mlx runs one peer."""
