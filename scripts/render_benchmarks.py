@@ -107,6 +107,47 @@ def order(item: tuple[str, dict]) -> tuple:
     return (-year, -month, -day, name)
 
 
+HOW_TO_RUN = """## Running the peers and served engines
+
+`dflash-local bench --peers` times, beside plain decoding and DFlash, the engine's in-process \
+peers (Transformers generate, prompt lookup, assisted generation; mlx-lm generate and its draft \
+model) and the Mac peers dflash-mlx 0.1.8 and mlx-dspark 0.20.3. The Mac peers live in a venv of \
+their own and the bench finds it by a setting, never by guessing:
+
+```bash
+scripts/setup_peers.sh                 # makes .venv-peers: dflash-mlx, mlx-dspark, our mlx version
+dflash-local bench --engine mlx --peers --peer-python .venv-peers/bin/python
+export DFLASH_PEER_PYTHON=$PWD/.venv-peers/bin/python   # the same, for every run
+dflash-local bench --peers --mac-peers dflash-mlx       # one of the two
+```
+
+Without the setting their rows say which to set. Every row of a Mac peer is a process of its own \
+(`dflash_local/bench/peer_driver.py`, run by the peer venv's Python, JSON over stdin/stdout): it \
+first loads the OpenBLAS binding the bench computes on, at the bench's thread count, before mlx is \
+imported, then runs the peer through its own Python API on our prompt token ids, greedy: once with \
+its own defaults (dflash-mlx: its offline runtime defaults, the drafter in its stored dtype; \
+mlx-dspark: the drafter quantized to 4 bits, its kernels and its calibrated cap) and once with the \
+drafter in float32. τ is the tokens each round committed as the peer reports them. mlx-dspark \
+calibrates on its first use of a pair (about 11 minutes on a 2-core machine; the bench says \
+"calibrating (first use)") and caches it under `calibration/peers/` in dflash-local's data dir.
+
+The one shim: dflash-mlx's target backend takes only a `model_type` containing "qwen", and the \
+embedded target is a Llama. `DflashMlx.__init__` in `dflash_local/bench/peer_backends.py` lifts \
+that one check with one line, `QwenGdnTargetOps.supports_model = \
+QwenGdnTargetOps._has_qwen_text_shape` (the Qwen text-shape check behind it stays); nothing else \
+of either peer is changed. dflash-mlx 0.1.8 loads DFlash v1 drafters only: with a DFlash 2 drafter \
+its rows carry its refusal (the drafter's convolution and selector weights); mlx-dspark loads both.
+
+Served engines: `dflash-local bench --engine openai --base-url URL` measures a running \
+OpenAI-compatible server (`dflash-local serve`, vLLM, SGLang) on the same datasets over HTTP; the \
+server applies the chat template, and acceptance is the server's own: our service's per-round \
+`dflash` statistics, vLLM's and SGLang's metrics around each request (SGLang's per-request details \
+where it sends them). vLLM and SGLang speculate on every request, so plain decoding needs a plain \
+server of the same target: `--plain-base-url URL`, or `--engine vllm|sglang`, which starts the \
+server and a plain twin. Block sizes per request only on our service; `--lookup` and `--tree` are \
+the server's own settings there."""
+
+
 def render_benchmarks(records: dict[str, dict]) -> str:
     head = ("# Benchmarks\n\n"
             "Rendered by `scripts/render_benchmarks.py` from the records in "
@@ -115,7 +156,7 @@ def render_benchmarks(records: dict[str, dict]) -> str:
             "drifts between runs: compare figures within one table.\n\n"
             "How to read them: speedup is decode tokens per second over plain decoding's in the "
             "same run; τ is the mean number of tokens each round commits (accepted drafts plus "
-            "the target's own token).")
+            "the target's own token).\n\n" + HOW_TO_RUN)
     sections = [record_section(name, record) for name, record in sorted(records.items(), key=order)]
     return "\n\n".join([head, *sections]) + "\n"
 

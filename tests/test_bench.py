@@ -61,7 +61,8 @@ def test_bench_embedded_writes_json_and_png(tmp_path_factory, home, capsys):
     assert "dflash auto" in table and f"record: {path}" in table
 
 
-def test_bench_peers_and_several_block_sizes(tmp_path_factory, home, capsys):
+def test_bench_peers_and_several_block_sizes(tmp_path_factory, home, capsys, monkeypatch):
+    monkeypatch.delenv("DFLASH_PEER_PYTHON", raising=False)  # no peer environment set
     pair = tiny_pair(tmp_path_factory, "qwen3")
     out = home / "results"
     assert bench(pair, out, "--dataset", "adversarial", "--max-samples", "1", "--max-tokens", "8",
@@ -73,7 +74,12 @@ def test_bench_peers_and_several_block_sizes(tmp_path_factory, home, capsys):
     assert all(m["decode_tokens_per_s"] > 0 for m in result["methods"].values())
     assert result["samples"][0]["identical_to_plain"]["transformers generate"]
     assert "no AR draft model" in result["unavailable"]["assisted (AR draft)"]
-    assert "assisted (AR draft)" in capsys.readouterr().out
+    for row in ("dflash-mlx, its defaults", "dflash-mlx, drafter float32",
+                "mlx-dspark, its defaults", "mlx-dspark, drafter float32"):
+        assert "--peer-python PATH or DFLASH_PEER_PYTHON=PATH" in result["unavailable"][row]
+    table = capsys.readouterr().out
+    assert "assisted (AR draft)" in table
+    assert "mlx-dspark, drafter float32" in table and "scripts/setup_peers.sh" in table
 
 
 def test_bench_mlx_engine_with_its_peer(tmp_path, home):
@@ -152,6 +158,9 @@ def test_bad_bench_options_are_one_line(capsys):
     assert "--repeats must be >= 1, got" in capsys.readouterr().err
     assert main(["bench", "--temperature", "-1"]) == 2  # before any model loads
     assert "temperature must be in [0, 100], got -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--mac-peers", "dflash-mlx,vllm-mlx"])
+    assert "unknown Mac peer vllm-mlx (known: dflash-mlx, mlx-dspark)" in capsys.readouterr().err
 
 
 def one_line_error(capsys) -> str:

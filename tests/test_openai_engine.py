@@ -274,6 +274,27 @@ def test_server_errors_arrive_as_ours(vllm_stand_in):
     engine.close()
 
 
+def test_bench_takes_a_vllm_servers_acceptance_from_its_counters(tmp_path, capsys):
+    """Coalesced chunks: rounds cannot be told apart, so τ is the counters' totals."""
+    from dflash_local.cli import main
+
+    with StandIn("vllm", coalesce=True) as server, StandIn("vllm", speculative=False) as plain:
+        assert main(["bench", "--engine", "openai", "--base-url", server.url, "--plain-base-url",
+                     plain.url, "--dataset", "adversarial", "--max-samples", "1",
+                     "--max-tokens", "20", "--out", str(tmp_path)]) == 0
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    methods = record["datasets"]["adversarial"]["methods"]
+    assert list(methods) == ["plain", f"dflash (server, B={K + 1})"]
+    served = methods[f"dflash (server, B={K + 1})"]
+    rounds, accepted = len(STEPS) - 1, sum(len(s) - 1 for s in STEPS[1:])
+    assert served["acceptance_source"] == "vllm-metrics" and "acceptance_histogram" not in served
+    assert served["tau"] == pytest.approx(1 + accepted / rounds, abs=1e-4)
+    sample = record["datasets"]["adversarial"]["samples"][0]
+    assert sample["identical_to_plain"] == {f"dflash (server, B={K + 1})": True}
+    assert sample["methods"]["plain"]["completion_tokens"] == sum(map(len, STEPS))
+    assert len(server.requests) == len(plain.requests) == 2  # warm-up and the one sample
+
+
 def test_a_wrong_key_or_no_server_is_engine_unavailable():
     with StandIn("vllm", api_key="sesame") as server:
         with pytest.raises(EngineUnavailableError, match="401.*Unauthorized"):

@@ -192,23 +192,32 @@ def fast_blas_library() -> Path | None:
 
 def preload_fast_blas() -> Path | None:
     """Load the prepared OpenBLAS privately; effective only before `mlx.core` is imported."""
-    global _loaded, _library, _handle
     if _loaded is not None or "mlx.core" in sys.modules:
         return _loaded
     library = fast_blas_library()
     if library is None:
         return None
+    return preload_library(library)
+
+
+def preload_library(library: Path, threads: int | None = None) -> Path | None:
+    """Load `library` (a prepared copy) privately for libmlx and set its thread count: `threads`,
+    else DFLASH_BLAS_THREADS, else the first candidate. The bench's peer processes call this with
+    the parent's library and count, so every process computes on the same binding."""
+    global _loaded, _library, _handle
     try:
         handle = ctypes.CDLL(str(library), mode=os.RTLD_NOW)  # RTLD_LOCAL: for libmlx only
     except OSError as exc:
         logger.warning("could not load BLAS %s (%s)", library, exc)
         return None
-    _loaded, _library = library, handle
+    _loaded, _library = Path(library), handle
     if hasattr(handle, "openblas_set_num_threads"):
         _handle = handle
-        if not _pinned():
-            _set_threads(_env_threads() or thread_candidates()[0])
-    return library
+        if threads is None and "OPENBLAS_NUM_THREADS" not in os.environ:  # OpenBLAS reads that
+            threads = _env_threads() or thread_candidates()[0]
+        if threads is not None:
+            _set_threads(threads)
+    return _loaded
 
 
 def install() -> Installed:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
+from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
     AUTO,
@@ -17,6 +18,8 @@ from dflash_local.events import (
 )
 from dflash_local.precision import DTYPE_CHOICES
 
+SERVED = ("openai", "vllm", "sglang")  # the server templates, tokenizes and reports acceptance
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -24,7 +27,15 @@ def add_parser(subparsers) -> None:
         description="Plain and speculative decoding through the same loop, interleaved per "
                     "sample, on the same prompts; writes a JSON record and a PNG plot.",
     )
-    parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    parser.add_argument("--engine", choices=["auto", "transformers", "mlx", *SERVED],
+                        default="auto",
+                        help="openai: a running OpenAI-compatible server (--base-url; our "
+                             "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
+    parser.add_argument("--base-url", metavar="URL", help="--engine openai: the server's URL")
+    parser.add_argument("--plain-base-url", metavar="URL",
+                        help="--engine openai: a plain server of the same target, for a server "
+                             "that cannot turn speculation off per request (vLLM, SGLang)")
+    parser.add_argument("--api-key", metavar="KEY", help="--engine openai: the server's API key")
     parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
     parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
     parser.add_argument("--dataset", default="embedded,chat", metavar="NAME[,NAME]",
@@ -48,7 +59,15 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
     parser.add_argument("--peers", action="store_true",
                         help="also time Transformers generate / prompt lookup / assisted "
-                             "(transformers engine) or mlx-lm generate / draft model (mlx)")
+                             "(transformers engine) or mlx-lm generate / draft model (mlx), "
+                             "and the Mac peers (--mac-peers) in a peer environment")
+    parser.add_argument("--peer-python", metavar="PATH",
+                        help=f"the Python of a peer environment (scripts/setup_peers.sh makes "
+                             f"one) that runs the Mac peers; default ${PEER_PYTHON_ENV}")
+    parser.add_argument("--mac-peers", type=mac_peer_names, default=MAC_PEERS,
+                        metavar="NAME[,NAME]",
+                        help=f"which Mac peers --peers runs, each with its own defaults and "
+                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -68,6 +87,38 @@ def block_sizes(text: str) -> tuple[BlockSize, ...]:
     return tuple(dict.fromkeys(block_size_arg(part.strip().lower()) for part in text.split(",")))
 
 
+def mac_peer_names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in MAC_PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown Mac peer {', '.join(unknown)} "
+                                         f"(known: {', '.join(MAC_PEERS)})")
+    return names
+
+
+def _check_served_options(args: argparse.Namespace) -> None:
+    if (args.engine == "openai") != bool(args.base_url):
+        raise DFlashError(f"--base-url goes with --engine openai, and it needs one (got "
+                          f"--engine {args.engine}, --base-url {args.base_url})")
+    if args.engine in SERVED and (args.lookup != "on" or args.tree != "on"):
+        raise DFlashError(f"--lookup and --tree are the server's own settings with --engine "
+                          f"{args.engine} (got --lookup {args.lookup}, --tree {args.tree})")
+    if args.engine != "openai" and (args.plain_base_url or args.api_key):
+        raise DFlashError("--plain-base-url and --api-key go with --engine openai")
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    if args.engine == "openai":
+        if args.draft_window is not None:
+            raise DFlashError(f"--draft-window {args.draft_window}: a relayed server keeps its own "
+                              f"draft window (set it where that server starts)")
+        return {"api_key": args.api_key, "plain_base_url": args.plain_base_url}
+    options = {"dtype": args.dtype, "draft_window": args.draft_window}
+    if args.engine in SERVED:  # a plain twin: vLLM and SGLang speculate on every request
+        options["plain_twin"] = True
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
@@ -84,21 +135,25 @@ def run(args: argparse.Namespace) -> int:
         raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
                                       f"(known: {', '.join(DATASETS)})")
     prompts = {name: load_prompts(name, args.max_samples) for name in names}  # fail before loading
-    target, drafter = pair_names(args.target, args.drafter, speculative=True)
-    if drafter is None:
-        raise DFlashError("bench compares speculative with plain decoding: it needs a drafter "
-                          "(--drafter DIR|REPO)")
+    _check_served_options(args)
+    if args.engine == "openai":
+        target, drafter = args.base_url, None  # the server names its pair
+    else:
+        target, drafter = pair_names(args.target, args.drafter, speculative=True)
+        if drafter is None:
+            raise DFlashError("bench compares speculative with plain decoding: it needs a "
+                              "drafter (--drafter DIR|REPO)")
     settings = BenchSettings(
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",
         max_samples=args.max_samples, peers=args.peers, ar_draft=args.ar_draft, seed=args.seed,
+        peer_python=peer_python_setting(args.peer_python), mac_peers=args.mac_peers,
         recalibrate=args.recalibrate, lookup=args.lookup, tree=args.tree,
         repeats=args.repeats, draft_window=args.draft_window,
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
-                         draft_window=args.draft_window)
+    engine = load_engine(args.engine, target, drafter, **_engine_options(args))
     try:
         record = run_suite(engine, prompts, settings)
     finally:

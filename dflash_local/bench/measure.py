@@ -28,6 +28,9 @@ class RunFigures:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     repeat_decode_s: list[float] = field(default_factory=list)  # every try, when repeated
+    # a served engine whose rounds are known by totals only (Prometheus counters): its server's
+    # {"source", "rounds", "accepted"}; τ comes from them where committed_per_round is empty
+    server_acceptance: dict | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -40,7 +43,10 @@ class RunFigures:
     @property
     def tau(self) -> float | None:
         rounds = self.committed_per_round
-        return sum(rounds) / len(rounds) if rounds else None
+        if rounds:
+            return sum(rounds) / len(rounds)
+        server = self.server_acceptance
+        return 1 + server["accepted"] / server["rounds"] if server and server["rounds"] else None
 
     def to_json(self) -> dict:
         record = {
@@ -52,6 +58,10 @@ class RunFigures:
         if self.committed_per_round:
             record["tau"] = round(self.tau, 4)
             record["committed_per_round"] = self.committed_per_round
+        if self.server_acceptance:
+            record["server_acceptance"] = self.server_acceptance
+            if self.tau is not None and not self.committed_per_round:
+                record["tau"] = round(self.tau, 4)
         if self.repeat_decode_s:
             record["decode_s_repeats"] = [round(s, 5) for s in self.repeat_decode_s]
         if self.widths:
@@ -83,6 +93,36 @@ def run_ours(engine, prompt_ids: list[int], params: GenerationParams) -> RunFigu
     )
 
 
+def run_served(engine, messages: list[dict], params: GenerationParams,
+               thinking: bool | None) -> RunFigures:
+    """One generation from a served engine (our service, vLLM, SGLang, any OpenAI server): the
+    server tokenizes and templates; acceptance is the server's own (our service's per-round
+    `dflash` stats, else its metrics: per round where they agree with the stream, else totals)."""
+    token_ids: list[int] = []
+    pieces: list[str] = []
+    widths: list[int] = []
+    modes: list[str] = []
+    per_round: list[int] = []
+    for event in engine.stream_chat(messages, params, thinking):
+        token_ids.extend(event.token_ids)
+        pieces.append(event.text)
+        if event.round_index:
+            per_round.append(len(event.token_ids))
+            widths.append(event.block_size)
+            modes.append(event.mode)
+    server = engine.last_stats
+    speculative = params.speculative and server.source != "none"
+    return RunFigures(
+        prompt_tokens=server.prompt_tokens, completion_tokens=server.completion_tokens,
+        prefill_s=server.ttft_s, decode_s=server.decode_s,
+        committed_per_round=per_round if speculative and server.per_round_exact else [],
+        widths=widths if speculative else [], modes=modes if speculative else [],
+        token_ids=token_ids, text="".join(pieces),
+        server_acceptance={"source": server.source, "rounds": server.rounds,
+                           "accepted": server.accepted} if speculative else None,
+    )
+
+
 def fastest(runs: list[RunFigures]) -> RunFigures:
     """The try with the shortest decode, with every try's decode time: on a shared machine
     noise only ever adds time, so the fastest of a few tries is the closest to the method's own."""
@@ -109,9 +149,15 @@ def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int
         "median_sample_speedup": round(statistics.median(ratios), 4) if ratios else None,
     }
     rounds = [count for run in runs for count in run.committed_per_round]
+    served = [run.server_acceptance for run in runs if run.server_acceptance]
     if rounds:
         summary["tau"] = round(sum(rounds) / len(rounds), 4)
         summary["acceptance_histogram"] = histogram(rounds, max_width or max(rounds))
+    elif served and sum(s["rounds"] for s in served):  # the server's totals only
+        summary["tau"] = round(1 + sum(s["accepted"] for s in served)
+                               / sum(s["rounds"] for s in served), 4)
+    if served:
+        summary["acceptance_source"] = served[0]["source"]
     modes = Counter(mode for run in runs for mode in run.modes)
     if modes:
         summary["rounds_by_mode"] = dict(modes)

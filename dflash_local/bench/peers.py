@@ -32,14 +32,52 @@ class Peer:
     name: str
     run: Callable[[list[int], GenerationParams], RunFigures] | None
     unavailable: str | None = None  # why it cannot run here
+    close: Callable[[], None] | None = None  # ends its process (a Mac peer)
+    settings: dict | None = None  # what a Mac peer chose for itself (cap, quantization, BLAS)
 
 
-def peers_for(engine, ar_draft: str | None) -> list[Peer]:
+def peers_for(engine, ar_draft: str | None, peer_python: str | None = None,
+              mac_peers: tuple[str, ...] = (), log: Callable[[str], None] = print,
+              greedy: bool = True) -> list[Peer]:
+    """The in-process peers of the engine, then the Mac peers named in `mac_peers`."""
     if engine.name == "transformers":
-        return transformers_peers(engine, ar_draft)
-    if engine.name == "mlx":
-        return mlx_peers(engine, ar_draft)
-    return []
+        peers = transformers_peers(engine, ar_draft)
+    elif engine.name == "mlx":
+        peers = mlx_peers(engine, ar_draft)
+    else:
+        peers = []
+    return peers + process_peers(engine, peer_python, mac_peers, log, greedy)
+
+
+# --- dflash-mlx and mlx-dspark, each in its own process ---
+
+def process_peers(engine, peer_python: str | None, names: tuple[str, ...],
+                  log: Callable[[str], None], greedy: bool = True) -> list[Peer]:
+    from dflash_local.bench import peer_process
+
+    rows = [(name, dtype) for name in names for dtype in peer_process.DRAFTER_DTYPES]
+    reason = (peer_process.NO_ENVIRONMENT if peer_python is None else
+              "n/a: the Mac peers are measured greedy only (--temperature 0)" if not greedy else
+              f"n/a: the {engine.name} engine has no local target directory to share"
+              if engine.pair.target_path is None else None)
+    if rows and reason:
+        return [Peer(peer_process.row_name(name, None, dtype), None, reason) for name, dtype in rows]
+    blas = peer_process.blas_binding(engine.compute_threads()) if rows else {}
+    peers = []
+    for name, dtype in rows:
+        log(f"starting peer {name} ({peer_process.DRAFTER_DTYPES[dtype]})...")
+        try:
+            process, loaded = peer_process.start_peer(
+                peer_python, name, dtype, str(engine.pair.target_path),
+                str(engine.pair.drafter_path), blas, log)
+        except peer_process.PeerProcessError as exc:
+            log(f"peer {name} cannot run: {exc}")
+            peers.append(Peer(peer_process.row_name(name, None, dtype), None, f"n/a: {exc}"))
+            continue
+        peers.append(Peer(peer_process.row_name(name, loaded["version"], dtype),
+                          partial(peer_process.generate, process), close=process.close,
+                          settings={**loaded["settings"], "blas": process.blas}))
+    return peers
 
 
 # --- Transformers ---
