@@ -45,6 +45,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     serve.add_argument("--max-queue", type=int, default=8, metavar="N",
                        help="requests waiting behind the running one before 429s")
+    serve.add_argument("--prefix-cache-mb", type=int, metavar="N",
+                       help="memory for recent conversations' caches, reused by their next turn "
+                            "(local engines; default: 64K tokens of the pair, at most 1/8 of "
+                            "this machine's memory)")
+    serve.add_argument("--no-prefix-cache", action="store_true",
+                       help="compute every prompt whole (no conversation cache)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])
@@ -64,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
+    _check_prefix_cache(args)
     if args.recalibrate and (args.no_load or args.engine in SERVED):
         raise InvalidRequestError("--recalibrate measures the local pair serve loads: not with "
                                   "--no-load or a served engine (POST /dflash/load takes "
@@ -120,10 +127,26 @@ def _initial_load(state, args: argparse.Namespace) -> None:
               f"loaded: POST /dflash/load", file=sys.stderr)
 
 
+def _check_prefix_cache(args: argparse.Namespace) -> None:
+    """A budget of 0 or more than this machine has is refused before anything loads."""
+    from dflash_local.errors import InvalidRequestError
+    from dflash_local.prefix_cache import budget_bytes, machine_memory_bytes
+
+    if args.prefix_cache_mb is None:
+        return
+    if args.no_prefix_cache:
+        raise InvalidRequestError("give --prefix-cache-mb or --no-prefix-cache, not both")
+    budget_bytes(args.prefix_cache_mb, machine_memory_bytes())
+
+
 def _load_options(args: argparse.Namespace) -> dict[str, dict]:
-    """Loader options per engine. --dtype applies to every engine that takes it; the relay's
-    and the launchers' flags only to the engine they were given with."""
+    """Loader options per engine. --dtype applies to every engine that takes it, the prefix
+    cache's flags to the local engines; the relay's and the launchers' flags only to the engine
+    they were given with."""
     options = {engine: {"dtype": args.dtype} for engine in ("transformers", "mlx", "vllm", "sglang")}
+    for engine in ("transformers", "mlx"):
+        options[engine].update(prefix_cache=not args.no_prefix_cache,
+                               prefix_cache_mb=args.prefix_cache_mb)
     if args.engine == "openai":
         options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
     elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
