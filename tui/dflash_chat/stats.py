@@ -30,7 +30,9 @@ class SpeedSnapshot:
     reachable: int = 0  # the drafts a kept path could reach: what acceptance is out of
     accepted: int = 0
     per_round: tuple[tuple[int, int], ...] = ()  # (tokens committed in a round, rounds)
-    prefill_s: float | None = None
+    prefill_s: float | None = None  # time to the first token (the service's)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, what the service's prefix cache gave
     block_size: int = 1
     engine: str = ""
     final: bool = False
@@ -114,6 +116,8 @@ class LiveStats:
                 reachable=final.get("draft_depth", final.get("drafted", 0)),
                 accepted=final.get("accepted", 0), per_round=per_round,
                 prefill_s=final.get("prefill_s"), block_size=final.get("block_size", 1),
+                prompt_tokens=final.get("prefill_tokens", 0) + final.get("cached_tokens", 0),
+                cached_tokens=final.get("cached_tokens", 0),
                 engine=final.get("engine", ""), final=True, plain_rounds=self.plain_rounds,
                 lookup_rounds=self.lookup_rounds, mode=self.mode)
         return SpeedSnapshot(

@@ -38,6 +38,8 @@ def figures_text(snap: SpeedSnapshot) -> Text:
     text.append(f"{snap.tokens:8d} tokens\n")
     if snap.prefill_s is not None:
         text.append(f"{snap.prefill_s * 1000:8.0f} ms prefill\n")
+    if snap.cached_tokens:  # a conversation's earlier turns, kept by the service
+        text.append(f"{snap.cached_tokens:8d}/{snap.prompt_tokens} prompt tokens cached\n")
     return text
 
 
