@@ -209,3 +209,18 @@ def test_budgets_of_zero_or_more_than_the_machine_are_refused():
     assert budget_bytes(512, 8 << 30) == 512 * MIB
     assert default_budget_bytes(1000, 8 << 30) == 1000 * 65536
     assert default_budget_bytes(10**6, 8 << 30) == 1 << 30  # an eighth of the machine at most
+
+
+def test_a_cache_with_layers_it_cannot_trim_is_not_kept_and_says_why():
+    from transformers import DynamicCache, Qwen3Config
+
+    from dflash_local.engines.torch_prefix import TorchPrefixStates
+
+    config = Qwen3Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                         sliding_window=4, use_sliding_window=True)
+
+    class Runner:  # what snapshot reads of a runner: its real DynamicCache
+        cache = DynamicCache(config=config)
+
+    reason = TorchPrefixStates().snapshot(Runner(), None, None)
+    assert isinstance(reason, str) and "DynamicSlidingWindowLayer" in reason
