@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGINES = {"transformers": "Transformers", "mlx": "MLX"}
 COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 4 --max-tokens 128 "
            "--conversations 20")
+MEMORY_COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 1 --max-tokens 64 "
+                  "--conversations 20 --prefix-cache-mb {budget}")
 NOISE = ("The machine was shared with other engineers' tests and benchmarks while these ran (load "
          "average 5-11 on 2 cores), so every time here is noisy; the off and on runs alternate per "
          "conversation to spread the noise over both.")
@@ -45,18 +47,32 @@ def turn_rows(raw: dict) -> list[dict]:
 
 def memory_row(raw: dict) -> dict:
     memory = raw["memory"]
-    return {"label": ENGINES[raw["engine"]], "chats": memory["conversations"],
+    return {"label": f"{ENGINES[raw['engine']]}, {memory['budget_mib']:.0f} MiB budget",
+            "chats": memory["conversations"],
             "budget": memory["budget_mib"], "held": memory["cache_mib_max"],
             "within": "yes" if memory["within_budget"] else "NO",
-            "reused": f"{memory['turn2_reused']}/{memory['conversations']}",
+            "reused": _reused_own(memory),
             "entries": memory["entries_end"], "rss": memory["rss_growth_mib"]}
 
 
-def common(raws: list[dict]) -> dict:
+def _reused_own(memory: dict) -> str:
+    """Second turns that found their own first turn kept. Runs made before the bench counted
+    it: where the cache never came near its budget nothing was evicted, so every one did."""
+    count = memory["conversations"]
+    if "turn2_reused_own" in memory:
+        return f"{memory['turn2_reused_own']}/{count}"
+    if memory["cache_mib_max"] < memory["budget_mib"] / 2:
+        return f"{count}/{count} (nothing evicted)"
+    return "not counted"
+
+
+def common(raws: list[dict], extra: list[dict] = ()) -> dict:
     first = raws[0]
     machine = first["machine"]
     return {
-        "command": [COMMAND.format(engine=raw["engine"]) for raw in raws],
+        "command": [COMMAND.format(engine=raw["engine"]) for raw in raws]
+        + [MEMORY_COMMAND.format(engine=raw["engine"], budget=round(raw["settings"]["budget_mib"]))
+           for raw in extra],
         "date": first["created"][:10],
         "machine": f"{machine['cores']}-core {machine['cpu_model']} (a virtual machine)",
         "engine": ", ".join(raw["engine"] for raw in raws),
@@ -72,9 +88,12 @@ def common(raws: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", nargs="+", type=Path)
+    parser.add_argument("--memory", nargs="*", type=Path, default=[],
+                        help="more runs whose memory check alone is kept (another budget)")
     parser.add_argument("--notes", nargs="*", default=[], help="more notes for the turns record")
     args = parser.parse_args(argv)
     raws = [json.loads(path.read_text()) for path in args.raw]
+    more = [json.loads(path.read_text()) for path in args.memory]
     turns = {
         "title": "Multi-turn chat with the prefix cache: time to first token per turn",
         "measured": (
@@ -106,19 +125,22 @@ def main(argv: list[str] | None = None) -> int:
             "20 two-turn conversations interleaved (every first turn, then every second), "
             "answers of at most 64 tokens, through the default budget: the largest the cache "
             "held (MiB, the arrays' own bytes), whether that stayed within the budget, how many "
-            "second turns reused a prefix, the entries left, and the process's RSS growth."),
+            "second turns found their own first turn still kept, the entries left, and the process's "
+            "RSS growth."),
         "dataset": "multiturn, cycled with a distinct opening per conversation",
-        "row_header": "20 chats", **common(raws),
+        "row_header": "20 chats", **common(raws, more),
         "columns": [
             {"key": "budget", "label": "budget (MiB)", "decimals": 0},
             {"key": "held", "label": "held at most (MiB)", "decimals": 1},
             {"key": "within", "label": "within budget"},
-            {"key": "reused", "label": "turn 2 reused"},
+            {"key": "reused", "label": "turn 2 found its turn 1"},
             {"key": "entries", "label": "entries at the end", "decimals": 0},
             {"key": "rss", "label": "RSS growth (MiB)", "decimals": 1}],
-        "rows": [memory_row(raw) for raw in raws if "memory" in raw],
+        "rows": [memory_row(raw) for raw in raws + more if "memory" in raw],
         "notes": ["The default budget is 64K tokens of the pair's cache, at most 1/8 of the "
-                  "machine's memory (23 GiB here, so 1/8)."],
+                  "machine's memory (23 GiB here, so 1/8). A smaller budget evicts the least "
+                  "recently used conversations whole: their second turns reuse only what they "
+                  "share with a kept one (the chat template's opening)."],
     }
     out = ROOT / "docs" / "records"
     (out / "prefix-cache-multiturn.json").write_text(json.dumps(turns, indent=1, ensure_ascii=False) + "\n")

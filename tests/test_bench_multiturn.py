@@ -48,6 +48,7 @@ def test_multi_turn_reports_both_ways_and_stays_within_budget(tmp_path_factory, 
     assert memory["conversations"] == 3 and memory["budget_mib"] == 1.0
     assert memory["within_budget"] and 0 < memory["cache_mib_max"] <= 1.0
     assert memory["entries_end"] == 1  # one chat's entry fits: each new one evicted the last
+    assert memory["turn2_reused_own"] == 0  # ...so no second turn found its own first one
     printed = capsys.readouterr().out
     assert "turn 2" in printed and "interleaved chats" in printed
 
