@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             "each run with the prefix cache off and on. Medians over the conversations: "
             "prompt and cached tokens (cache on), time to first token (ttft: request to the "
             "first token, a restore included) and end to end, in seconds; turn 2 / turn 1: "
-            "the cache-on turn 2 ttft over the cache-on turn 1 ttft (median, and the worst "
-            "conversation); identical: the answers with and without the cache, token for token."),
+            "the cache-on turn 2 ttft over the cache-on turn 1 ttft (the medians', and the "
+            "worst conversation's); identical: the answers with and without the cache, token for token."),
         "dataset": "multiturn (4 two-turn conversations, MT-Bench's question format)",
         "row_header": "4 conversations", **common(raws),
         "columns": [
@@ -119,16 +119,19 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [row for raw in raws for row in turn_rows(raw)],
         "notes": [NOISE, *args.notes],
     }
+    memory_common = common(raws, more)
+    memory_common["settings"] = {key: value for key, value in memory_common["settings"].items()
+                                 if key != "prefix_cache"} | {"max_tokens": 64}
     memory = {
         "title": "The prefix cache's memory under 20 interleaved conversations",
         "measured": (
             "20 two-turn conversations interleaved (every first turn, then every second), "
-            "answers of at most 64 tokens, through the default budget: the largest the cache "
+            "answers of at most 64 tokens, through the default budget and a 256 MiB one: the largest the cache "
             "held (MiB, the arrays' own bytes), whether that stayed within the budget, how many "
             "second turns found their own first turn still kept, the entries left, and the process's "
             "RSS growth."),
         "dataset": "multiturn, cycled with a distinct opening per conversation",
-        "row_header": "20 chats", **common(raws, more),
+        "row_header": "20 chats", **memory_common,
         "columns": [
             {"key": "budget", "label": "budget (MiB)", "decimals": 0},
             {"key": "held", "label": "held at most (MiB)", "decimals": 1},
