@@ -19,6 +19,10 @@ COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 4 --
            "--conversations 20")
 MEMORY_COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 1 --max-tokens 64 "
                   "--conversations 20 --prefix-cache-mb {budget}")
+MEMORY_NOTE = ("The default budget is 64K tokens of the pair's cache, at most 1/8 of the machine's "
+               "memory (23 GiB here, so 1/8). A smaller budget evicts the least recently used "
+               "conversations whole: their second turns reuse only what they share with a kept "
+               "one (the chat template's opening).")
 NOISE = ("The machine was shared with other engineers' tests and benchmarks while these ran (load "
          "average 5-11 on 2 cores), so every time here is noisy; the off and on runs alternate per "
          "conversation to spread the noise over both.")
@@ -140,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             {"key": "entries", "label": "entries at the end", "decimals": 0},
             {"key": "rss", "label": "RSS growth (MiB)", "decimals": 1}],
         "rows": [memory_row(raw) for raw in raws + more if "memory" in raw],
-        "notes": ["The default budget is 64K tokens of the pair's cache, at most 1/8 of the "
-                  "machine's memory (23 GiB here, so 1/8). A smaller budget evicts the least "
-                  "recently used conversations whole: their second turns reuse only what they "
-                  "share with a kept one (the chat template's opening)."],
+        "notes": [MEMORY_NOTE],
     }
     out = ROOT / "docs" / "records"
     (out / "prefix-cache-multiturn.json").write_text(json.dumps(turns, indent=1, ensure_ascii=False) + "\n")

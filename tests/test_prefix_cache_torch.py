@@ -55,7 +55,7 @@ def test_a_second_turn_reuses_the_first_and_equals_no_cache(engines):
     second = prompt + reply + engine.encode_raw("and then?")
     _, cached = both(engines, second)
     assert cached == len(prompt) + len(reply) - 1  # every row the first turn left
-    again, cached = both(engines, second, block_size=16)  # the same request again
+    _, cached = both(engines, second, block_size=16)  # the same request again
     assert cached == len(second) - 1  # one row is computed: its logits start the reply
     assert len(engine.prefix_cache) == 1  # each entry the next one extends is dropped
 
