@@ -59,6 +59,10 @@ class PrefixStates(Protocol):
     def accepts(self, drafter: Any) -> bool:
         """Whether this drafter's context can be kept and restored (None: no drafter, yes)."""
 
+    def keeps_prompt(self, runner: Any) -> bool:
+        """Whether to keep the state where the prompt ends too (recurrent state: an entry is
+        reusable only whole, and a reply the next prompt tokenizes otherwise ends the match)."""
+
     def snapshot(self, runner: Any, drafter: Any, unseen_taps: Any) -> Kept | str:
         """The state after a generation, or why it cannot be kept (a stated reason)."""
 
@@ -71,12 +75,13 @@ class PrefixStates(Protocol):
 class Resume:
     """How a generation starts and ends (speculative.generate): `cached_rows` of the prompt are
     already in the runner's cache, `unseen_taps` their taps the drafter has not read; `keep`,
-    called once at a round boundary when the generation ends, gets the ids of the cache's rows
-    and the taps the drafter has not read."""
+    called at a round boundary when the generation ends (and where the prompt ends, with
+    `keep_prompt`), gets the ids of the cache's rows and the taps the drafter has not read."""
 
     cached_rows: int = 0
     unseen_taps: Any = None
     keep: Callable[[list[int], Any], None] | None = None
+    keep_prompt: bool = False
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -165,6 +170,9 @@ class PrefixCache:
             return False
         ids = np.asarray(token_ids)
         with self._lock:
+            for key in [key for key, entry in self._entries.items()
+                        if np.array_equal(entry.token_ids, ids)]:
+                del self._entries[key]  # the same rows again: the newer state replaces it
             if not kept.whole_only:
                 for key in [key for key, entry in self._entries.items()
                             if len(entry.token_ids) <= len(ids) and not entry.kept.whole_only

@@ -59,6 +59,10 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
                         cached_tokens=resume.cached_rows, mode=planner.mode)
+        if resume.keep_prompt and resume.keep is not None:  # a turn's end: a state that
+            sources.add_taps(taps)  # cannot be trimmed is kept where the prompt ends too
+            taps = sources.unseen()
+            resume.keep(list(rows), taps)
         round_index = 0
         while finish is None:
             whole = False

@@ -58,7 +58,7 @@ def both(engines, prompt_ids, **kwargs):
 
 
 def hybrid(engine) -> bool:
-    return bool(engine.make_runner(collect_taps=False)._recurrent)
+    return engine.make_runner(collect_taps=False).hybrid
 
 
 def test_turns_reuse_what_the_last_one_left(engines):
@@ -72,6 +72,17 @@ def test_turns_reuse_what_the_last_one_left(engines):
     third = second + reply2 + [10, 11]
     _, cached = both(engines, third, block_size=1)  # plain decoding reuses a drafter run's entry
     assert cached == len(second) + len(reply2) - 1
+
+
+def test_a_reply_tokenized_otherwise_still_reuses_the_prompt(engines):
+    """The next prompt holds the reply as the tokenizer writes it, not as it was generated:
+    the match ends there, and a hybrid, which cannot trim, reuses its snapshot of the prompt."""
+    engine = engines[0]
+    engine.prefix_cache.clear()
+    reply, _ = both(engines, PROMPT)
+    retokenized = [(reply[0] + 1) % 200, *reply[1:]]
+    _, cached = both(engines, PROMPT + retokenized + [4, 4])
+    assert cached == len(PROMPT)
 
 
 def test_an_edited_turn_reuses_the_common_prefix_or_nothing_on_a_hybrid(engines):

@@ -199,6 +199,8 @@ def test_a_whole_only_entry_serves_only_prompts_that_extend_it():
     assert cache.lookup([1, 2, 7, 8], needs_taps=True) is None
     cache.store([1, 2, 3, 4, 5], _kept(1, whole_only=True))
     assert len(cache) == 2  # the shorter snapshot still serves an edit after it
+    cache.store([1, 2, 3], _kept(2, whole_only=True))
+    assert len(cache) == 2 and cache.nbytes == 3  # the same rows again: the newer replaces it
 
 
 def test_budgets_of_zero_or_more_than_the_machine_are_refused():

@@ -168,7 +168,7 @@ class LocalEngine(Engine):
         if cache is None or states is None or not states.accepts(drafter):
             return None
         hit = cache.lookup(prompt_ids, needs_taps=drafter is not None)
-        resume = Resume()
+        resume = Resume(keep_prompt=states.keeps_prompt(runner))
         if hit is not None:
             resume.unseen_taps = states.restore(hit.entry.kept, hit.rows, runner, drafter)
             resume.cached_rows = hit.rows

@@ -68,6 +68,11 @@ class MLXTargetRunner:
         self._verified: _Verified | None = None
         self.supports_tree = verifies_trees(model, adapter)
 
+    @property
+    def hybrid(self) -> bool:
+        """Recurrent layers: their state cannot be trimmed, only restored and replayed."""
+        return bool(self._recurrent)
+
     def _run(self, token_ids: list[int], record_recurrent: bool = False, mask: mx.array | None = None):
         run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
                                frozenset(self.tap_ids or ()), record_recurrent, mask)

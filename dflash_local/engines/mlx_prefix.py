@@ -3,8 +3,8 @@ caches (attention keys and values, and a hybrid target's GatedDeltaNet state), t
 context cache and the taps it has not read (`prefix_cache.PrefixStates`; the policy is
 prefix_cache.py's).
 
-Recurrent state cannot be trimmed: a hybrid target's entry is the state where the generation
-ended, reusable only whole. Entries are never written after they are stored: MLX caches write
+Recurrent state cannot be trimmed: a hybrid target's entries are the states where the prompt
+and where the generation ended (a turn's two ends), each reusable only whole. Entries are never written after they are stored: MLX caches write
 into their buffers in place, so a restore hands each cache a fresh slice, never the entry's array.
 """
 
@@ -44,6 +44,9 @@ class MLXPrefixStates:
     def accepts(self, drafter) -> bool:
         return drafter is None or isinstance(drafter, DraftSession)
 
+    def keeps_prompt(self, runner) -> bool:
+        return runner.hybrid  # a hybrid's state is reusable only whole
+
     def snapshot(self, runner, drafter, unseen_taps) -> Kept | str:
         target = []
         for layer_cache in runner.cache:
@@ -59,7 +62,7 @@ class MLXPrefixStates:
         state = _State(target, context, unseen_taps)
         arrays = _arrays(state)
         mx.eval(arrays)
-        return Kept(state, sum(a.nbytes for a in arrays), whole_only=bool(runner._recurrent),
+        return Kept(state, sum(a.nbytes for a in arrays), whole_only=runner.hybrid,
                     has_taps=drafter is not None)
 
     def restore(self, kept: Kept, rows: int, runner, drafter):

@@ -39,6 +39,9 @@ class TorchPrefixStates:
     def accepts(self, drafter) -> bool:
         return drafter is None or isinstance(drafter, DraftSession)
 
+    def keeps_prompt(self, runner) -> bool:
+        return False  # every kept cache here trims to any prefix
+
     def snapshot(self, runner, drafter, unseen_taps) -> Kept | str:
         layers = runner.cache.layers
         odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
