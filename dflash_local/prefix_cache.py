@@ -162,7 +162,8 @@ class PrefixCache:
 
     def store(self, token_ids: list[int], kept: Kept) -> bool:
         """Keep a generation's state, evicting least recently used entries to fit; an entry
-        this one extends is dropped (a trimmable one gives every prompt at least as many rows).
+        this one extends is dropped (a trimmable one gives every prompt at least as many rows,
+        unless it lacks the drafter's context the other has).
         False: larger than the whole budget, not kept."""
         if kept.nbytes > self.budget:
             log.info("prefix cache: an entry of %d bytes exceeds the budget of %d: not kept",
@@ -175,14 +176,20 @@ class PrefixCache:
                 del self._entries[key]  # the same rows again: the newer state replaces it
             if not kept.whole_only:
                 for key in [key for key, entry in self._entries.items()
-                            if len(entry.token_ids) <= len(ids) and not entry.kept.whole_only
-                            and common_prefix(entry.token_ids, ids) == len(entry.token_ids)]:
+                            if self._covers(kept, ids, entry)]:
                     del self._entries[key]
             while self._entries and self.nbytes + kept.nbytes > self.budget:
                 self._entries.popitem(last=False)
             self._entries[self._next_key] = Entry(ids, kept)
             self._next_key += 1
         return True
+
+    @staticmethod
+    def _covers(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
+        """Whether a new trimmable entry serves every prompt `entry` serves, as well."""
+        return (len(entry.token_ids) <= len(ids) and not entry.kept.whole_only
+                and (kept.has_taps or not entry.kept.has_taps)
+                and common_prefix(entry.token_ids, ids) == len(entry.token_ids))
 
     def clear(self) -> None:
         with self._lock:

@@ -165,6 +165,8 @@ def test_plain_decoding_entries_do_not_serve_a_drafter(engines):
     assert stats.cached_tokens == 0  # no drafter context kept: computed whole
     _, stats = turn(engine, prompt + reply + [60, 61], block_size=1)
     assert stats.cached_tokens == len(prompt) + len(reply) + 1  # the drafter run's entry serves plain
+    _, stats = turn(engine, prompt + reply + [60, 61, 62], block_size=4)
+    assert stats.cached_tokens > len(prompt)  # the plain run extended it, but dropped it not
 
 
 def _kept(nbytes, whole_only=False):
