@@ -112,6 +112,7 @@ class StepEvent:
     elapsed_s: float = 0.0  # since the start of decoding (after prefill)
     prefill_s: float = 0.0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's tokens, those a kept prefix gave (not computed)
     block_size: int = 1  # width used this round (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
     copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
@@ -136,6 +137,7 @@ class GenerationStats:
     """Running totals over a generation's events; τ counts rounds after prefill."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those a kept prefix gave (prefix_cache.py)
     completion_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -150,6 +152,7 @@ class GenerationStats:
         self.completion_tokens += len(event.token_ids)
         if event.round_index == 0:
             self.prompt_tokens = event.prompt_tokens
+            self.cached_tokens = event.cached_tokens
             self.prefill_s = event.prefill_s
         else:
             self.rounds += 1
@@ -162,6 +165,11 @@ class GenerationStats:
             self.finish_reason = event.finish_reason
 
     @property
+    def prefill_tokens(self) -> int:
+        """The prompt's tokens the prefill computed (the rest came from a kept prefix)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
     def tau(self) -> float:
         return sum(self.accepted_per_round) / self.rounds if self.rounds else 0.0
 
@@ -171,7 +179,7 @@ class GenerationStats:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return prefill_rate(self.prompt_tokens, self.prefill_s)
+        return prefill_rate(self.prefill_tokens, self.prefill_s)
 
 
 @dataclass(frozen=True)

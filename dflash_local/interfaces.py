@@ -20,8 +20,9 @@ class TargetRunner(Protocol):
     max_context: int
     supports_tree: bool  # verify takes any tree; False: chains only (the planners ask for no other)
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[np.ndarray, Any]:
-        """Run the prompt. Returns (logits of the last position [V], taps of every prompt row)."""
+    def prefill(self, prompt_ids: list[int], start: int = 0) -> tuple[np.ndarray, Any]:
+        """Run the prompt after its first `start` rows (already in the cache: a kept prefix,
+        prefix_cache.py). Returns (logits of the last position [V], taps of the rows run)."""
 
     def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
         """Run the anchor and the tree's nodes on top of the cache, each node at its depth's

@@ -61,6 +61,11 @@ class DraftSources:
         self._pending = []
         return taps
 
+    def unseen(self) -> Any:
+        """The taps the drafter has not read yet, joined (None: none), handed over: a kept
+        prefix (prefix_cache.py) gives them to the next generation's drafter."""
+        return self._taps() if self._pending else None
+
     def chain(self, anchor_id: int, width: int) -> list[int]:
         return self.drafter.propose(anchor_id, self._taps(), width)
 

@@ -26,45 +26,69 @@ from dflash_local.events import GenerationParams, StepEvent, widest_block
 from dflash_local.interfaces import Drafter, TargetRunner
 from dflash_local.planning import Planner, make_planner
 from dflash_local.planning.costs import RoundCosts
+from dflash_local.prefix_cache import Resume
 from dflash_local.proposers import DraftSources
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
-             params: GenerationParams, planner: Planner | None = None) -> Iterator[StepEvent]:
+             params: GenerationParams, planner: Planner | None = None,
+             resume: Resume | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning.make_planner; None: the one params ask for, uncalibrated).
+    `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
+    prefix_cache.py), and who keeps the state when the generation ends.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
-    per-generation objects, so nothing is left half-updated for anyone else."""
+    per-generation objects, so nothing is left half-updated for anyone else. Ended between
+    rounds (finished, or closed at a yield), the state is whole and `resume.keep` gets it;
+    a prefill or a round cut short by an error leaves nothing to keep."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
+    resume = resume or Resume()
     rng = np.random.default_rng(params.seed)
     sources = DraftSources(drafter, runner)
+    if resume.unseen_taps is not None:
+        sources.add_taps(resume.unseen_taps)
     start = time.perf_counter()
-    last_logits, taps = runner.prefill(prompt_ids)
+    last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
+    rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
     anchor_id = _pick(last_logits, params, rng)
     produced, decode_start = 1, time.perf_counter()
     finish = _finish([anchor_id], produced, params)[1]
-    yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start, finish_reason=finish,
-                    prompt_tokens=len(prompt_ids), mode=planner.mode)
-    round_index = 0
-    while finish is None:
-        round_index += 1
-        sources.add_taps(taps)
-        proposer = planner.plan(len(prompt_ids) + produced, params.max_tokens - produced)  # plan
-        draft = proposer.propose(sources, anchor_id)  # propose
-        logits = runner.verify(anchor_id, draft.tree)  # verify
-        path, next_id = _accept(draft.tree, logits, params, rng)  # accept
-        taps = runner.commit([0, *path])  # commit
-        committed, finish = _finish([*draft.kept_ids(path), next_id], produced + len(path) + 1, params)
-        planner.observe(draft, path, committed)
-        produced += len(committed)
-        anchor_id = committed[-1]
-        accepted = min(len(path), len(committed))
-        yield StepEvent(
-            token_ids=tuple(committed), drafted=len(draft.tree.token_ids), mode=draft.mode,
-            draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
-            copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
-            elapsed_s=time.perf_counter() - decode_start, finish_reason=finish)
+    whole = True  # the runner, the drafter and `taps` agree with `rows`
+    try:
+        yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
+                        finish_reason=finish, prompt_tokens=len(prompt_ids),
+                        cached_tokens=resume.cached_rows, mode=planner.mode)
+        if resume.keep_prompt and resume.keep is not None:  # a turn's end: a state that
+            sources.add_taps(taps)  # cannot be trimmed is kept where the prompt ends too
+            taps = sources.unseen()
+            resume.keep(list(rows), taps)
+        round_index = 0
+        while finish is None:
+            whole = False
+            round_index += 1
+            sources.add_taps(taps)
+            proposer = planner.plan(len(prompt_ids) + produced, params.max_tokens - produced)  # plan
+            draft = proposer.propose(sources, anchor_id)  # propose
+            logits = runner.verify(anchor_id, draft.tree)  # verify
+            path, next_id = _accept(draft.tree, logits, params, rng)  # accept
+            taps = runner.commit([0, *path])  # commit
+            rows += [anchor_id, *draft.kept_ids(path)]
+            whole = True
+            committed, finish = _finish([*draft.kept_ids(path), next_id], produced + len(path) + 1, params)
+            planner.observe(draft, path, committed)
+            produced += len(committed)
+            anchor_id = committed[-1]
+            accepted = min(len(path), len(committed))
+            yield StepEvent(
+                token_ids=tuple(committed), drafted=len(draft.tree.token_ids), mode=draft.mode,
+                draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
+                copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
+                elapsed_s=time.perf_counter() - decode_start, finish_reason=finish)
+    finally:
+        if whole and resume.keep is not None:
+            sources.add_taps(taps)
+            resume.keep(rows, sources.unseen())
 
 
 def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],

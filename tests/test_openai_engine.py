@@ -434,7 +434,9 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
             state.load(engine, "http://127.0.0.1:9" if engine == "openai" else "some-target", None,
                        served_name="x")
     assert calls == [("openai", {"api_key": "k", "plain_base_url": None}),
-                     ("transformers", {"dtype": "float32"}), ("vllm", {"dtype": "float32"})]
+                     ("transformers", {"dtype": "float32", "prefix_cache": True,
+                                       "prefix_cache_mb": None}),
+                     ("vllm", {"dtype": "float32"})]
     served = _load_options(build_parser().parse_args(["serve", "--engine", "vllm", "--plain-twin"]))
     assert served["vllm"]["plain_twin"] is True and "plain_twin" not in served["transformers"]
     assert "openai" not in served  # the relay's options exist only with --engine openai

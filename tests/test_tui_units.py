@@ -13,6 +13,7 @@ from dflash_chat.protocol import StreamChunk
 from dflash_chat.settings import Settings, dumps, load_settings, save_settings
 from dflash_chat.stats import LiveStats, race_verdict
 from dflash_chat.storage import ChatStore, export_markdown
+from dflash_chat.widgets.speed_panel import figures_text
 
 
 def chunk(ids, accepted=0, round_index=1, at=0.0, text="x") -> StreamChunk:
@@ -131,6 +132,17 @@ def test_live_stats_count_rounds_like_the_service():
     final = stats.snapshot()
     assert final.final and final.tokens_per_s == 40.0 and final.per_round == ((1, 1), (3, 1))
     assert final.tokens_per_s_now == 0.0  # the stream is over
+    assert final.cached_tokens == 0 and "cached" not in str(figures_text(final))
+
+
+def test_the_speed_panel_says_how_much_of_the_prompt_came_from_cache():
+    stats = LiveStats(speculative=True)
+    stats.add(chunk([1], round_index=0, at=0.5))
+    stats.finish({"prefill_s": 0.012, "prefill_tokens": 40, "cached_tokens": 920, "rounds": 0})
+    snap = stats.snapshot()
+    assert (snap.prompt_tokens, snap.cached_tokens) == (960, 920)
+    text = str(figures_text(snap))
+    assert "12 ms prefill" in text and "920/960 prompt tokens cached" in text
 
 
 def test_race_verdict_compares_token_for_token():

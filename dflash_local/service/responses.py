@@ -43,6 +43,8 @@ def usage(stats: GenerationStats, engine: str, block_size: int, speculative: boo
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        # OpenAI's field: the prompt's tokens a kept prefix gave (prefix_cache.py)
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
         "dflash": {
             "tau": round(stats.tau, 4),
             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
@@ -53,6 +55,8 @@ def usage(stats: GenerationStats, engine: str, block_size: int, speculative: boo
             "rounds": stats.rounds,
             "accepted_per_round": accepted_histogram(stats),
             "prefill_s": round(stats.prefill_s, 6),
+            "prefill_tokens": stats.prefill_tokens,  # computed; the rest came from the cache
+            "cached_tokens": stats.cached_tokens,
             "decode_s": round(stats.decode_s, 6),
             "engine": engine,
             "block_size": block_size,

@@ -30,7 +30,7 @@ class SpeedSnapshot:
     reachable: int = 0  # the drafts a kept path could reach: what acceptance is out of
     accepted: int = 0
     per_round: tuple[tuple[int, int], ...] = ()  # (tokens committed in a round, rounds)
-    prefill_s: float | None = None
+    prefill_s: float | None = None  # time to the first token (the service's)
     block_size: int = 1
     engine: str = ""
     final: bool = False

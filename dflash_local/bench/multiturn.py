@@ -1,0 +1,229 @@
+"""`dflash-local bench --multi-turn`: two-turn conversations with the prefix cache off and on,
+in one run on one loaded engine, then the cache's memory under many interleaved conversations.
+
+Per conversation the cache-off and cache-on runs alternate which goes first (a shared machine's
+drift hits both alike); the cache is emptied before each cache-on conversation, so its turn 1
+starts cold and its turn 2 finds what turn 1 left. Turn 2 sees turn 1's answer as that run
+wrote it (greedy: the same text both ways, which the record checks). Time to first token is
+wall time from the request to the first event (a restore included); end to end, to the last.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from dflash_local.bench.datasets import BenchPrompt
+from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.prefix_cache import MIB, PrefixCache
+
+MEMORY_TOKENS = 64  # the memory check's answers are at most this long
+
+
+@dataclass
+class TurnFigures:
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    end_to_end_s: float
+    completion_tokens: int
+    token_ids: list[int] = field(repr=False)
+    text: str = field(repr=False)
+
+    def to_json(self) -> dict:
+        return {key: round(value, 4) if isinstance(value, float) else value
+                for key, value in asdict(self).items() if key not in ("token_ids", "text")}
+
+
+def run_turn(engine, prompt_ids: list[int], params: GenerationParams) -> TurnFigures:
+    stats, tokens, parts = GenerationStats(), [], []
+    start = time.perf_counter()
+    first = None
+    for event in engine.stream(prompt_ids, params):
+        first = first if first is not None else time.perf_counter() - start
+        stats.add(event)
+        tokens.extend(event.token_ids)
+        parts.append(event.text)
+    return TurnFigures(len(prompt_ids), stats.cached_tokens, first, time.perf_counter() - start,
+                       len(tokens), tokens, "".join(parts))
+
+
+def run_conversation(engine, item: BenchPrompt, params: GenerationParams, cache_on: bool,
+                     thinking: bool | None = None, prefix: str = "") -> list[TurnFigures]:
+    """Every turn of one conversation, the cache on (emptied first) or off."""
+    kept = engine.prefix_cache
+    if cache_on:
+        kept.clear()
+    else:
+        engine.prefix_cache = None
+    try:
+        messages, turns = [], []
+        for text in item.turns:
+            messages.append({"role": "user", "content": prefix + text if not turns else text})
+            figures = run_turn(engine, engine.encode_chat(messages, thinking=thinking), params)
+            messages.append({"role": "assistant", "content": figures.text})
+            turns.append(figures)
+        return turns
+    finally:
+        engine.prefix_cache = kept
+
+
+def measure_turns(engine, items: list[BenchPrompt], params: GenerationParams,
+                  thinking: bool | None, log: Callable[[str], None]) -> dict:
+    """Cache off and on per conversation; the per-turn medians and the bars' ratios."""
+    samples = []
+    for index, item in enumerate(items):
+        order = (False, True) if index % 2 == 0 else (True, False)
+        runs = {on: run_conversation(engine, item, params, on, thinking) for on in order}
+        off, on = runs[False], runs[True]
+        samples.append({"id": item.prompt_id,
+                        "turns": [{"off": a.to_json(), "on": b.to_json(),
+                                   "identical": a.token_ids == b.token_ids}
+                                  for a, b in zip(off, on, strict=True)]})
+        log(f"[{item.prompt_id}] " + "; ".join(
+            f"turn {t + 1}: ttft off {a.ttft_s:.2f}s on {b.ttft_s:.2f}s, cached {b.cached_tokens}"
+            for t, (a, b) in enumerate(zip(off, on, strict=True))))
+    return {"samples": samples, "summary": _summary(samples)}
+
+
+def _summary(samples: list[dict]) -> dict:
+    turns = max(len(sample["turns"]) for sample in samples)
+    summary = {}
+    for turn in range(turns):
+        rows = [s["turns"][turn] for s in samples if len(s["turns"]) > turn]
+        summary[f"turn {turn + 1}"] = {
+            f"{key}_{mode}": round(statistics.median(row[mode][key] for row in rows), 4)
+            for mode in ("off", "on") for key in ("ttft_s", "end_to_end_s", "prompt_tokens",
+                                                  "cached_tokens")}
+        summary[f"turn {turn + 1}"]["identical"] = all(row["identical"] for row in rows)
+    if turns >= 2:
+        first, second = ([s["turns"][t]["on"] for s in samples] for t in (0, 1))
+        summary["bars"] = {
+            # per conversation, then the worst: each conversation must meet the bar
+            "ttft_turn2_over_turn1_on_max": round(max(
+                b["ttft_s"] / a["ttft_s"] for a, b in zip(first, second, strict=True)), 4),
+            "cached_over_turn1_prompt_min": round(min(
+                b["cached_tokens"] / a["prompt_tokens"] for a, b in zip(first, second, strict=True)), 4),
+        }
+    return summary
+
+
+def measure_memory(engine, items: list[BenchPrompt], params: GenerationParams,
+                   conversations: int, budget: int, thinking: bool | None,
+                   log: Callable[[str], None]) -> dict:
+    """`conversations` two-turn chats interleaved (every first turn, then every second) through
+    a cache of `budget` bytes: its size after every turn, never above the budget."""
+    import psutil
+
+    kept, engine.prefix_cache = engine.prefix_cache, PrefixCache(budget)
+    process = psutil.Process()
+    rss_start = process.memory_info().rss
+    held, own, talks, first_prompts = [], [], [], []
+    try:
+        for turn in range(2):
+            for index in range(conversations):
+                item = items[index % len(items)]
+                if turn == 0:  # a distinct opening per conversation: 20 chats, not 4
+                    talks.append([{"role": "user", "content": f"(chat {index}) {item.turns[0]}"}])
+                else:
+                    talks[index].append({"role": "user", "content": item.turns[1]})
+                figures = run_turn(engine, engine.encode_chat(talks[index], thinking=thinking), params)
+                talks[index].append({"role": "assistant", "content": figures.text})
+                held.append(engine.prefix_cache.nbytes)
+                if turn == 0:
+                    first_prompts.append(figures.prompt_tokens)
+                else:  # its own first turn was still kept (not evicted)
+                    own.append(figures.cached_tokens >= first_prompts[index])
+            log(f"memory: after turn {turn + 1} of {conversations} chats: cache "
+                f"{held[-1] / MIB:.0f} MiB of {budget / MIB:.0f} MiB, {len(engine.prefix_cache)} entries")
+        return {"conversations": conversations, "budget_mib": round(budget / MIB, 1),
+                "cache_mib_max": round(max(held) / MIB, 1),
+                "within_budget": max(held) <= budget,
+                "entries_end": len(engine.prefix_cache),
+                "turn2_reused_own": sum(own),
+                "rss_growth_mib": round((process.memory_info().rss - rss_start) / MIB, 1)}
+    finally:
+        engine.prefix_cache = kept
+
+
+def format_multiturn(record: dict) -> str:
+    lines = [f"multi-turn, {record['engine']}: median per turn, prefix cache off -> on"]
+    for turn, row in record["turns"]["summary"].items():
+        if turn == "bars":
+            continue
+        lines.append(f"  {turn}: prompt {row['prompt_tokens_on']:.0f} tokens, cached "
+                     f"{row['cached_tokens_on']:.0f}; ttft {row['ttft_s_off']:.3f}s -> "
+                     f"{row['ttft_s_on']:.3f}s; end to end {row['end_to_end_s_off']:.2f}s -> "
+                     f"{row['end_to_end_s_on']:.2f}s; identical {row['identical']}")
+    bars = record["turns"]["summary"].get("bars")
+    if bars:
+        lines.append(f"  turn 2 / turn 1 ttft (cache on, worst): {bars['ttft_turn2_over_turn1_on_max']}"
+                     f"; cached / turn 1 prompt (least): {bars['cached_over_turn1_prompt_min']}")
+    memory = record.get("memory")
+    if memory:
+        lines.append(f"  memory: {memory['conversations']} interleaved chats, cache at most "
+                     f"{memory['cache_mib_max']} MiB of a {memory['budget_mib']} MiB budget; "
+                     f"{memory['turn2_reused_own']} second turns found their first turn kept")
+    return "\n".join(lines)
+
+
+def write_record(record: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = re.sub(r"[^0-9T]", "", record["created"])[:15]
+    path = out_dir / f"multiturn-{record['engine']}-{stamp}.json"
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
+                  log: Callable[[str], None] | None = None) -> int:
+    """`bench --multi-turn`: load, warm up, measure, write the record, print the table."""
+    import sys
+    from datetime import UTC, datetime
+
+    from dflash_local import calibration
+    from dflash_local.engines import load_engine
+    from dflash_local.errors import DFlashError
+    from dflash_local.events import AUTO
+
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    if args.conversations < 0:
+        raise DFlashError(f"--conversations must be >= 0, got {args.conversations}")
+    block_size = args.block_size[0]
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
+                         prefix_cache_mb=args.prefix_cache_mb)
+    try:
+        if block_size == AUTO:
+            engine.calibrate(force=args.recalibrate)
+        params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                  seed=args.seed, block_size=block_size,
+                                  stop_token_ids=tuple(engine.eos_token_ids))
+        thinking = None if args.thinking is None else args.thinking == "on"
+        run_conversation(engine, items[0], replace(params, max_tokens=16), cache_on=True,
+                         thinking=thinking, prefix="warm-up ")  # unrecorded: lazy setup
+        record = {
+            "schema": "dflash-local-bench-multiturn/1",
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "engine": engine.name, "target": engine.pair.target, "drafter": engine.pair.drafter,
+            "dtype": engine.pair.dtype, "threads": engine.compute_threads(),
+            "machine": calibration.machine_info(),
+            "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                         "block_size": block_size.request_value, "samples": len(items),
+                         "budget_mib": round(engine.prefix_cache.budget / MIB, 1)},
+            "turns": measure_turns(engine, items, params, thinking, log),
+        }
+        if args.conversations:
+            # short answers: the check is the cache's size, not the decoding
+            record["memory"] = measure_memory(
+                engine, items, replace(params, max_tokens=min(params.max_tokens, MEMORY_TOKENS)),
+                args.conversations, engine.prefix_cache.budget, thinking, log)
+    finally:
+        engine.close()
+    print(format_multiturn(record))
+    print(f"record: {write_record(record, args.out)}")
+    return 0

@@ -1,0 +1,115 @@
+"""The MLX engine's state, out of a finished generation and into a new one: the target's
+caches (attention keys and values, and a hybrid target's GatedDeltaNet state), the drafter's
+context cache and the taps it has not read (`prefix_cache.PrefixStates`; the policy is
+prefix_cache.py's).
+
+Recurrent state cannot be trimmed: a hybrid target's entries are the states where the prompt
+and where the generation ended (a turn's two ends), each reusable only whole. Entries are never written after they are stored: MLX caches write
+into their buffers in place, so a restore hands each cache a fresh slice, never the entry's array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from dflash_local.drafter.model_mlx import DraftSession
+from dflash_local.memory_fit import kv_cache_bytes
+from dflash_local.prefix_cache import Kept
+
+
+@dataclass(frozen=True)
+class _DrafterContext:
+    layers: list[tuple[mx.array, mx.array] | None]  # keys, values of the rows held, per layer
+    end: int  # absolute position after the last row
+
+
+@dataclass(frozen=True)
+class _State:
+    target: list[tuple[mx.array, mx.array] | list]  # per layer: (keys, values) or recurrent arrays
+    drafter: _DrafterContext | None
+    unseen_taps: mx.array | None  # rows [drafter.end, rows) the drafter has not read
+
+
+def _held(cache: KVCache) -> tuple[mx.array, mx.array] | None:
+    if cache.keys is None or cache.offset == 0:
+        return None
+    return (mx.contiguous(cache.keys[..., : cache.offset, :]),
+            mx.contiguous(cache.values[..., : cache.offset, :]))
+
+
+class MLXPrefixStates:
+    def accepts(self, drafter) -> bool:
+        return drafter is None or isinstance(drafter, DraftSession)
+
+    def keeps_prompt(self, runner) -> bool:
+        return runner.hybrid  # a hybrid's state is reusable only whole
+
+    def snapshot(self, runner, drafter, unseen_taps) -> Kept | str:
+        target = []
+        for layer_cache in runner.cache:
+            if type(layer_cache) is KVCache:
+                target.append(_held(layer_cache))
+            elif isinstance(layer_cache, ArraysCache):
+                target.append(list(layer_cache.cache))
+            else:
+                return f"the target's {type(layer_cache).__name__} layer cache cannot be kept"
+        context = None
+        if drafter is not None:
+            context = _DrafterContext([_held(c) for c in drafter.cache.layers], drafter.cache.end)
+        state = _State(target, context, unseen_taps)
+        arrays = _arrays(state)
+        mx.eval(arrays)
+        return Kept(state, sum(a.nbytes for a in arrays), whole_only=runner.hybrid,
+                    has_taps=drafter is not None)
+
+    def restore(self, kept: Kept, rows: int, runner, drafter):
+        state: _State = kept.state
+        for layer_cache, held in zip(runner.cache, state.target, strict=True):
+            if isinstance(layer_cache, ArraysCache):
+                layer_cache.cache = list(held)  # replaced, never written in place, by the layers
+            elif held is not None:
+                _fill(layer_cache, held, rows)
+        if drafter is None or state.drafter is None:
+            return None
+        context = state.drafter
+        cache = drafter.model.new_cache(drafter.cache.window)
+        cache.end = min(rows, context.end)
+        for layer_cache, held in zip(cache.layers, context.layers, strict=True):
+            if held is None:
+                continue
+            # the rows held start at end - held; a shorter prefix before a draft window's start
+            # leaves the drafter empty at that position (its drafts only differ)
+            count = held[0].shape[2] - (context.end - cache.end)
+            if count > 0:
+                _fill(layer_cache, held, count)
+        drafter.cache = cache
+        if rows > context.end and state.unseen_taps is not None:
+            return state.unseen_taps[:, : rows - context.end]
+        return None
+
+
+def _fill(cache: KVCache, held: tuple[mx.array, mx.array], rows: int) -> None:
+    """The first `rows` rows, as new arrays: the cache may write into them in place."""
+    cache.keys, cache.values = held[0][..., :rows, :], held[1][..., :rows, :]
+    cache.offset = rows
+
+
+def _arrays(state: _State) -> list[mx.array]:
+    arrays = []
+    for held in state.target:
+        arrays += [a for a in (held or ()) if a is not None]
+    if state.drafter is not None:
+        arrays += [a for held in state.drafter.layers for a in (held or ())]
+    if state.unseen_taps is not None:
+        arrays.append(state.unseen_taps)
+    return arrays
+
+
+def row_bytes(raw_config: dict, dtype_bytes: int, tap_count: int) -> int:
+    """What one row of a kept prefix costs: the target's keys and values plus its taps."""
+    text = raw_config.get("text_config") or raw_config
+    return (kv_cache_bytes(raw_config, 1, dtype_bytes)
+            + tap_count * int(text["hidden_size"]) * dtype_bytes)

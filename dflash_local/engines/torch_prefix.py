@@ -1,0 +1,108 @@
+"""The Transformers engine's state, out of a finished generation and into a new one: the
+target's DynamicCache, the drafter's context cache and the taps it has not read
+(`prefix_cache.PrefixStates`; the policy is prefix_cache.py's).
+
+Only full-attention caches are kept: a hybrid target's recurrent layers and sliding-window
+layers have no trimmable rows here yet, so their generations are not kept (the reason is logged).
+Entries are never written after they are stored: restoring copies the rows (DynamicCache grows
+by concatenation) and slices the drafter's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from dflash_local.drafter.model_torch import ContextCache, DraftSession
+from dflash_local.memory_fit import kv_cache_bytes
+from dflash_local.prefix_cache import Kept
+
+
+@dataclass(frozen=True)
+class _DrafterContext:
+    keys: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+    start: int  # absolute position of the first row held (a draft window slides it)
+    end: int
+
+
+@dataclass(frozen=True)
+class _State:
+    target: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv, rows, d]
+    drafter: _DrafterContext | None
+    unseen_taps: torch.Tensor | None  # rows [drafter.end, rows) the drafter has not read
+
+
+class TorchPrefixStates:
+    def accepts(self, drafter) -> bool:
+        return drafter is None or isinstance(drafter, DraftSession)
+
+    def keeps_prompt(self, runner) -> bool:
+        return False  # every kept cache here trims to any prefix
+
+    def snapshot(self, runner, drafter, unseen_taps) -> Kept | str:
+        layers = runner.cache.layers
+        odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+        if odd:
+            return (f"the target's {', '.join(odd)} cache layers cannot be trimmed: prefixes of "
+                    f"this target are not kept on the transformers engine")
+        with torch.inference_mode():
+            target = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+        context = None
+        if drafter is not None:
+            cache = drafter.cache
+            context = _DrafterContext(list(cache.keys), list(cache.values), cache.start, cache.end)
+        state = _State(target, context, unseen_taps)
+        return Kept(state, _nbytes(state), whole_only=False, has_taps=drafter is not None)
+
+    def restore(self, kept: Kept, rows: int, runner, drafter):
+        state: _State = kept.state
+        with torch.inference_mode():
+            for index, (keys, values) in enumerate(state.target):
+                runner.cache.update(keys[:, :, :rows], values[:, :, :rows], index)
+        if drafter is None or state.drafter is None:
+            return None
+        context = state.drafter
+        if rows >= context.end:  # every row the drafter read, then some of the unseen taps
+            drafter.cache = _context_cache(context, context.end, drafter.cache.window)
+            unseen = state.unseen_taps
+            return unseen[:, : rows - context.end] if rows > context.end else None
+        # a shorter prefix: the drafter's rows past it go; rows before a draft window's start
+        # are gone already, so the drafter starts empty at that position (drafts only differ)
+        drafter.cache = _context_cache(context, rows if rows >= context.start else None,
+                                       drafter.cache.window, at=rows)
+        return None
+
+
+def _context_cache(context: _DrafterContext, end: int | None, window: int | None,
+                   at: int | None = None) -> ContextCache:
+    """The drafter's context up to `end` (None: empty, positioned at `at`)."""
+    count = len(context.keys)
+    if end is None:
+        return ContextCache([None] * count, [None] * count, start=at, end=at, window=window)
+    held = end - context.start
+
+    def cut(tensor):
+        return None if tensor is None else tensor[:, :, :held]
+
+    return ContextCache([cut(k) for k in context.keys], [cut(v) for v in context.values],
+                        start=context.start, end=end, window=window)
+
+
+def _nbytes(state: _State) -> int:
+    tensors = [t for pair in state.target for t in pair]
+    if state.drafter is not None:
+        tensors += [t for t in (*state.drafter.keys, *state.drafter.values) if t is not None]
+    if state.unseen_taps is not None:
+        tensors.append(state.unseen_taps)
+    return sum(t.nbytes for t in tensors)
+
+
+def row_bytes(model, tap_count: int) -> int:
+    """What one row of a kept prefix costs: the target's keys and values plus its taps."""
+    config = model.config.to_dict()
+    dtype_bytes = model.get_input_embeddings().weight.element_size()
+    text = config.get("text_config") or config
+    return kv_cache_bytes(config, 1, dtype_bytes) + tap_count * int(text["hidden_size"]) * dtype_bytes

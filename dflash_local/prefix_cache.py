@@ -1,0 +1,196 @@
+"""The prefix cache: what a finished generation leaves for the next request of the conversation.
+
+A chat is many turns over one growing prompt. Each local engine keeps, after a generation, its
+target's cache, its drafter's context cache and the taps the drafter has not read (an engine's
+`PrefixStates`: how to snapshot, restore, trim and measure them); this module owns the policy:
+entries keyed by the token ids of the rows they hold, the longest common prefix with a new
+prompt, LRU eviction of whole entries under a byte budget. Numpy only.
+
+An entry is stored only by `Resume.keep`, which the loop calls at a round boundary (the
+generation finished or was closed between rounds), never mid-prefill or mid-round. A target with
+recurrent state (hybrid) cannot trim: its entry is reusable only whole, up to where it was taken.
+Reuse is exact: the restored rows are the rows the same prompt would have computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from dflash_local.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+DEFAULT_ROWS = 65536  # the default budget holds this many rows of the pair (e.g. 8 chats of 8K)
+MACHINE_SHARE = 8  # and at most this fraction (1/8) of the machine's memory
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An engine's snapshot of one generation's state, ready to store."""
+
+    state: Any  # opaque to this module: the engine's arrays
+    nbytes: int
+    whole_only: bool = False  # recurrent state: reusable only up to its last row, never trimmed
+    has_taps: bool = False  # holds the drafter's context and unseen taps
+
+
+@dataclass
+class Entry:
+    token_ids: np.ndarray  # ids of the rows the state holds, in order
+    kept: Kept
+
+
+@dataclass(frozen=True)
+class Hit:
+    entry: Entry
+    rows: int  # the prompt's first `rows` rows come from the entry
+
+
+class PrefixStates(Protocol):
+    """What an engine supplies: its runner's and drafter's state, out and back in."""
+
+    def accepts(self, drafter: Any) -> bool:
+        """Whether this drafter's context can be kept and restored (None: no drafter, yes)."""
+
+    def keeps_prompt(self, runner: Any) -> bool:
+        """Whether to keep the state where the prompt ends too (recurrent state: an entry is
+        reusable only whole, and a reply the next prompt tokenizes otherwise ends the match)."""
+
+    def snapshot(self, runner: Any, drafter: Any, unseen_taps: Any) -> Kept | str:
+        """The state after a generation, or why it cannot be kept (a stated reason)."""
+
+    def restore(self, kept: Kept, rows: int, runner: Any, drafter: Any) -> Any:
+        """Put the first `rows` rows of `kept` into a fresh runner and drafter (the entry stays
+        as it was); returns the taps of restored rows the drafter has not read (or None)."""
+
+
+@dataclass
+class Resume:
+    """How a generation starts and ends (speculative.generate): `cached_rows` of the prompt are
+    already in the runner's cache, `unseen_taps` their taps the drafter has not read; `keep`,
+    called at a round boundary when the generation ends (and where the prompt ends, with
+    `keep_prompt`), gets the ids of the cache's rows and the taps the drafter has not read."""
+
+    cached_rows: int = 0
+    unseen_taps: Any = None
+    keep: Callable[[list[int], Any], None] | None = None
+    keep_prompt: bool = False
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids two sequences share."""
+    length = min(len(a), len(b))
+    differs = np.flatnonzero(a[:length] != b[:length])
+    return int(differs[0]) if len(differs) else length
+
+
+def budget_bytes(megabytes: int, machine_bytes: int) -> int:
+    """A `--prefix-cache-mb` value as bytes; 0 or more than the machine has is refused."""
+    if megabytes < 1:
+        raise InvalidRequestError(f"--prefix-cache-mb must be >= 1, got {megabytes} (turn the "
+                                  f"cache off with --no-prefix-cache)")
+    if megabytes * MIB > machine_bytes:
+        raise InvalidRequestError(f"--prefix-cache-mb {megabytes} is more than this machine's "
+                                  f"memory ({machine_bytes // MIB} MiB)")
+    return megabytes * MIB
+
+
+def default_budget_bytes(row_bytes: int, machine_bytes: int) -> int:
+    """DEFAULT_ROWS rows of the pair's cache, at most 1/MACHINE_SHARE of the machine's memory."""
+    return min(row_bytes * DEFAULT_ROWS, machine_bytes // MACHINE_SHARE)
+
+
+def make_prefix_cache(enabled: bool, megabytes: int | None, row_bytes: int) -> PrefixCache | None:
+    """The engine's cache: `megabytes` (None: the default for a pair whose rows cost
+    `row_bytes`), or None when turned off."""
+    if not enabled:
+        return None
+    machine = machine_memory_bytes()
+    if megabytes is None:
+        return PrefixCache(default_budget_bytes(row_bytes, machine))
+    return PrefixCache(budget_bytes(megabytes, machine))
+
+
+def machine_memory_bytes() -> int:
+    import psutil  # the same probe memory_fit uses; imported here so importing stays cheap
+
+    return int(psutil.virtual_memory().total)
+
+
+@dataclass
+class PrefixCache:
+    """Entries of recent conversations, least recently used first, within `budget` bytes."""
+
+    budget: int
+    _entries: OrderedDict[int, Entry] = field(default_factory=OrderedDict)
+    _next_key: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.kept.nbytes for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
+        """The entry that gives the prompt the most rows, and how many (always at least one
+        prompt row is left to compute: its logits start the generation); None: no entry shares
+        a usable prefix (or none was made with the drafter's context this request needs)."""
+        prompt = np.asarray(prompt_ids)
+        best: tuple[int, int] | None = None
+        with self._lock:
+            for key, entry in self._entries.items():
+                if needs_taps and not entry.kept.has_taps:
+                    continue
+                rows = min(common_prefix(entry.token_ids, prompt), len(prompt) - 1)
+                if entry.kept.whole_only and rows < len(entry.token_ids):
+                    continue
+                if rows > 0 and (best is None or rows > best[1]):
+                    best = (key, rows)
+            if best is None:
+                return None
+            self._entries.move_to_end(best[0])
+            return Hit(self._entries[best[0]], best[1])
+
+    def store(self, token_ids: list[int], kept: Kept) -> bool:
+        """Keep a generation's state, evicting least recently used entries to fit; an entry
+        this one extends is dropped (a trimmable one gives every prompt at least as many rows,
+        unless it lacks the drafter's context the other has).
+        False: larger than the whole budget, not kept."""
+        if kept.nbytes > self.budget:
+            log.info("prefix cache: an entry of %d bytes exceeds the budget of %d: not kept",
+                     kept.nbytes, self.budget)
+            return False
+        ids = np.asarray(token_ids)
+        with self._lock:
+            for key in [key for key, entry in self._entries.items()
+                        if np.array_equal(entry.token_ids, ids)]:
+                del self._entries[key]  # the same rows again: the newer state replaces it
+            if not kept.whole_only:
+                for key in [key for key, entry in self._entries.items()
+                            if self._covers(kept, ids, entry)]:
+                    del self._entries[key]
+            while self._entries and self.nbytes + kept.nbytes > self.budget:
+                self._entries.popitem(last=False)
+            self._entries[self._next_key] = Entry(ids, kept)
+            self._next_key += 1
+        return True
+
+    @staticmethod
+    def _covers(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
+        """Whether a new trimmable entry serves every prompt `entry` serves, as well."""
+        return (len(entry.token_ids) <= len(ids) and not entry.kept.whole_only
+                and (kept.has_taps or not entry.kept.has_taps)
+                and common_prefix(entry.token_ids, ids) == len(entry.token_ids))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
