@@ -128,8 +128,8 @@ def test_lossless_with_partial_acceptance_and_taps_of_the_named_layers(case):
     engine, engine_name, plain = case
     drafters = []
 
-    def partly_right():
-        drafters.append(PartlyRightDrafter(type(engine).make_drafter(engine), plain))
+    def partly_right(window=None):
+        drafters.append(PartlyRightDrafter(type(engine).make_drafter(engine, window), plain))
         return drafters[-1]
 
     tokens, accepted = generate(engine, True, partly_right)
