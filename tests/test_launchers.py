@@ -348,7 +348,7 @@ def test_serve_hands_the_server_python_and_args_to_the_launcher_only():
     assert options["vllm"] == {"dtype": "auto", "plain_twin": False,
                                "server_python": "/v/bin/python",
                                "extra_args": ("--max-model-len", "2048", "--enforce-eager")}
-    assert options["transformers"] == {"dtype": "auto"}
+    assert options["transformers"] == {"dtype": "auto", "prefix_cache": True, "prefix_cache_mb": None}
     args = parser.parse_args(["serve", "--engine", "mlx", "--server-args=--enforce-eager"])
     with pytest.raises(InvalidRequestError, match="go with --engine vllm or sglang, not --engine mlx"):
         cli_serve.run(args)

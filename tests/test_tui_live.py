@@ -179,12 +179,14 @@ def test_escape_keeps_the_partial_reply_and_stops_the_service(service, home):
         async with app.run_test(size=SIZE) as pilot:
             conversation = await send(pilot, app, LONG_PROMPT)
             view = conversation.last_view("assistant")
-            await until(pilot, lambda: len(view.rounds) >= 8, what="some tokens shown")
+            # Escape as soon as a reply is under way: the tiny pair streams its 900 tokens in a
+            # few seconds, and a loaded machine delays the key
+            await until(pilot, lambda: len(view.rounds) >= 2, what="some tokens shown")
             await pilot.press("escape")
             await until(pilot, lambda: not conversation.generating, what="reply stopped")
             stored = app.store.message(view.message_id)
             assert stored.status == "stopped"
-            assert stored.content == view.text and len(stored.meta["rounds"]) >= 8
+            assert stored.content == view.text and len(stored.meta["rounds"]) >= 2
             assert len(stored.meta["rounds"]) < 900
             status = {}
 

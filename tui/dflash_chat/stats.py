@@ -164,6 +164,9 @@ class LiveStats:
 def final_snapshot(totals: dict) -> SpeedSnapshot:
     """A finished reply's figures, from what `LiveStats.totals` kept (stored with the reply)."""
     histogram = totals.get("accepted_per_round", [])
+    cached, prompt = totals.get("cached_tokens"), totals.get("prompt_tokens")
+    if prompt is None and cached is not None:  # the dflash stats alone: computed + cached
+        prompt = totals.get("prefill_tokens", 0) + cached
     return SpeedSnapshot(
         speculative=totals.get("speculative", True), tokens=totals.get("completion_tokens", 0),
         tokens_per_s=totals.get("decode_tokens_per_s", 0.0), tau=totals.get("tau", 0.0),
@@ -173,7 +176,7 @@ def final_snapshot(totals: dict) -> SpeedSnapshot:
         per_round=tuple((k, n) for k, n in enumerate(histogram) if n),
         prefill_s=totals.get("prefill_s"), block_size=totals.get("block_size", 1),
         engine=totals.get("engine", ""), final=True, ttft_s=totals.get("ttft_s"),
-        prompt_tokens=totals.get("prompt_tokens"), cached_tokens=totals.get("cached_tokens"),
+        prompt_tokens=prompt, cached_tokens=cached,
         finish_reason=totals.get("finish_reason"))
 
 
