@@ -5,14 +5,12 @@ a reply's chunks arrive as the reply worker posts them."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
 from dataclasses import replace
 
 import pytest
-from dflash_chat.app import DFlashChatApp, Options
 from dflash_chat.protocol import StreamChunk, StreamUsage
 from dflash_chat.screens.picker import PickerScreen
 from dflash_chat.screens.search import SearchScreen
@@ -28,6 +26,7 @@ from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Markdown, ProgressBar
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
+from tui_support import run_offline, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -49,21 +48,7 @@ def home(tmp_path, monkeypatch):
 
 
 def run(scenario, size=WIDE, settings: Settings | None = None) -> None:
-    async def main():
-        app = DFlashChatApp(Options(connect=False), settings=settings)
-        async with app.run_test(size=size) as pilot:
-            await pilot.pause()
-            await scenario(app, pilot)
-    asyncio.run(main())
-
-
-async def until(pilot, predicate, what: str, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await pilot.pause(0.05)
+    run_offline(scenario, size, settings)
 
 
 def notices(app) -> str:

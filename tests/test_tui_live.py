@@ -25,6 +25,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel
 from dflash_chat.widgets.status_bar import StatusBar
 from service_support import LocalHub, make_pair
 from tiny_models import drafter_config_json
+from tui_support import until as wait_until
 
 SIZE = (120, 40)
 LONG_PROMPT = "Tell me a long story."  # the tiny pair runs past 900 tokens on it
@@ -111,13 +112,8 @@ def make_app(service, **settings) -> DFlashChatApp:
 
 
 async def until(pilot, predicate, timeout: float = 180.0, what: str = "condition") -> None:
-    """Let the app run until `predicate()` holds (a wait, not an assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await pilot.pause(0.05)
+    """A live service answers slower than the offline app: a longer default wait."""
+    await wait_until(pilot, predicate, what=what, timeout=timeout)
 
 
 async def send(pilot, app: DFlashChatApp, prompt: str, wait_ready: bool = True) -> Conversation:

@@ -3,11 +3,9 @@ management, copy, edit-and-resend, history, the thinking warning. Pilot-driven."
 
 from __future__ import annotations
 
-import asyncio
 import tomllib
 
 import pytest
-from dflash_chat.app import DFlashChatApp, Options
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.screens.help import HelpScreen
 from dflash_chat.screens.race import RaceScreen
@@ -16,6 +14,7 @@ from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.status_bar import StatusBar
 from textual.command import CommandList, CommandPalette
+from tui_support import run_offline, until
 
 SIZE = (120, 40)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -33,21 +32,7 @@ def home(tmp_path, monkeypatch):
 
 
 def run(scenario) -> None:
-    async def main():
-        app = DFlashChatApp(Options(connect=False))
-        async with app.run_test(size=SIZE) as pilot:
-            await pilot.pause()
-            await scenario(app, pilot)
-    asyncio.run(main())
-
-
-async def until(pilot, predicate, what: str, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await pilot.pause(0.05)
+    run_offline(scenario, SIZE)
 
 
 def test_settings_are_saved_and_the_keymap_applies(home):

@@ -119,7 +119,7 @@ def main() -> int:
             reply = {"ok": True, **driver.handle(json.loads(line))}
         except PeerDriverError as exc:
             reply = {"ok": False, "error": str(exc)}
-        except Exception as exc:  # a peer's own failure (it refused our pair): the row says it
+        except Exception as exc:  # noqa: BLE001 - a peer's own failure (it refused our pair): the row says it
             traceback.print_exc()
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1500]}
         send(reply)

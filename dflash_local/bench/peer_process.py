@@ -65,7 +65,7 @@ class PeerProcess:
                                    f"{PEER_PYTHON_ENV}; scripts/setup_peers.sh makes one)")
         self.log = log
         self.blas: dict = {}  # the binding the process reports it computes on
-        self.stderr = tempfile.TemporaryFile()
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process; close() closes it
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [package_root, os.environ.get("PYTHONPATH")])))

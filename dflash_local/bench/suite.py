@@ -16,8 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from dflash_local import calibration
 from dflash_local.bench.datasets import BenchPrompt
