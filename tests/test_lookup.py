@@ -77,6 +77,24 @@ def test_lookup_policy_widens_within_a_few_rounds_and_stops_after_rejections():
     assert max(written_off) > 1
 
 
+def test_a_text_that_copies_nothing_stops_lookup_rounds_at_every_match_length():
+    # chat: one-token and two-token matches fail again and again; a three-token match then gets
+    # no round of its own either, where alone its prior (0.8) would have bought one
+    fresh, policy = LookupPolicy(COSTS, max_ngram=3), LookupPolicy(COSTS, max_ngram=3)
+    plain_speed = 1.0 / COSTS.at(1)
+    assert fresh.plan(3, draft_len=15, limit=16)[1] > plain_speed  # a lookup round would be taken
+    for ngram in (1, 2) * 12:  # as many failing copies as a chat reply of 128 tokens meets
+        policy.next_round()
+        policy.observe(ngram, 2, 0)
+    assert policy.prior_scale() < 0.2
+    assert policy.plan(3, draft_len=15, limit=16)[0] == 1  # width 1: no lookup round
+    for _ in range(3):  # a text that starts copying gives every length its prior back
+        policy.next_round()
+        policy.observe(2, 16, 15)
+    assert policy.prior_scale() == 1.0
+    assert policy.plan(3, draft_len=15, limit=16) == fresh.plan(3, draft_len=15, limit=16)
+
+
 def lookup_run(engine, monkeypatch, prompt_ids, reference, **params):
     use_policy(monkeypatch, lambda width, whole: BlockPolicy(
         COSTS, [0.5] * 15, max_width=width, whole_block_drafts=whole))

@@ -1,7 +1,9 @@
 """Pricing prompt-lookup drafts (lookup.py): whether a round should verify one, and how much of it.
 
 A copy from the context goes on until it breaks, so its acceptance is one number per match
-length (`CopyEstimate`), not one per position as a drafter's.
+length (`CopyEstimate`), not one per position as a drafter's. Whether the text copies at all is
+shared by every match length: a reply that copies nothing (most chat) pulls every length's prior
+down (never up), so a failing copy at one length is not tried again at each of the others.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dflash_local.planning.costs import RoundCosts, speeds_by_width
 # what a lookup draft's continuation rate starts from, by the length of the matched suffix: a
 # 3-token match is more often a real copy than a 1-token one (design priors, then measured)
 LOOKUP_PRIORS = {1: 0.4, 2: 0.6, 3: 0.8}
+POOLED_WEIGHT = 2.0  # pseudo-rounds of "copies as the priors say" behind the shared factor
+POOLED_DECAY = 0.99  # slower than one length's: whether a text copies is a slower fact
 
 
 class CopyEstimate:
@@ -34,8 +38,10 @@ class CopyEstimate:
         self.hits += accepted
         self.trials += min(accepted + 1, drafted)
 
-    def rates(self) -> np.ndarray:
-        rate = (self.hits + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
+    def rates(self, prior_scale: float = 1.0) -> np.ndarray:
+        """`prior_scale`: how much better or worse than the priors this text copies so far."""
+        prior = min(1.0, self.prior * prior_scale)
+        rate = (self.hits + prior * self.prior_weight) / (self.trials + self.prior_weight)
         return np.full(self.length, rate)
 
 
@@ -50,21 +56,34 @@ class LookupPolicy:
         self.costs = costs
         self.estimates = {n: CopyEstimate(LOOKUP_PRIORS[min(n, max(LOOKUP_PRIORS))], costs.max_width - 1)
                           for n in range(1, max_ngram + 1)}
+        # copied tokens kept, and those the priors expected, over every match length (decayed)
+        self.pooled_hits = self.pooled_expected = 0.0
 
     def next_round(self) -> None:
         for estimate in self.estimates.values():
             estimate.forget()
+        self.pooled_hits *= POOLED_DECAY
+        self.pooled_expected *= POOLED_DECAY
+
+    def prior_scale(self) -> float:
+        """Kept copied tokens over what the priors expected of the same rounds, at most 1 (and 1
+        at the start): it only lowers the priors; a length's own counts say when it does better."""
+        return min(1.0, (self.pooled_hits + POOLED_WEIGHT) / (self.pooled_expected + POOLED_WEIGHT))
 
     def plan(self, ngram: int, draft_len: int, limit: int) -> tuple[int, float]:
         """(width, expected tokens/s) of the best lookup round: width - 1 <= draft_len drafts."""
         widest = max(1, min(limit, draft_len + 1, self.costs.max_width))
-        speeds = speeds_by_width(self.estimates[ngram].rates(), self.costs.verify_only, widest)
+        speeds = speeds_by_width(self.estimates[ngram].rates(self.prior_scale()), self.costs.verify_only,
+                                 widest)
         best = 1 + int(np.argmax(speeds))
         return best, float(speeds[best - 1])
 
     def observe(self, ngram: int, width: int, accepted: int) -> None:
-        self.estimates[ngram].observe(width - 1, accepted)
+        estimate = self.estimates[ngram]
+        estimate.observe(width - 1, accepted)
+        self.pooled_hits += accepted
+        self.pooled_expected += estimate.prior * min(accepted + 1, width - 1)
 
     def survival(self, ngram: int, length: int) -> np.ndarray:
         """P(a draft's first j tokens are all right), j = 1..length, for this match length."""
-        return np.cumprod(self.estimates[ngram].rates()[:length])
+        return np.cumprod(self.estimates[ngram].rates(self.prior_scale())[:length])
