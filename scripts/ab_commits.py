@@ -1,7 +1,7 @@
 """Two checkouts of this repo side by side on one engine: the same prompts, interleaved per prompt.
 
     .venv/bin/python scripts/ab_commits.py OLD_DIR NEW_DIR [--engine mlx|transformers]
-        [--samples 30] [--max-tokens 128] [--out docs/records/NAME.json]
+        [--dataset embedded] [--samples 30] [--max-tokens 128] [--out docs/records/NAME.json]
 
 Each checkout runs in a worker process of its own (PYTHONPATH=DIR), which loads the embedded
 target and NEW_DIR's drafter once (one drafter path: the calibration cache's key names it),
@@ -74,13 +74,14 @@ def main() -> int:
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
     parser.add_argument("--engine", choices=["mlx", "transformers"], default="mlx")
+    parser.add_argument("--dataset", default="embedded", help="a bench dataset (default: embedded)")
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from dflash_local.bench.datasets import load_prompts
 
-    prompts = load_prompts("embedded", args.samples)
+    prompts = load_prompts(args.dataset, args.samples)
     drafter = args.new.resolve() / "models" / "smollm2-135m-dflash"
     workers = {side: Worker(path.resolve(), args.engine, drafter)
                for side, path in (("old", args.old), ("new", args.new))}
@@ -103,7 +104,8 @@ def main() -> int:
     record = {
         "title": f"Before and after a change, {args.engine}, block size auto",
         "command": " ".join(["scripts/ab_commits.py", *sys.argv[1:]]),
-        "date": time.strftime("%Y-%m-%d"), "engine": args.engine, "samples": len(prompts),
+        "date": time.strftime("%Y-%m-%d"), "engine": args.engine, "dataset": args.dataset,
+        "samples": len(prompts),
         "max_tokens": args.max_tokens, "identical": len(prompts),
         "tokens_per_s": {side: round(speed, 2) for side, speed in speeds.items()},
         "mean_tau": {side: round(sum(t["taus"]) / len(t["taus"]), 3) for side, t in totals.items()},
