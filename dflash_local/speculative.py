@@ -73,9 +73,10 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             logits = runner.verify(anchor_id, draft.tree)  # verify
             path, next_id = _accept(draft.tree, logits, params, rng)  # accept
             taps = runner.commit([0, *path])  # commit
-            rows += [anchor_id, *draft.kept_ids(path)]
+            kept = draft.kept_ids(path)
+            rows += [anchor_id, *kept]
             whole = True
-            committed, finish = _finish([*draft.kept_ids(path), next_id], produced + len(path) + 1, params)
+            committed, finish = _finish([*kept, next_id], produced + len(path) + 1, params)
             planner.observe(draft, path, committed)
             produced += len(committed)
             anchor_id = committed[-1]
