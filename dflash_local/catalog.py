@@ -14,6 +14,7 @@ from typing import Any
 
 from dflash_local import paths
 from dflash_local.errors import CheckpointError, ModelNotFoundError
+from dflash_local.memory_fit import QUANT_BYTES_PER_PARAM
 from dflash_local.snapshot_manifest import INCOMPLETE, IncompleteSnapshotError
 
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
@@ -22,7 +23,7 @@ THINKING_MODES = ("off", "on", "none")
 SOURCES = ("hub", "embedded", "shipped")
 DRAFTER_VERSIONS = (1, 2)  # DFlash (DFlashDraftModel) and DFlash 2 (DFlash2DraftModel)
 EMBEDDED_PAIR_ID = "embedded"
-QUANTIZATIONS = ("float32", "bf16", "8bit", "6bit", "5bit", "4bit", "mxfp4")
+QUANTIZATIONS = tuple(QUANT_BYTES_PER_PARAM)  # the ones the fit estimate knows the size of
 # config.json keys a pair's `arch` may give (what memory_fit.py reads), and the ones it must
 ARCH_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
              "hidden_size", "max_position_embeddings", "layer_types", "full_attention_interval",

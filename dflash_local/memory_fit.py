@@ -50,6 +50,11 @@ def layer_types(config: dict) -> list[str]:
     return ["full_attention"] * count
 
 
+def config_quantized(config: dict) -> bool:
+    """Whether the checkpoint stores quantized weights (mlx-lm's or Transformers' key)."""
+    return bool(config.get("quantization") or config.get("quantization_config"))
+
+
 def config_dtype_bytes(config: dict) -> int:
     text = _text(config)
     return DTYPE_BYTES.get(str(text.get("torch_dtype") or text.get("dtype")), 2)

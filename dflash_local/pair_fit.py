@@ -18,6 +18,7 @@ from dflash_local.memory_fit import (
     DTYPE_BYTES,
     QUANT_BYTES_PER_PARAM,
     config_dtype_bytes,
+    config_quantized,
     estimate_fit,
     weights_from_params,
 )
@@ -88,14 +89,13 @@ def held_bytes(model: ModelSpec, local_dir: Path | None, config: dict | None,
         stored = weights_from_params(model.params_b, model.quantization)
     if stored is None:
         return None
-    quantized = (model.quantization not in (None, *UNQUANTIZED)
-                 or bool(config and (config.get("quantization") or config.get("quantization_config"))))
+    quantized = model.quantization not in (None, *UNQUANTIZED) or config_quantized(config or {})
     if quantized or run_bytes is None:
         return stored
     if model.quantization in UNQUANTIZED:
         checkpoint = QUANT_BYTES_PER_PARAM[model.quantization]
     else:
-        checkpoint = config_dtype_bytes(config) if config else 2
+        checkpoint = config_dtype_bytes(config or {})  # 2 (bf16) where the config says nothing
     return int(stored * run_bytes / checkpoint)
 
 
@@ -104,8 +104,7 @@ def _checkpoint_float_bytes(model: ModelSpec, config: dict | None) -> int:
     quantized weights compute in their bf16 scales' type."""
     if model.quantization in UNQUANTIZED:
         return int(QUANT_BYTES_PER_PARAM[model.quantization])
-    text = (config or {}).get("text_config") or config or {}
-    return config_dtype_bytes(config) if text.get("torch_dtype") or text.get("dtype") else 2
+    return config_dtype_bytes(config or {})  # 2 (bf16) where the config says nothing
 
 
 def disk_bytes(local_dir: Path) -> int | None:

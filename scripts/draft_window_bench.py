@@ -22,7 +22,7 @@ from dflash_local.bench.datasets import embedded_prompts
 from dflash_local.calibration import machine_info
 from dflash_local.default_pair import pair_names
 from dflash_local.engines import load_engine
-from dflash_local.events import AUTO, GenerationParams, GenerationStats
+from dflash_local.events import AUTO, GenerationParams, GenerationStats, draft_window_arg
 
 MiB = 1024 * 1024
 
@@ -30,13 +30,15 @@ MiB = 1024 * 1024
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default="transformers")
-    parser.add_argument("--windows", default="256,1024", help="windows measured beside none")
+    parser.add_argument("--windows", default=(256, 1024), metavar="N[,N]",
+                        type=lambda text: tuple(draft_window_arg(w) for w in text.split(",")),
+                        help="windows measured beside none, each an integer >= 1")
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--context-tokens", type=int, default=1800)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    windows = [None, *(int(w) for w in args.windows.split(","))]
+    windows = [None, *args.windows]
     rows, prompt_lengths = [], []
     for engine_name in args.engines.split(","):
         engine = load_engine(engine_name, *pair_names(None, None, speculative=True))

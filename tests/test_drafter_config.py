@@ -244,3 +244,14 @@ def test_rope_scaling_survives_both_spellings_of_a_written_config():
     assert parse_drafter_config(written) == config
     legacy = {key: value for key, value in written.items() if key != "rope_parameters"}
     assert parse_drafter_config(legacy) == config
+
+
+def test_a_target_config_without_a_model_type_says_so(tmp_path):
+    from dflash_local.drafter.config import load_target_info
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    with pytest.raises(CheckpointError, match="names no model_type"):
+        load_target_info(tmp_path)
+    nested = {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 64,
+                                                        "num_hidden_layers": 2, "vocab_size": 10}}
+    assert load_target_info(tmp_path, nested).model_type == "gemma4"  # the outer name, as engines use

@@ -274,10 +274,18 @@ class TargetInfo:
     max_position_embeddings: int = 0
 
 
+def model_type_of(raw: dict[str, Any]) -> str:
+    """The architecture as the checkpoint names it (the outer one of a multimodal wrapper)."""
+    model_type = raw.get("model_type") or (raw.get("text_config") or {}).get("model_type")
+    if not model_type:
+        raise CheckpointError("the target's config.json names no model_type (nor does its text_config)")
+    return str(model_type)
+
+
 def target_info_from_config(raw: dict[str, Any]) -> TargetInfo:
     text = raw.get("text_config") or raw  # multimodal and hybrid configs nest the LM
     return TargetInfo(
-        model_type=str(text.get("model_type", raw.get("model_type", "unknown"))),
+        model_type=model_type_of(raw),
         vocab_size=int(text.get("vocab_size", raw.get("vocab_size", 0))),
         hidden_size=int(text["hidden_size"]),
         num_hidden_layers=int(text["num_hidden_layers"]),
@@ -286,16 +294,24 @@ def target_info_from_config(raw: dict[str, Any]) -> TargetInfo:
     )
 
 
-def load_target_info(path: str | Path) -> TargetInfo:
+def read_target_config(path: str | Path) -> dict[str, Any]:
+    """The target's config.json as a dict; a missing or broken file is a CheckpointError."""
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"target directory {path} has no config.json")
     try:
-        return target_info_from_config(json.loads(config_path.read_text()))
+        return json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
+
+
+def load_target_info(path: str | Path, raw: dict[str, Any] | None = None) -> TargetInfo:
+    """`raw`: the config.json already read (read_target_config), else it is read here."""
+    raw = read_target_config(path) if raw is None else raw
+    try:
+        return target_info_from_config(raw)
     except KeyError as exc:
-        raise CheckpointError(f"{config_path}: required key {exc.args[0]!r} is missing") from None
+        raise CheckpointError(f"{Path(path) / 'config.json'}: required key {exc.args[0]!r} is missing") from None
 
 
 def check_compatible(

@@ -10,9 +10,6 @@ layers, only the ones listed here, whose modeling hands the cache one state per 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from dflash_local.errors import CheckpointError
 
 MLX_MODEL_TYPES = frozenset({
@@ -23,22 +20,6 @@ MLX_MODEL_TYPES = frozenset({
 # asks (`recurrent_states_to_keep`): what a rollback restores
 TORCH_RECURRENT_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next"})
 ENGINE_FLAGS = {"mlx": "--engine mlx", "transformers": "--engine transformers"}
-
-
-def read_target_config(target_path: str | Path) -> dict:
-    """The target's config.json as a dict; a missing or broken file is a CheckpointError."""
-    config_path = Path(target_path) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"target directory {target_path} has no config.json")
-    try:
-        return json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None
-
-
-def model_type_of(raw: dict) -> str:
-    """The architecture as the checkpoint names it (the outer one of a multimodal wrapper)."""
-    return str(raw.get("model_type") or (raw.get("text_config") or {}).get("model_type"))
 
 
 def runs_elsewhere(model_type: str, engine: str) -> str:

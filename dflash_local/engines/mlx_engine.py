@@ -24,15 +24,20 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_local.accel import Installed, blas, mlx_attention, uninstall_all
 from dflash_local.draft_tree import DraftTree
-from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
+from dflash_local.drafter.config import (
+    load_checked_drafter_config,
+    load_target_info,
+    model_type_of,
+    read_target_config,
+)
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
-from dflash_local.engines.architectures import read_target_config
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
+from dflash_local.memory_fit import config_quantized
 from dflash_local.precision import resolve_dtype
 from dflash_local.prefix_cache import make_prefix_cache
 
@@ -221,15 +226,16 @@ class MLXEngine(LocalEngine):
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
-        context = load_target_info(target_path).max_position_embeddings or None
-        check_draft_window(draft_window, context)  # before any weight loads
-        raw_config = read_target_config(target_path)
-        self.adapter = adapter_for(str(raw_config.get("model_type")))
+        raw_config = read_target_config(target_path)  # once: every check below reads it
+        # the context the engine declares (a config without one: 32768), checked against once
+        max_context = load_target_info(target_path, raw_config).max_position_embeddings or 32768
+        check_draft_window(draft_window, max_context)  # before any weight loads
+        self.adapter = adapter_for(model_type_of(raw_config))
         drafter_config = _check_pair(drafter_path, target_path)
         # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)
-        quantized = bool(raw_config.get("quantization") or raw_config.get("quantization_config"))
+        quantized = config_quantized(raw_config)
         for note in _precision_warnings(dtype, quantized):
             logger.warning(note)
         self.model, wrapper = mlx_lm_load(str(target_path))
@@ -245,7 +251,6 @@ class MLXEngine(LocalEngine):
                 self.drafter.restrict_draft_vocab(draft_ids)
         self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
         self.draft_window = draft_window
-        max_context = load_target_info(target_path).max_position_embeddings or 32768
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
                               dtype, drafter_config.block_size if drafter_config else 1,
                               draft_vocab_size=len(draft_ids) if draft_ids else None)

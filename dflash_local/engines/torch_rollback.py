@@ -27,12 +27,8 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from dflash_local.engines.architectures import (
-    TORCH_RECURRENT_MODEL_TYPES,
-    model_type_of,
-    read_target_config,
-    refuse,
-)
+from dflash_local.drafter.config import model_type_of, read_target_config
+from dflash_local.engines.architectures import TORCH_RECURRENT_MODEL_TYPES, refuse
 
 # layer kinds (Transformers' names) by how they roll back: cropped as they are; sliding windows
 # and recurrent states, from the record of their past
