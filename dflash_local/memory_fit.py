@@ -50,6 +50,13 @@ def layer_types(config: dict) -> list[str]:
     return ["full_attention"] * count
 
 
+def prefix_row_bytes(config: dict, dtype_bytes: int, tap_count: int) -> int:
+    """What one row of a kept prefix (prefix_cache.py) costs: the target's keys and values plus
+    the drafter's taps of it."""
+    return (kv_cache_bytes(config, 1, dtype_bytes)
+            + tap_count * int(_text(config)["hidden_size"]) * dtype_bytes)
+
+
 def config_quantized(config: dict) -> bool:
     """Whether the checkpoint stores quantized weights (mlx-lm's or Transformers' key)."""
     return bool(config.get("quantization") or config.get("quantization_config"))

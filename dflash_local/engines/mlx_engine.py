@@ -34,10 +34,10 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
-from dflash_local.engines.mlx_prefix import MLXPrefixStates, row_bytes
+from dflash_local.engines.mlx_prefix import MLXPrefixStates
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
-from dflash_local.memory_fit import config_quantized
+from dflash_local.memory_fit import config_quantized, prefix_row_bytes
 from dflash_local.precision import resolve_dtype
 from dflash_local.prefix_cache import make_prefix_cache
 
@@ -261,7 +261,7 @@ class MLXEngine(LocalEngine):
         # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
         taps = len(self.tap_ids) if self.tap_ids else 0
         kept = make_prefix_cache(prefix_cache, prefix_cache_mb,
-                                 row_bytes(raw_config, DTYPES[dtype].size, taps))
+                                 prefix_row_bytes(raw_config, DTYPES[dtype].size, taps))
         super().__init__(wrapper._tokenizer, pair, capabilities, kept, MLXPrefixStates())
         blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only
 

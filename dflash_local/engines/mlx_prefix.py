@@ -16,7 +16,6 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from dflash_local.drafter.model_mlx import DraftSession
-from dflash_local.memory_fit import kv_cache_bytes
 from dflash_local.prefix_cache import Kept
 
 
@@ -106,10 +105,3 @@ def _arrays(state: _State) -> list[mx.array]:
     if state.unseen_taps is not None:
         arrays.append(state.unseen_taps)
     return arrays
-
-
-def row_bytes(raw_config: dict, dtype_bytes: int, tap_count: int) -> int:
-    """What one row of a kept prefix costs: the target's keys and values plus its taps."""
-    text = raw_config.get("text_config") or raw_config
-    return (kv_cache_bytes(raw_config, 1, dtype_bytes)
-            + tap_count * int(text["hidden_size"]) * dtype_bytes)

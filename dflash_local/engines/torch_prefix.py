@@ -16,7 +16,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from dflash_local.drafter.model_torch import ContextCache, DraftSession
-from dflash_local.memory_fit import kv_cache_bytes
+from dflash_local.memory_fit import prefix_row_bytes
 from dflash_local.prefix_cache import Kept
 
 
@@ -101,8 +101,6 @@ def _nbytes(state: _State) -> int:
 
 
 def row_bytes(model, tap_count: int) -> int:
-    """What one row of a kept prefix costs: the target's keys and values plus its taps."""
-    config = model.config.to_dict()
-    dtype_bytes = model.get_input_embeddings().weight.element_size()
-    text = config.get("text_config") or config
-    return kv_cache_bytes(config, 1, dtype_bytes) + tap_count * int(text["hidden_size"]) * dtype_bytes
+    """memory_fit.prefix_row_bytes of a loaded Transformers model, in the dtype it runs in."""
+    return prefix_row_bytes(model.config.to_dict(), model.get_input_embeddings().weight.element_size(),
+                            tap_count)

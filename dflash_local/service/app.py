@@ -177,6 +177,13 @@ def _loaded_fit(loaded, budgets: dict, context_tokens: int) -> dict | None:
                       context_tokens)
 
 
+def _status_fit(loaded) -> dict | None:
+    """Worked out once per loaded pair: a status poll would read its files every time."""
+    if loaded.status_fit is None:
+        loaded.status_fit = _loaded_fit(loaded, engine_budgets(), DEFAULT_FIT_CONTEXT) or {}
+    return loaded.status_fit or None
+
+
 def _status(state: ServiceState) -> dict:
     loaded = state.loaded
     memory = psutil.virtual_memory()
@@ -187,7 +194,7 @@ def _status(state: ServiceState) -> dict:
         "load_error": state.load_error,  # paths redacted when it was recorded
         "load_warning": state.load_warning,
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,
-        "loaded_fit": _loaded_fit(loaded, engine_budgets(), DEFAULT_FIT_CONTEXT) if loaded else None,
+        "loaded_fit": _status_fit(loaded) if loaded else None,
         "worker": loaded.worker.status() if loaded else None,
         "memory": {"rss_bytes": psutil.Process().memory_info().rss,
                    "available_bytes": memory.available, "total_bytes": memory.total},

@@ -65,6 +65,7 @@ class LoadedPair:
     aliases: tuple[str, ...] = ()
     loaded_at: int = field(default_factory=lambda: int(time.time()))
     names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
+    status_fit: dict | None = None  # the fit /dflash/status shows: its files do not change
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
