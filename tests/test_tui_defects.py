@@ -26,7 +26,7 @@ from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Markdown, ProgressBar
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
-from tui_support import run_offline, until
+from tui_support import run_offline, serve_pair, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -333,9 +333,7 @@ def test_a_prompt_refused_while_streaming_is_kept(home):
 # 12. thinking can be switched on for a model that has none
 def test_thinking_on_for_a_model_without_it_is_pointed_out(home):
     async def scenario(app, pilot):
-        app.catalog = [{"id": "embedded", "thinking": "none"}]
-        app.status = {"loaded": {"pair": "embedded", "served_name": "embedded",
-                                 "engine": "transformers", "drafter": "z/d"}}
+        serve_pair(app, "embedded", thinking="none")
         await pilot.press("ctrl+t")  # auto -> on
         assert "no thinking mode" in app.chat_screen.query_one(StatusBar).warning
         assert "no thinking mode" in notices(app)
@@ -375,8 +373,7 @@ def test_a_chat_brings_back_the_settings_it_was_sent_with(home):
         assert app.chat_screen.conversation.chat_id == chat.id  # the newest chat opens first
         assert (app.settings.temperature, app.settings.max_tokens) == (0.9, 64)
         assert not app.settings.speculative and not app.chat_screen.query_one(StatusBar).speculative
-        app.status = {"loaded": {"pair": "embedded", "served_name": "embedded",
-                                 "engine": "transformers", "drafter": "z/d"}}
+        serve_pair(app, "embedded")
         await app.chat_screen.open_chat(chat.id)  # now the service has said what is loaded
         await pilot.pause()
         assert "written with qwen3-4b; embedded is loaded" in notices(app)

@@ -14,7 +14,7 @@ from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.status_bar import StatusBar
 from textual.command import CommandList, CommandPalette
-from tui_support import run_offline, until
+from tui_support import run_offline, serve_pair, until
 
 SIZE = (120, 40)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -114,9 +114,7 @@ def test_copy_edit_and_prompt_history(home):
 
 def test_thinking_mode_warns_when_the_drafter_was_trained_otherwise(home):
     async def scenario(app, pilot):
-        app.catalog = [{"id": "qwen3-4b", "thinking": "off"}]
-        app.status = {"loaded": {"pair": "qwen3-4b", "served_name": "qwen3-4b",
-                                 "engine": "transformers", "drafter": "z/d"}}
+        serve_pair(app, "qwen3-4b", thinking="off")
         await pilot.press("ctrl+t")  # auto -> on
         bar = app.chat_screen.query_one(StatusBar)
         assert app.settings.thinking == "on" and "thinking off" in bar.warning

@@ -26,3 +26,12 @@ def run_offline(scenario, size: tuple[int, int], settings: Settings | None = Non
             await pilot.pause()
             await scenario(app, pilot)
     asyncio.run(main())
+
+
+def serve_pair(app, pair_id: str, thinking: str | None = None) -> None:
+    """Make the offline app believe its service loaded `pair_id` on Transformers (and, with
+    `thinking`, that the catalog lists the pair with that thinking mode)."""
+    if thinking is not None:
+        app.catalog = [{"id": pair_id, "thinking": thinking}]
+    app.status = {"loaded": {"pair": pair_id, "served_name": pair_id, "engine": "transformers",
+                             "drafter": "z/d"}}

@@ -139,14 +139,15 @@ class ChatStore:
         if not words:
             return []
         match = " ".join(f'"{word}"*' for word in words)  # quoted: no FTS5 syntax from users
-        rows = self._db.execute(
-            "SELECT m.chat_id, snippet(messages_fts, 0, '[', ']', '…', 8) AS snip "
+        rows = self._db.execute(  # the chat with each hit: one query, typed for every key
+            "SELECT c.*, snippet(messages_fts, 0, '[', ']', '…', 8) AS snip "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+            "JOIN chats c ON c.id = m.chat_id "
             "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (match, limit * 4)).fetchall()
         hits: dict[int, SearchHit] = {}
         for row in rows:
-            if row["chat_id"] not in hits and len(hits) < limit:
-                hits[row["chat_id"]] = SearchHit(self.chat(row["chat_id"]), row["snip"])
+            if row["id"] not in hits and len(hits) < limit:
+                hits[row["id"]] = SearchHit(_chat(row), row["snip"])
         return list(hits.values())
 
     def rename_chat(self, chat_id: int, title: str) -> None:
