@@ -110,8 +110,10 @@ class ServiceProcess:
     async def _drain_stdout(self) -> None:
         """Keep reading the child's stdout into the log, so a full pipe never blocks it."""
         assert self._process is not None and self._process.stdout is not None
-        while line := await self._process.stdout.readline():
-            self._log_line(line)
+        with self._open_log() as log:  # open for the service's life: a line per request
+            while line := await self._process.stdout.readline():
+                log.write(line)
+                log.flush()  # the app shows the log's tail when the service stops
 
     async def stop(self) -> None:
         """SIGTERM (uvicorn shuts down gracefully and unloads), then SIGKILL if it lingers."""
