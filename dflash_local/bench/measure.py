@@ -45,8 +45,7 @@ class RunFigures:
         rounds = self.committed_per_round
         if rounds:
             return sum(rounds) / len(rounds)
-        server = self.server_acceptance
-        return 1 + server["accepted"] / server["rounds"] if server and server["rounds"] else None
+        return server_tau([self.server_acceptance] if self.server_acceptance else [])
 
     def to_json(self) -> dict:
         record = {
@@ -55,13 +54,12 @@ class RunFigures:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
         }
-        if self.committed_per_round:
+        if self.tau is not None:
             record["tau"] = round(self.tau, 4)
+        if self.committed_per_round:
             record["committed_per_round"] = self.committed_per_round
         if self.server_acceptance:
             record["server_acceptance"] = self.server_acceptance
-            if self.tau is not None and not self.committed_per_round:
-                record["tau"] = round(self.tau, 4)
         if self.repeat_decode_s:
             record["decode_s_repeats"] = [round(s, 5) for s in self.repeat_decode_s]
         if self.widths:
@@ -153,9 +151,8 @@ def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int
     if rounds:
         summary["tau"] = round(sum(rounds) / len(rounds), 4)
         summary["acceptance_histogram"] = histogram(rounds, max_width or max(rounds))
-    elif served and sum(s["rounds"] for s in served):  # the server's totals only
-        summary["tau"] = round(1 + sum(s["accepted"] for s in served)
-                               / sum(s["rounds"] for s in served), 4)
+    elif server_tau(served) is not None:  # the server's totals only
+        summary["tau"] = round(server_tau(served), 4)
     if served:
         summary["acceptance_source"] = served[0]["source"]
     modes = Counter(mode for run in runs for mode in run.modes)
@@ -163,6 +160,12 @@ def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int
         summary["rounds_by_mode"] = dict(modes)
         summary["mean_width"] = round(statistics.fmean(w for r in runs for w in r.widths), 3)
     return summary
+
+
+def server_tau(served: list[dict]) -> float | None:
+    """τ from a server's acceptance totals (rounds, drafts accepted); None without a round."""
+    rounds = sum(s["rounds"] for s in served)
+    return 1 + sum(s["accepted"] for s in served) / rounds if rounds else None
 
 
 def histogram(committed_per_round: list[int], max_width: int) -> list[int]:
