@@ -24,9 +24,9 @@ from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.storage import Message
 from dflash_chat.widgets import widget_css
-from dflash_chat.widgets.draft_colours import accepted_text, colour_markdown
+from dflash_chat.widgets.draft_colours import colour_markdown
 
-__all__ = ["MessageView", "accepted_text", "code_blocks", "describe"]
+__all__ = ["MessageView", "code_blocks", "describe"]
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
