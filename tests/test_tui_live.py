@@ -171,12 +171,13 @@ def test_speculative_toggle_applies_to_the_next_message(service, home):
 
 def test_escape_keeps_the_partial_reply_and_stops_the_service(service, home):
     async def scenario():
-        app = make_app(service, max_tokens=900)
+        # plain decoding: 900 rounds of one token each, so the reply is still streaming when the
+        # key lands (speculative rounds stream the tiny pair's 900 tokens faster than a loaded
+        # machine delivers a key)
+        app = make_app(service, max_tokens=900, speculative=False)
         async with app.run_test(size=SIZE) as pilot:
             conversation = await send(pilot, app, LONG_PROMPT)
             view = conversation.last_view("assistant")
-            # Escape as soon as a reply is under way: the tiny pair streams its 900 tokens in a
-            # few seconds, and a loaded machine delays the key
             await until(pilot, lambda: len(view.rounds) >= 2, what="some tokens shown")
             await pilot.press("escape")
             await until(pilot, lambda: not conversation.generating, what="reply stopped")
