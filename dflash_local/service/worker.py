@@ -27,18 +27,40 @@ log = logging.getLogger("dflash_local.service")
 
 @dataclass(frozen=True)
 class JobRequest:
+    """What every API edge (chat completions, messages, responses) asks the worker for.
+
+    `messages` are chat-template messages as Hugging Face templates take them: an assistant's
+    calls under "tool_calls" ([{"id", "type": "function", "function": {"name", "arguments": dict}}]),
+    a result as {"role": "tool", "tool_call_id", "content"}. `tools` are OpenAI function tools
+    ({"type": "function", "function": {"name", "description", "parameters"}}); `tool_choice` is
+    "auto", "none", "required" or {"type": "function", "function": {"name": ...}}."""
+
     messages: list[dict]
     params: GenerationParams
     max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
     thinking: bool | None = None
     stop: tuple[str, ...] = ()
+    tools: tuple[dict, ...] = ()
+    tool_choice: str | dict = "auto"
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call the model wrote, as OpenAI streams it: a call's first piece
+    carries its id and name, the next ones more of its arguments' JSON text."""
+
+    index: int  # which call of this reply, from 0
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
 class Chunk:
-    text: str  # the text delta, stop strings applied
+    text: str  # the text delta, stop strings applied (tool-call markup taken out)
     event: StepEvent
-    finish_reason: str | None
+    finish_reason: str | None  # "stop", "length" or "tool_calls" on the last chunk
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
