@@ -69,12 +69,12 @@ def test_health_needs_no_key_and_the_key_works(locked_server):
 def test_what_an_engine_cannot_do_is_refused(fields):
     from dflash_local.errors import InvalidRequestError
     from dflash_local.events import EngineCapabilities
-    from dflash_local.service.chat import check_capabilities
+    from dflash_local.service.jobs import check_capabilities
     from dflash_local.service.schemas import ChatCompletionRequest
 
     fixed = EngineCapabilities(speculative_toggle=False, sampling=False, max_context=4096,
                                block_size_per_request=False)
     request = ChatCompletionRequest.model_validate({"messages": USER, **fields})
     with pytest.raises(InvalidRequestError, match="this engine"):
-        check_capabilities(request, fixed)
-    check_capabilities(ChatCompletionRequest.model_validate({"messages": USER}), fixed)
+        check_capabilities(request, request.temperature, fixed)
+    check_capabilities(ChatCompletionRequest.model_validate({"messages": USER}), None, fixed)

@@ -22,7 +22,7 @@ from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.memory_budget import engine_budgets
 from dflash_local.pair_fit import loaded_fit, pair_fits
-from dflash_local.service import chat, responses
+from dflash_local.service import chat, jobs, responses
 from dflash_local.service.downloads import follow, public_snapshot
 from dflash_local.service.errors import error_response, install_handlers
 from dflash_local.service.guards import (
@@ -134,7 +134,7 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     async def download_events(download_id: str) -> StreamingResponse:
         download = state.downloads.get(download_id)
         return StreamingResponse(_sse(follow(download)), media_type="text/event-stream",
-                                 headers=chat.SSE_HEADERS)
+                                 headers=jobs.SSE_HEADERS)
 
     @app.delete("/dflash/downloads/{download_id}")
     async def cancel_download(download_id: str) -> dict:

@@ -1,167 +1,55 @@
-"""One chat completion: request -> job on the worker -> SSE stream or one JSON body.
+"""POST /v1/chat/completions: the request as a job, the reply in OpenAI's chat shapes.
 
-Errors found before the first token (queue full, prompt too long) become proper HTTP statuses:
-the response starts only once the job's first item is in. A client that leaves stops its job:
-the watcher sees the disconnect while we wait, the SSE generator's `finally` once streaming.
+The job plumbing (submit, first item, disconnect, SSE loop, usage) is jobs.py's, shared with
+/v1/messages and /v1/responses; here are only what chat asks and how its reply looks.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from dflash_local.errors import DFlashError, InvalidRequestError
-from dflash_local.events import (
-    Auto,
-    EngineCapabilities,
-    GenerationParams,
-    parse_block_size,
-    widest_block,
-)
-from dflash_local.service import responses
-from dflash_local.service.errors import error_body, status_of
+from dflash_local.service import jobs, responses
+from dflash_local.service.errors import error_body
 from dflash_local.service.schemas import ChatCompletionRequest
 from dflash_local.service.state import LoadedPair
-from dflash_local.service.worker import Chunk, Failed, Finished, Job, JobRequest
-
-DEFAULT_MAX_TOKENS = 512
-CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class ClientDisconnected(Exception):
-    pass
+from dflash_local.service.worker import Chunk, JobRequest
 
 
 def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
-    check_capabilities(body, loaded.engine.capabilities)
     max_tokens = body.requested_max_tokens()
-    speculative = body.speculative
-    if speculative is None:
-        speculative = loaded.engine.pair.drafter is not None
-    params = GenerationParams(
-        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=body.temperature if body.temperature is not None else 0.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
-        seed=body.seed, speculative=speculative,
-        block_size=(parse_block_size(body.block_size) if body.block_size is not None
-                    else loaded.default_block_size),
-        prompt_lookup=body.prompt_lookup is not False,
-        tree=body.tree is not False,
-        draft_window=body.draft_window,
-    )
+    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p,
+                                    seed=body.seed)
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
                       stop=body.stop_strings())
 
 
-def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabilities) -> None:
-    """Refuse what the engine declares it cannot do, rather than silently ignoring it."""
-    if body.speculative is not None and not capabilities.speculative_toggle:
-        raise InvalidRequestError("this engine cannot switch speculation per request")
-    if body.block_size is not None and not capabilities.block_size_per_request:
-        raise InvalidRequestError("this engine cannot change the block size per request")
-    for name in ("prompt_lookup", "tree", "draft_window"):
-        if getattr(body, name) is not None and not capabilities.block_size_per_request:
-            raise InvalidRequestError(f"this engine runs its own speculation: {name} cannot be set per request")
-    if body.temperature and not capabilities.sampling:
-        raise InvalidRequestError("this engine decodes greedily only: temperature must be 0")
+class ChatEncoder:
+    """chat.completion.chunk events ending in `[DONE]`, or one chat.completion body."""
+
+    def __init__(self, reply_id: str, model: str, include_usage: bool):
+        self.writer = responses.ChunkWriter(reply_id, model)
+        self.reply_id = reply_id
+        self.model = model
+        self.include_usage = include_usage
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        return responses.sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason))
+
+    def finished(self, usage: dict) -> bytes:
+        events = responses.sse(self.writer.usage(usage)) if self.include_usage else b""
+        return events + responses.sse("[DONE]")
+
+    def failed(self, status: int, message: str, code: str | None) -> bytes:
+        # an error event, as OpenAI's SDK expects
+        return responses.sse(error_body(status, message, code)) + responses.sse("[DONE]")
+
+    def body(self, reply: jobs.Reply, usage: dict) -> dict:
+        return responses.completion(self.reply_id, self.model, reply.text, reply.finish_reason, usage)
 
 
 async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):
-    job = Job(job_request(body, loaded), asyncio.get_running_loop())
-    loaded.worker.submit(job)
-    watcher = asyncio.create_task(_wait_disconnect(request))
-    try:
-        first = await _next(job, watcher)
-        if isinstance(first, Failed):
-            raise first.error
-        if body.stream:
-            return StreamingResponse(_stream(job, first, body, loaded), headers=SSE_HEADERS,
-                                     media_type="text/event-stream")
-        return await _collect(job, first, loaded, watcher)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        watcher.cancel()  # streaming: Starlette watches for the disconnect from here on
-        if not body.stream:
-            job.cancel()
-
-
-async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) -> JSONResponse:
-    parts = []
-    finish = None
-    while not isinstance(item, Finished):
-        if isinstance(item, Failed):
-            raise item.error
-        parts.append(item.text)
-        finish = item.finish_reason or finish
-        item = await _next(job, watcher)
-    usage = _usage(item, job, loaded)
-    return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish, usage))
-
-
-async def _stream(job: Job, first, body: ChatCompletionRequest,
-                  loaded: LoadedPair) -> AsyncIterator[bytes]:
-    writer = responses.ChunkWriter(job.id, loaded.served_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    items = [first]
-    try:
-        while True:
-            # every step stays its own SSE event; the steps already waiting go out in one write
-            events, done = [], False
-            for item in items:
-                data, done = _encode(item, job, loaded, writer, include_usage)
-                events.append(data)
-                if done:
-                    break
-            yield b"".join(events)
-            if done:
-                return
-            items = [await job.outbox.get()]
-            while not job.outbox.empty():
-                items.append(job.outbox.get_nowait())
-    finally:
-        job.cancel()  # a no-op once finished; on disconnect it stops the worker within a round
-
-
-def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
-            include_usage: bool) -> tuple[bytes, bool]:
-    """One outbox item as SSE bytes, and whether the stream ends with it."""
-    if isinstance(item, Chunk):
-        return responses.sse(writer.step(item.text, item.event, item.finish_reason)), False
-    if isinstance(item, Finished):
-        usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""
-        return usage + responses.sse("[DONE]"), True
-    # Failed after the stream began: an error event, as OpenAI's SDK expects
-    error = item.error
-    status = status_of(error) if isinstance(error, DFlashError) else 500
-    message = str(error) if status != 500 else "internal server error"
-    return responses.sse(error_body(status, message, getattr(error, "code", None))) + \
-        responses.sse("[DONE]"), True
-
-
-def _usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
-    params = job.request.params
-    return responses.usage(finished.stats, loaded.engine.pair.engine,
-                           widest_block(params, loaded.engine.pair.block_size), params.speculative,
-                           auto=isinstance(params.block_size, Auto) and params.speculative)
-
-
-async def _next(job: Job, watcher: asyncio.Task):
-    """The job's next item, or cancel it if the client disconnects first."""
-    getter = asyncio.ensure_future(job.outbox.get())
-    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
-    job.cancel()
-    raise ClientDisconnected(job.id)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: ChatEncoder(reply_id, loaded.served_name, include_usage),
+                          body.stream)

@@ -54,7 +54,26 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
+class DFlashOptions(StrictModel):
+    """Our extensions, the same on every generating endpoint (chat, messages, responses)."""
+
+    speculative: bool | None = None
+    block_size: BlockSize | None = None
+    prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
+    tree: bool | None = None  # verify a tree of drafts per round (default on)
+    draft_window: int | None = Field(None, ge=1)  # context rows the drafter keeps (local engines)
+
+
+def check_stop_strings(stops: list[str]) -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for index, text in enumerate(stops):
+        if not 1 <= len(text) <= MAX_STOP_CHARS:
+            raise ValueError(f"stop string {index} has {len(text)} characters: each must have "
+                             f"1 to {MAX_STOP_CHARS}")
+
+
+class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -69,12 +88,6 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
     # thinking on/off: vLLM's chat_template_kwargs.enable_thinking, or our own field
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: bool | None = None
-    # DFlash extensions
-    speculative: bool | None = None
-    block_size: BlockSize | None = None
-    prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
-    tree: bool | None = None  # verify a tree of drafts per round (default on)
-    draft_window: int | None = Field(None, ge=1)  # context rows the drafter keeps (local engines)
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
@@ -95,13 +108,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
     @field_validator("stop")
     @classmethod
     def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
-        for index, text in enumerate(stops):
-            if not 1 <= len(text) <= MAX_STOP_CHARS:
-                raise ValueError(f"stop string {index} has {len(text)} characters: each must have "
-                                 f"1 to {MAX_STOP_CHARS}")
+        check_stop_strings([stop] if isinstance(stop, str) else stop or [])
         return stop
 
     def stop_strings(self) -> tuple[str, ...]:

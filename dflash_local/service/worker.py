@@ -61,6 +61,7 @@ class Chunk:
     event: StepEvent
     finish_reason: str | None  # "stop", "length" or "tool_calls" on the last chunk
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class StopMatcher:
         self._fallback = [_longest_borders(stop) for stop in self.stops]
         self._matched = [0] * len(self.stops)  # per stop: the longest text suffix that begins it
         self._pending = ""
+        self.matched: str | None = None  # the stop string found, once one is
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string was found)."""
@@ -144,11 +146,12 @@ class StopMatcher:
             return delta, False
         text = self._pending + delta
         for end, char in enumerate(delta, start=len(self._pending) + 1):
-            found = [len(stop) for index, stop in enumerate(self.stops)
+            found = [stop for index, stop in enumerate(self.stops)
                      if self._advance(index, char) == len(stop)]
             if found:  # the earliest stop to end; of those ending together, the longest
+                self.matched = max(found, key=len)
                 self._pending, self._matched = "", [0] * len(self.stops)
-                return text[: end - max(found)], True
+                return text[: end - len(self.matched)], True
         keep = max(self._matched)
         self._pending = text[len(text) - keep:] if keep else ""
         return text[: len(text) - keep], False
@@ -291,7 +294,7 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
-                job.put(Chunk(text, event, finish))
+                job.put(Chunk(text, event, finish, stop_sequence=stops.matched if hit_stop else None))
                 if finish:
                     stats.finish_reason = finish
                     return stats

@@ -1,0 +1,218 @@
+"""One request's job on the worker, whatever API asked for it: the plumbing every endpoint shares.
+
+An endpoint builds a JobRequest and a ReplyEncoder (its API's shapes); `run` submits the job,
+waits for its first item (errors before the first token stay proper HTTP statuses), watches for
+a disconnect, then streams the encoder's SSE events or collects one reply and lets the encoder
+shape its body. A client that leaves stops its job: the watcher sees the disconnect while we
+wait, the SSE generator's `finally` once streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from dflash_local.errors import DFlashError, InvalidRequestError
+from dflash_local.events import (
+    Auto,
+    EngineCapabilities,
+    GenerationParams,
+    parse_block_size,
+    widest_block,
+)
+from dflash_local.service import responses
+from dflash_local.service.errors import status_of
+from dflash_local.service.state import LoadedPair
+from dflash_local.service.worker import Chunk, Failed, Finished, Job, JobRequest, ToolCallDelta
+
+DEFAULT_MAX_TOKENS = 512
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass
+class ToolCall:
+    """One whole tool call of a collected reply; `arguments` is its JSON text."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def input(self) -> dict:
+        return json.loads(self.arguments) if self.arguments else {}
+
+
+@dataclass
+class Reply:
+    """A whole reply, gathered from its chunks (a non-streamed request)."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.text += chunk.text
+        merge_tool_deltas(self.tool_calls, chunk.tool_calls)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        self.stop_sequence = chunk.stop_sequence or self.stop_sequence
+
+
+def merge_tool_deltas(calls: list[ToolCall], deltas: tuple[ToolCallDelta, ...]) -> None:
+    """A call's first delta opens it (id, name); later ones add to its arguments."""
+    for delta in deltas:
+        if delta.index == len(calls):
+            calls.append(ToolCall(delta.id or f"call_{delta.index}", delta.name or ""))
+        calls[delta.index].arguments += delta.arguments
+
+
+class ReplyEncoder(Protocol):
+    """An API's shapes for one reply: SSE events per outbox item, or one JSON body."""
+
+    def chunk(self, chunk: Chunk) -> bytes: ...
+
+    def finished(self, usage: dict) -> bytes: ...  # the stream's last events
+
+    def failed(self, status: int, message: str, code: str | None) -> bytes: ...
+
+    def body(self, reply: Reply, usage: dict) -> dict: ...
+
+
+def check_capabilities(options, temperature: float | None, capabilities: EngineCapabilities) -> None:
+    """Refuse what the engine declares it cannot do, rather than silently ignoring it.
+    `options` holds our extensions (schemas.DFlashOptions)."""
+    if options.speculative is not None and not capabilities.speculative_toggle:
+        raise InvalidRequestError("this engine cannot switch speculation per request")
+    if options.block_size is not None and not capabilities.block_size_per_request:
+        raise InvalidRequestError("this engine cannot change the block size per request")
+    for name in ("prompt_lookup", "tree", "draft_window"):
+        if getattr(options, name) is not None and not capabilities.block_size_per_request:
+            raise InvalidRequestError(f"this engine runs its own speculation: {name} cannot be set per request")
+    if temperature and not capabilities.sampling:
+        raise InvalidRequestError("this engine decodes greedily only: temperature must be 0")
+
+
+def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
+                      temperature: float | None, top_p: float | None, seed: int | None = None,
+                      top_k: int | None = None) -> GenerationParams:
+    """The sampling fields an API names its own way, plus our extensions, as the loop's params."""
+    check_capabilities(options, temperature, loaded.engine.capabilities)
+    speculative = options.speculative
+    if speculative is None:
+        speculative = loaded.engine.pair.drafter is not None
+    return GenerationParams(
+        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=temperature if temperature is not None else 0.0,
+        top_p=top_p if top_p is not None else 1.0,
+        top_k=top_k or 0,
+        seed=seed, speculative=speculative,
+        block_size=(parse_block_size(options.block_size) if options.block_size is not None
+                    else loaded.default_block_size),
+        prompt_lookup=options.prompt_lookup is not False,
+        tree=options.tree is not False,
+        draft_window=options.draft_window,
+    )
+
+
+async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
+              make_encoder: Callable[[str], ReplyEncoder], stream: bool,
+              id_prefix: str | None = None) -> Response:
+    """`make_encoder(reply_id)`; `id_prefix` names the reply as its API does ("msg_", "resp_")."""
+    job = Job(request, asyncio.get_running_loop())
+    if id_prefix is not None:
+        job.id = id_prefix + job.id.removeprefix("chatcmpl-")
+    encoder = make_encoder(job.id)
+    loaded.worker.submit(job)
+    watcher = asyncio.create_task(_wait_disconnect(http_request))
+    try:
+        first = await _next(job, watcher)
+        if isinstance(first, Failed):
+            raise first.error
+        if stream:
+            return StreamingResponse(_stream(job, first, encoder, loaded), headers=SSE_HEADERS,
+                                     media_type="text/event-stream")
+        return await _collect(job, first, encoder, loaded, watcher)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        watcher.cancel()  # streaming: Starlette watches for the disconnect from here on
+        if not stream:
+            job.cancel()
+
+
+async def _collect(job: Job, item, encoder: ReplyEncoder, loaded: LoadedPair,
+                   watcher: asyncio.Task) -> JSONResponse:
+    reply = Reply()
+    while not isinstance(item, Finished):
+        if isinstance(item, Failed):
+            raise item.error
+        reply.add(item)
+        item = await _next(job, watcher)
+    return JSONResponse(encoder.body(reply, usage(item, job, loaded)))
+
+
+async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair) -> AsyncIterator[bytes]:
+    items = [first]
+    try:
+        while True:
+            # every step stays its own SSE event; the steps already waiting go out in one write
+            events, done = [], False
+            for item in items:
+                data, done = _encode(item, job, encoder, loaded)
+                events.append(data)
+                if done:
+                    break
+            yield b"".join(events)
+            if done:
+                return
+            items = [await job.outbox.get()]
+            while not job.outbox.empty():
+                items.append(job.outbox.get_nowait())
+    finally:
+        job.cancel()  # a no-op once finished; on disconnect it stops the worker within a round
+
+
+def _encode(item, job: Job, encoder: ReplyEncoder, loaded: LoadedPair) -> tuple[bytes, bool]:
+    """One outbox item as SSE bytes, and whether the stream ends with it."""
+    if isinstance(item, Chunk):
+        return encoder.chunk(item), False
+    if isinstance(item, Finished):
+        return encoder.finished(usage(item, job, loaded)), True
+    error = item.error  # Failed after the stream began: the API's error event
+    status = status_of(error) if isinstance(error, DFlashError) else 500
+    message = str(error) if status != 500 else "internal server error"
+    return encoder.failed(status, message, getattr(error, "code", None)), True
+
+
+def usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
+    """Chat's usage (OpenAI's token counts and our `dflash` totals); other APIs rename from it."""
+    params = job.request.params
+    return responses.usage(finished.stats, loaded.engine.pair.engine,
+                           widest_block(params, loaded.engine.pair.block_size), params.speculative,
+                           auto=isinstance(params.block_size, Auto) and params.speculative)
+
+
+async def _next(job: Job, watcher: asyncio.Task):
+    """The job's next item, or cancel it if the client disconnects first."""
+    getter = asyncio.ensure_future(job.outbox.get())
+    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    job.cancel()
+    raise ClientDisconnected(job.id)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
