@@ -1,7 +1,9 @@
-"""The HTTP routes: OpenAI-compatible chat plus DFlash management. Thin: they parse, delegate, shape.
+"""The HTTP routes: OpenAI chat and Responses, Anthropic Messages, and DFlash management.
+Thin: they parse, delegate, shape.
 
 `create_app(state)` builds the app around a ServiceState, so tests and the CLI start the same
-server. With an API key, every route but /health needs `Authorization: Bearer <key>`.
+server. With an API key, every route but /health needs it (`Authorization: Bearer <key>` or
+`x-api-key: <key>`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.memory_budget import engine_budgets
 from dflash_local.pair_fit import loaded_fit, pair_fits
-from dflash_local.service import chat, jobs, responses
+from dflash_local.service import anthropic_messages, chat, jobs, responses
+from dflash_local.service.anthropic_messages import MESSAGES_PATH, AnthropicErrors
+from dflash_local.service.anthropic_schemas import MessagesRequest
 from dflash_local.service.downloads import follow, public_snapshot
 from dflash_local.service.errors import error_response, install_handlers
 from dflash_local.service.guards import (
@@ -39,7 +43,8 @@ DEFAULT_FIT_CONTEXT = 8192  # the context the catalog's fit estimates are worked
 
 
 class BearerAuth:
-    """Pure ASGI (no buffering of streams): checked before the body is even read."""
+    """Pure ASGI (no buffering of streams): checked before the body is even read. The key comes
+    as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
@@ -48,13 +53,19 @@ class BearerAuth:
     async def __call__(self, scope, receive, send):
         if self.api_key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
-            response = error_response(401, "missing or invalid API key (Authorization: Bearer ...)",
-                                      "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(presented_key(dict(scope["headers"])), self.api_key):
+            response = error_response(
+                401, "missing or invalid API key (Authorization: Bearer ..., or x-api-key)",
+                "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+def presented_key(headers: dict[bytes, bytes]) -> bytes:
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() == b"bearer":
+        return token.strip()
+    return b"" if b"authorization" in headers else headers.get(b"x-api-key", b"").strip()
 
 
 def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
@@ -73,6 +84,7 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, api_key=state.api_key)
     app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)
+    app.add_middleware(AnthropicErrors)  # outermost: it reshapes the guards' errors too
 
     @app.get("/health")
     async def health() -> dict:
@@ -92,6 +104,11 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         loaded = state.require_model(body.model)
         return await chat.complete(body, loaded, request)
+
+    @app.post(MESSAGES_PATH)
+    async def messages(body: MessagesRequest, request: Request):
+        loaded = state.require_model(body.model)
+        return await anthropic_messages.create(body, loaded, request)
 
     @app.get("/dflash/catalog")
     async def catalog(context_tokens: int = DEFAULT_FIT_CONTEXT) -> dict:

@@ -1,0 +1,205 @@
+"""POST /v1/messages: the Anthropic Messages API over the same jobs as chat completions.
+
+A reply is a list of content blocks (text, tool_use); streamed, it is Anthropic's event sequence:
+message_start, then per block content_block_start / content_block_delta (text_delta or
+input_json_delta) / content_block_stop, then message_delta (stop_reason, usage) and message_stop.
+Each round's `dflash` object rides on the last event that round produced; a round that showed
+nothing (an end-of-turn token, text a stop string holds back) sends an empty delta of the open
+block, or a `ping` before the first block (SDK stream helpers drop pings: read raw events).
+Errors on this path are reshaped into Anthropic's {"type": "error", "error": {...}}.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+
+from dflash_local.service import jobs, responses
+from dflash_local.service.anthropic_schemas import MessagesRequest
+from dflash_local.service.state import LoadedPair
+from dflash_local.service.worker import Chunk, JobRequest
+
+MESSAGES_PATH = "/v1/messages"
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error"}
+
+
+def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
+    params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
+                                    top_k=body.top_k)
+    return JobRequest(messages=body.template_messages(), params=params, max_tokens_given=True,
+                      thinking=body.thinking_mode(), stop=tuple(body.stop_sequences or ()),
+                      tools=body.job_tools(), tool_choice=body.job_tool_choice())
+
+
+async def create(body: MessagesRequest, loaded: LoadedPair, request: Request):
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
+                          body.stream, id_prefix="msg_")
+
+
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str | None:
+    return "stop_sequence" if stop_sequence else STOP_REASONS.get(finish_reason, finish_reason)
+
+
+def anthropic_usage(usage: dict) -> dict:
+    """Anthropic counts the prompt's cached tokens apart from `input_tokens`."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+            "dflash": usage["dflash"]}
+
+
+def event(payload: dict) -> bytes:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class MessagesEncoder:
+    def __init__(self, reply_id: str, model: str):
+        self.reply_id = reply_id
+        self.model = model
+        self.started = False  # message_start sent
+        self.blocks = 0  # content blocks opened so far
+        self.open_kind: str | None = None  # "text" or "tool_use": the block taking deltas
+        self.calls: list[jobs.ToolCall] = []
+        self.finish: tuple[str | None, str | None] = (None, None)
+
+    def message(self, content: list, stop: str | None, stop_sequence: str | None,
+                usage: dict) -> dict:
+        return {"id": self.reply_id, "type": "message", "role": "assistant", "content": content,
+                "model": self.model, "stop_reason": stop, "stop_sequence": stop_sequence,
+                "usage": usage}
+
+    # --- streamed ---
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        events = []
+        if not self.started:  # the first chunk is the prefill's: it knows the prompt's size
+            self.started = True
+            cached = chunk.event.cached_tokens
+            usage = {"input_tokens": chunk.event.prompt_tokens - cached, "output_tokens": 0,
+                     "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+            events.append({"type": "message_start", "message": self.message([], None, None, usage)})
+        if chunk.text:
+            events += self._text(chunk.text)
+        for delta in chunk.tool_calls:
+            events += self._tool_delta(delta)
+        if chunk.finish_reason:
+            self.finish = (chunk.finish_reason, chunk.stop_sequence)
+        if not events:
+            events.append(self._empty_delta())
+        events[-1] = {**events[-1], "dflash": responses.step_dflash(chunk.event)}
+        return b"".join(event(e) for e in events)
+
+    def _empty_delta(self) -> dict:
+        """Carries a round that showed nothing: an empty delta of the open block, else a ping."""
+        if self.open_kind is None:
+            return {"type": "ping"}
+        delta = {"type": "text_delta", "text": ""} if self.open_kind == "text" else \
+            {"type": "input_json_delta", "partial_json": ""}
+        return {"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}
+
+    def _text(self, text: str) -> list[dict]:
+        events = [] if self.open_kind == "text" else self._open({"type": "text", "text": ""})
+        return events + [{"type": "content_block_delta", "index": self.blocks - 1,
+                          "delta": {"type": "text_delta", "text": text}}]
+
+    def _tool_delta(self, delta) -> list[dict]:
+        events = []
+        if delta.index == len(self.calls):  # a new call opens its own block
+            jobs.merge_tool_deltas(self.calls, (delta,))
+            call = self.calls[-1]
+            events += self._open({"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+                                  "input": {}})
+        else:
+            jobs.merge_tool_deltas(self.calls, (delta,))
+        if delta.arguments:
+            events.append({"type": "content_block_delta", "index": self.blocks - 1,
+                           "delta": {"type": "input_json_delta", "partial_json": delta.arguments}})
+        return events
+
+    def _open(self, block: dict) -> list[dict]:
+        events = self._close()
+        self.open_kind = block["type"]
+        self.blocks += 1
+        return events + [{"type": "content_block_start", "index": self.blocks - 1,
+                          "content_block": block}]
+
+    def _close(self) -> list[dict]:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [{"type": "content_block_stop", "index": self.blocks - 1}]
+
+    def finished(self, usage: dict) -> bytes:
+        finish_reason, stop_sequence = self.finish
+        events = self._close() + [
+            {"type": "message_delta",
+             "delta": {"stop_reason": stop_reason(finish_reason, stop_sequence),
+                       "stop_sequence": stop_sequence},
+             "usage": anthropic_usage(usage)},
+            {"type": "message_stop"}]
+        return b"".join(event(e) for e in events)
+
+    def failed(self, status: int, message: str, code: str | None) -> bytes:
+        return event({"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
+                                                 "message": message}})
+
+    # --- one body ---
+
+    def body(self, reply: jobs.Reply, usage: dict) -> dict:
+        content = [{"type": "text", "text": reply.text}] if reply.text else []
+        content += [{"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+                     "input": call.input()} for call in reply.tool_calls]
+        return self.message(content, stop_reason(reply.finish_reason, reply.stop_sequence),
+                            reply.stop_sequence, anthropic_usage(usage))
+
+
+def anthropic_error(status: int, body: bytes) -> bytes:
+    """Our OpenAI-style error body as Anthropic's; anything else as it was."""
+    try:
+        error = json.loads(body)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    return json.dumps({"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
+                                                  "message": message}}).encode()
+
+
+class AnthropicErrors:
+    """Pure ASGI: on /v1/messages, every error response (a guard's, the key's, validation's, a
+    route's) leaves in Anthropic's shape. Only error bodies are held; streams pass untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != MESSAGES_PATH:
+            return await self.app(scope, receive, send)
+        held: dict = {}
+        parts: list[bytes] = []
+
+        async def reshaping_send(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                held["start"] = message
+                return
+            if "start" not in held:
+                return await send(message)
+            parts.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            start = held["start"]
+            payload = anthropic_error(start["status"], b"".join(parts))
+            headers = [(name, value) for name, value in start["headers"]
+                       if name.lower() != b"content-length"]
+            await send({**start, "headers": headers + [(b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload})
+
+        return await self.app(scope, receive, reshaping_send)

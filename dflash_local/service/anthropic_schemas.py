@@ -1,0 +1,215 @@
+"""POST /v1/messages bodies (Anthropic's Messages API), and their translation into a JobRequest.
+
+Anthropic's fields as its API defines them: `max_tokens` and `model` required, `system` a
+string or text blocks, content blocks text / tool_use / tool_result, tools with an
+`input_schema`, tool_choice auto / any / tool / none. What we cannot honour (images, documents,
+thinking blocks, server tools) is refused by name; `metadata` only labels a request and is ignored.
+The messages become Hugging Face template messages (worker.JobRequest's form): tool_use blocks an
+assistant's `tool_calls`, tool_result blocks `tool` messages.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dflash_local.service.schemas import (
+    MAX_TOKENS_LIMIT,
+    DFlashOptions,
+    StrictModel,
+    Text,
+    check_stop_strings,
+)
+from dflash_local.service.validation import shown_value
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # Anthropic's rule for a tool's name
+CUSTOM_TOOL_TYPES = (None, "custom")  # the others are Anthropic's server tools (web search, bash...)
+
+
+class TextBlock(StrictModel):
+    type: Literal["text"]
+    text: Text
+
+
+class ToolUseBlock(StrictModel):
+    type: Literal["tool_use"]
+    id: Text = Field(min_length=1)
+    name: Text = Field(min_length=1)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(StrictModel):
+    type: Literal["tool_result"]
+    tool_use_id: Text = Field(min_length=1)
+    content: Text | list[TextBlock] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
+class AnthropicMessage(StrictModel):
+    role: Literal["user", "assistant"]
+    content: Text | list[Block]
+
+    @field_validator("content")
+    @classmethod
+    def _holds_something(cls, content: str | list) -> str | list:
+        if isinstance(content, list) and not content:
+            raise ValueError("holds neither text nor tool blocks: give a string, or text, "
+                             "tool_use or tool_result blocks")
+        return content
+
+
+class AnthropicTool(StrictModel):
+    type: str | None = None
+    name: Text
+    description: Text | None = None
+    input_schema: dict[str, Any]
+
+    @field_validator("type")
+    @classmethod
+    def _custom_only(cls, kind: str | None) -> str | None:
+        if kind not in CUSTOM_TOOL_TYPES:
+            raise ValueError(f"{shown_value(kind)} is a server tool this server does not run; "
+                             f"only custom tools (name, description, input_schema)")
+        return kind
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not TOOL_NAME.match(name):
+            raise ValueError("must be 1 to 128 letters, digits, '_' or '-'")
+        return name
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, schema: dict) -> dict:
+        if schema.get("type") != "object":
+            raise ValueError('must be a JSON Schema of "type": "object"')
+        return schema
+
+    def as_function(self) -> dict:
+        function = {"name": self.name, "parameters": self.input_schema}
+        if self.description is not None:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+class ToolChoice(StrictModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Text | None = None
+    disable_parallel_tool_use: bool | None = None  # a hint; the model may call one or several
+
+    @model_validator(mode="after")
+    def _name_with_tool(self) -> ToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError('name goes with type "tool", and only with it')
+        return self
+
+
+class ThinkingConfig(StrictModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None  # the template's thinking switch has no budget
+
+
+class MessagesRequest(DFlashOptions):
+    model: Text
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: Text | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
+    stop_sequences: list[Text] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    thinking: ThinkingConfig | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _bounded_stops(cls, stops: list[str] | None) -> list[str] | None:
+        check_stop_strings(stops or [])
+        return stops
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MessagesRequest:
+        names = [tool.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tools: each name once (got {names})")
+        choice = self.tool_choice
+        if choice is not None and choice.type in ("any", "tool") and not names:
+            raise ValueError(f'tool_choice: type "{choice.type}" needs tools')
+        if choice is not None and choice.type == "tool" and choice.name not in names:
+            raise ValueError(f"tool_choice.name: {shown_value(choice.name)} is not one of the "
+                             f"tools ({', '.join(names)})")
+        check_tool_blocks(self.messages)
+        return self
+
+    def template_messages(self) -> list[dict]:
+        system = self.system if isinstance(self.system, str) or self.system is None \
+            else "".join(block.text for block in self.system)
+        messages = [] if system is None else [{"role": "system", "content": system}]
+        for message in self.messages:
+            messages.extend(template_messages(message))
+        return messages
+
+    def job_tools(self) -> tuple[dict, ...]:
+        return tuple(tool.as_function() for tool in self.tools or [])
+
+    def job_tool_choice(self) -> str | dict:
+        if self.tool_choice is None:
+            return "auto"
+        if self.tool_choice.type == "tool":
+            return {"type": "function", "function": {"name": self.tool_choice.name}}
+        return {"any": "required"}.get(self.tool_choice.type, self.tool_choice.type)
+
+    def thinking_mode(self) -> bool | None:
+        return None if self.thinking is None else self.thinking.type != "disabled"
+
+
+def check_tool_blocks(messages: list[AnthropicMessage]) -> None:
+    """tool_use only from the assistant; a tool_result answers an earlier tool_use by its id."""
+    called: set[str] = set()
+    for index, message in enumerate(messages):
+        for at, block in enumerate(message.content if isinstance(message.content, list) else []):
+            where = f"messages.{index}.content.{at}"
+            if isinstance(block, ToolUseBlock):
+                if message.role != "assistant":
+                    raise ValueError(f"{where}: a tool_use block belongs in an assistant message")
+                called.add(block.id)
+            elif isinstance(block, ToolResultBlock):
+                if message.role != "user":
+                    raise ValueError(f"{where}: a tool_result block belongs in a user message")
+                if block.tool_use_id not in called:
+                    raise ValueError(f"{where}.tool_use_id: {shown_value(block.tool_use_id)} "
+                                     f"answers no tool_use block of an earlier assistant message")
+
+
+def template_messages(message: AnthropicMessage) -> list[dict]:
+    """One Anthropic message as template messages: a user's tool_result blocks become `tool`
+    messages (in their order, text between them a user message), an assistant's tool_use
+    blocks its `tool_calls`."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    if message.role == "assistant":
+        text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
+        calls = [{"id": block.id, "type": "function",
+                  "function": {"name": block.name, "arguments": block.input}}
+                 for block in message.content if isinstance(block, ToolUseBlock)]
+        return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
+    out: list[dict] = []
+    for block in message.content:
+        if isinstance(block, ToolResultBlock):
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+        elif out and out[-1]["role"] == "user":
+            out[-1]["content"] += block.text
+        else:
+            out.append({"role": "user", "content": block.text})
+    return out
