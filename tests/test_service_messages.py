@@ -113,8 +113,8 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(claude, gpt, stream):
     text = chat_reply(gpt, LONG_PROMPT, 30).choices[0].message.content
     stop = text[10:14]
     before = text[: text.index(stop)]
-    request = dict(model="tiny", max_tokens=30, system=SYSTEM, stop_sequences=["\x00never", stop],
-                   messages=[{"role": "user", "content": LONG_PROMPT}])
+    request = {"model": "tiny", "max_tokens": 30, "system": SYSTEM, "stop_sequences": ["\x00never", stop],
+               "messages": [{"role": "user", "content": LONG_PROMPT}]}
     if stream:
         with claude.messages.stream(**request) as events:
             message = events.get_final_message()

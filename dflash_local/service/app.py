@@ -24,7 +24,7 @@ from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.memory_budget import engine_budgets
 from dflash_local.pair_fit import loaded_fit, pair_fits
-from dflash_local.service import anthropic_messages, chat, jobs, responses
+from dflash_local.service import anthropic_messages, chat, jobs, responses, responses_api
 from dflash_local.service.anthropic_messages import MESSAGES_PATH, AnthropicErrors
 from dflash_local.service.anthropic_schemas import MessagesRequest
 from dflash_local.service.downloads import follow, public_snapshot
@@ -35,6 +35,7 @@ from dflash_local.service.guards import (
     BodyLimit,
     HostAllowList,
 )
+from dflash_local.service.responses_api_schemas import ResponsesRequest
 from dflash_local.service.schemas import ChatCompletionRequest, DownloadRequest, LoadRequest
 from dflash_local.service.state import ServiceState
 
@@ -109,6 +110,11 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     async def messages(body: MessagesRequest, request: Request):
         loaded = state.require_model(body.model)
         return await anthropic_messages.create(body, loaded, request)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, request: Request):
+        loaded = state.require_model(body.model)
+        return await responses_api.create(body, loaded, request)
 
     @app.get("/dflash/catalog")
     async def catalog(context_tokens: int = DEFAULT_FIT_CONTEXT) -> dict:

@@ -1,0 +1,202 @@
+"""POST /v1/responses: OpenAI's Responses API (stateless) over the same jobs as chat completions.
+
+A reply is a `response` whose `output` holds a message item (one output_text part) and/or
+function_call items. Streamed, it is OpenAI's event sequence, each with a `sequence_number`:
+response.created, response.in_progress, then per item output_item.added, (content_part.added,
+output_text.delta..., output_text.done, content_part.done | function_call_arguments.delta...,
+function_call_arguments.done), output_item.done, and last response.completed (or
+response.incomplete when max_output_tokens cut the reply). Each round's `dflash` object rides on
+the last event it produced; a round that showed nothing sends an empty delta of the open item,
+or another response.in_progress before the first item.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import Request
+
+from dflash_local.service import jobs, responses
+from dflash_local.service.responses_api_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service.state import LoadedPair
+from dflash_local.service.worker import Chunk, JobRequest
+
+
+def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
+    params = jobs.generation_params(body, loaded, body.max_output_tokens, body.temperature, body.top_p)
+    return JobRequest(messages=body.template_messages(), params=params,
+                      max_tokens_given=body.max_output_tokens is not None,
+                      tools=body.job_tools(), tool_choice=body.job_tool_choice())
+
+
+async def create(body: ResponsesRequest, loaded: LoadedPair, request: Request):
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
+                          body.stream, id_prefix="resp_")
+
+
+def responses_usage(usage: dict) -> dict:
+    return {"input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["total_tokens"], "dflash": usage["dflash"]}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict:
+    content = [] if text is None else [text_part(text)]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_call_item(item_id: str, call: jobs.ToolCall, status: str) -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": status}
+
+
+def event(payload: dict) -> bytes:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class ResponsesEncoder:
+    def __init__(self, reply_id: str, model: str, body: ResponsesRequest):
+        self.reply_id = reply_id
+        self.model = model
+        self.request = body
+        self.created_at = int(time.time())
+        self.started = False
+        self.sequence = 0
+        self.items: list[dict] = []  # output items, the last one open while streaming
+        self.text = ""  # the open message's text so far
+        self.calls: list[jobs.ToolCall] = []
+        self.finish_reason: str | None = None
+
+    def response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
+        body = self.request
+        return {"id": self.reply_id, "object": "response", "created_at": self.created_at,
+                "status": status, "model": self.model, "output": output, "usage": usage,
+                "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+                "temperature": body.temperature, "top_p": body.top_p,
+                "tool_choice": body.tool_choice if isinstance(body.tool_choice, str | None)
+                else body.tool_choice.model_dump(),
+                "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+                "parallel_tool_calls": True, "previous_response_id": None, "store": False,
+                "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+
+    def _status(self) -> str:
+        return "incomplete" if self.finish_reason == "length" else "completed"
+
+    # --- streamed ---
+
+    def _event(self, payload: dict) -> dict:
+        self.sequence += 1
+        return {**payload, "sequence_number": self.sequence - 1}
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        events = []
+        if not self.started:
+            self.started = True
+            events += [self._event({"type": "response.created", "response": self.response("in_progress", [])}),
+                       self._event({"type": "response.in_progress",
+                                    "response": self.response("in_progress", [])})]
+        shown = len(events)
+        if chunk.text:
+            events += self._text(chunk.text)
+        for delta in chunk.tool_calls:
+            events += self._tool_delta(delta)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        if len(events) == shown:
+            events.append(self._empty_delta())
+        events[-1]["dflash"] = responses.step_dflash(chunk.event)
+        return b"".join(event(e) for e in events)
+
+    def _where(self) -> dict:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+    def _empty_delta(self) -> dict:
+        if not self.items:
+            return self._event({"type": "response.in_progress", "response": self.response("in_progress", [])})
+        if self.items[-1]["type"] == "message":
+            return self._event({"type": "response.output_text.delta", **self._where(),
+                                "content_index": 0, "delta": "", "logprobs": []})
+        return self._event({"type": "response.function_call_arguments.delta", **self._where(), "delta": ""})
+
+    def _text(self, text: str) -> list[dict]:
+        events = []
+        if not self.items or self.items[-1]["type"] != "message":
+            events += self._open(message_item(f"msg_{self.reply_id[5:]}_{len(self.items)}", None,
+                                               "in_progress"))
+            events.append(self._event({"type": "response.content_part.added", **self._where(),
+                                       "content_index": 0, "part": text_part("")}))
+        self.text += text
+        return events + [self._event({"type": "response.output_text.delta", **self._where(),
+                                      "content_index": 0, "delta": text, "logprobs": []})]
+
+    def _tool_delta(self, delta) -> list[dict]:
+        events = []
+        opens = delta.index == len(self.calls)
+        jobs.merge_tool_deltas(self.calls, (delta,))
+        if opens:
+            call = jobs.ToolCall(self.calls[-1].id, self.calls[-1].name)
+            events += self._open(function_call_item(f"fc_{self.reply_id[5:]}_{len(self.items)}", call,
+                                                    "in_progress"))
+        if delta.arguments:
+            events.append(self._event({"type": "response.function_call_arguments.delta", **self._where(),
+                                       "delta": delta.arguments}))
+        return events
+
+    def _open(self, item: dict) -> list[dict]:
+        events = self._close()
+        self.items.append(item)
+        return events + [self._event({"type": "response.output_item.added",
+                                      "output_index": len(self.items) - 1, "item": item})]
+
+    def _close(self) -> list[dict]:
+        """The open item's closing events; the item is replaced by its finished form."""
+        if not self.items or self.items[-1]["status"] != "in_progress":
+            return []
+        item, where, status = self.items[-1], self._where(), self._status()
+        events = []
+        if item["type"] == "message":
+            events += [self._event({"type": "response.output_text.done", **where, "content_index": 0,
+                                    "text": self.text, "logprobs": []}),
+                       self._event({"type": "response.content_part.done", **where, "content_index": 0,
+                                    "part": text_part(self.text)})]
+            done = message_item(item["id"], self.text, status)
+            self.text = ""
+        else:
+            call = self.calls[-1]
+            events.append(self._event({"type": "response.function_call_arguments.done", **where,
+                                       "name": call.name, "arguments": call.arguments}))
+            done = function_call_item(item["id"], call, "completed")
+        self.items[-1] = done
+        return events + [self._event({"type": "response.output_item.done",
+                                      "output_index": where["output_index"], "item": done})]
+
+    def finished(self, usage: dict) -> bytes:
+        events = self._close()
+        status = self._status()
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        events.append(self._event({"type": kind, "response": self.response(
+            status, self.items, responses_usage(usage))}))
+        return b"".join(event(e) for e in events)
+
+    def failed(self, status: int, message: str, code: str | None) -> bytes:
+        return event(self._event({"type": "error", "code": code or "server_error",
+                                  "message": message, "param": None}))
+
+    # --- one body ---
+
+    def body(self, reply: jobs.Reply, usage: dict) -> dict:
+        self.finish_reason = reply.finish_reason
+        status = self._status()
+        output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] if reply.text else []
+        output += [function_call_item(f"fc_{self.reply_id[5:]}_{len(output) + index}", call, "completed")
+                   for index, call in enumerate(reply.tool_calls)]
+        return self.response(status, output, responses_usage(usage))

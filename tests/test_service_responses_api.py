@@ -1,0 +1,166 @@
+"""POST /v1/responses end to end: the real server on a tiny random pair, driven by the official
+`openai` SDK's responses.create / responses.stream; every reply checked against
+/v1/chat/completions on the same conversation."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from service_support import assert_openai_error, make_pair, start_service
+
+from dflash_local.service.responses_api_schemas import ResponsesRequest
+
+SYSTEM = "Be brief."
+LONG_PROMPT = "Tell me a long story."  # the tiny pair runs past 900 tokens on it
+EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    pair = make_pair(tmp_path_factory.mktemp("pair"))
+    _state, server = start_service(*pair, hub_cache_dir=tmp_path_factory.mktemp("hub"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gpt(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat_text(gpt, prompt: str, max_tokens: int) -> str:
+    reply = gpt.chat.completions.create(
+        model="tiny", max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
+    return reply.choices[0].message.content
+
+
+def test_a_response_is_the_chat_reply_in_responses_shape(gpt):
+    response = gpt.responses.create(model="tiny", instructions=SYSTEM, input=EOS_PROMPT,
+                                    max_output_tokens=64)
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "completed"
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == chat_text(gpt, EOS_PROMPT, 64)
+    usage = response.usage
+    assert 0 < usage.output_tokens < 64
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens >= 0
+    assert usage.model_extra["dflash"]["engine"] == "transformers"
+
+
+def test_max_output_tokens_makes_it_incomplete(gpt):
+    response = gpt.responses.create(model="tiny", instructions=SYSTEM, input=LONG_PROMPT,
+                                    max_output_tokens=16)
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 16
+    assert response.output_text == chat_text(gpt, LONG_PROMPT, 16)
+
+
+def test_message_items_read_like_the_string_input(gpt):
+    as_string = gpt.responses.create(model="tiny", instructions=SYSTEM, input=LONG_PROMPT,
+                                     max_output_tokens=12)
+    as_items = gpt.responses.create(model="tiny", max_output_tokens=12, input=[
+        {"role": "developer", "content": SYSTEM},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Tell me a "}, {"type": "input_text", "text": "long story."}]}])
+    assert as_items.output_text == as_string.output_text
+
+
+def test_streaming_sends_the_responses_events_in_order(gpt):
+    whole = gpt.responses.create(model="tiny", instructions=SYSTEM, input=EOS_PROMPT, max_output_tokens=64)
+    with gpt.responses.stream(model="tiny", instructions=SYSTEM, input=EOS_PROMPT,
+                              max_output_tokens=64) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert set(kinds[4:-4]) <= {"response.output_text.delta", "response.in_progress"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == whole.output_text == final.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_every_round_streams_its_dflash_statistics(gpt):
+    # the raw events (the stream helper rebuilds its events without our extra field)
+    events = list(gpt.responses.create(model="tiny", instructions=SYSTEM, input=LONG_PROMPT,
+                                       max_output_tokens=24, stream=True))
+    rounds = [e.model_extra["dflash"] for e in events if e.model_extra and "dflash" in e.model_extra]
+    assert [r["round"] for r in rounds] == list(range(len(rounds)))
+    assert sum(len(r["token_ids"]) for r in rounds) == 24
+    assert events[-1].response.usage.model_extra["dflash"]["rounds"] == len(rounds) - 1
+
+
+def test_a_cut_stream_ends_with_response_incomplete(gpt):
+    events = list(gpt.responses.create(model="tiny", input=LONG_PROMPT, max_output_tokens=10, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.status == "incomplete"
+    assert events[-1].response.output[0].status == "incomplete"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].response.output[0].content[0].text == text
+
+
+def test_speculative_equals_plain(gpt):
+    spec = gpt.responses.create(model="tiny", input=LONG_PROMPT, max_output_tokens=32,
+                                extra_body={"speculative": True})
+    plain = gpt.responses.create(model="tiny", input=LONG_PROMPT, max_output_tokens=32,
+                                 extra_body={"speculative": False})
+    assert spec.output_text == plain.output_text
+    assert spec.usage.model_extra["dflash"]["block_size"] == 8
+    assert plain.usage.model_extra["dflash"]["block_size"] == 1
+
+
+OBJECT = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": OBJECT}
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+BAD = {
+    "previous_response_id": ({"previous_response_id": "resp_1"}, ["previous_response_id"]),
+    "store true": ({"store": True}, ["store"]),
+    "a built-in tool": ({"tools": [{"type": "web_search"}]}, ["tools.0.type", "web_search"]),
+    "a schema that is not an object": ({"tools": [{**TOOL, "parameters": {"type": "array"}}]},
+                                       ["tools.0.parameters", "object"]),
+    "tool_choice naming an unknown function": ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}},
+                                               ["tool_choice.name", "nope"]),
+    "an output answering no call": ({"input": [{"type": "function_call_output", "call_id": "call_9",
+                                                "output": "sunny"}]}, ["input.0.call_id", "call_9"]),
+    "an output without its call id": ({"input": [CALL, {"type": "function_call_output", "output": "sunny"}]},
+                                      ["input.1", "call_id"]),
+    "arguments that are not JSON": ({"input": [{**CALL, "arguments": "{city"}]}, ["input.0", "arguments"]),
+    "an empty input": ({"input": []}, ["input"]),
+    "an image part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+                      ["input.0", "content"]),
+    "a json_schema text format": ({"text": {"format": {"type": "json_schema"}}}, ["text.format"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input_is_a_400_naming_the_field(server, case):
+    fields, words = BAD[case]
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 4, **fields}
+    response = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    error = assert_openai_error(response, 400, "invalid_request")
+    for word in words:
+        assert word in error["message"], (word, error)
+
+
+def test_function_items_become_the_templates_tool_calls_and_tool_messages():
+    body = ResponsesRequest.model_validate({
+        "model": "tiny", "instructions": "Use tools.", "tools": [TOOL], "tool_choice": "required",
+        "input": [{"role": "user", "content": "Weather in Paris?"}, CALL,
+                  {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]})
+    assert body.template_messages() == [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    assert body.job_tools() == ({"type": "function", "function": {
+        "name": "get_weather", "parameters": OBJECT, "description": "Weather in a city"}},)
+    assert body.job_tool_choice() == "required"
