@@ -55,7 +55,9 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
     )
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
-                      stop=body.stop_strings())
+                      stop=body.stop_strings(),
+                      tools=tuple(tool.as_template_tool() for tool in body.tools or ()),
+                      tool_choice=body.tool_choice_value())
 
 
 def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabilities) -> None:
@@ -92,16 +94,18 @@ async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Req
 
 
 async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) -> JSONResponse:
-    parts = []
+    parts, calls = [], []
     finish = None
     while not isinstance(item, Finished):
         if isinstance(item, Failed):
             raise item.error
         parts.append(item.text)
+        calls += item.tool_calls
         finish = item.finish_reason or finish
         item = await _next(job, watcher)
     usage = _usage(item, job, loaded)
-    return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish, usage))
+    return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish, usage,
+                                             tuple(calls)))
 
 
 async def _stream(job: Job, first, body: ChatCompletionRequest,
@@ -132,7 +136,8 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
             include_usage: bool) -> tuple[bytes, bool]:
     """One outbox item as SSE bytes, and whether the stream ends with it."""
     if isinstance(item, Chunk):
-        return responses.sse(writer.step(item.text, item.event, item.finish_reason)), False
+        return responses.sse(writer.step(item.text, item.event, item.finish_reason,
+                                         item.tool_calls)), False
     if isinstance(item, Finished):
         usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""
         return usage + responses.sse("[DONE]"), True
