@@ -68,7 +68,6 @@ class MessagesEncoder:
         self.started = False  # message_start sent
         self.blocks = 0  # content blocks opened so far
         self.open_kind: str | None = None  # "text" or "tool_use": the block taking deltas
-        self.calls: list[jobs.ToolCall] = []
         self.finish: tuple[str | None, str | None] = (None, None)
 
     def message(self, content: list, stop: str | None, stop_sequence: str | None,
@@ -113,13 +112,9 @@ class MessagesEncoder:
 
     def _tool_delta(self, delta) -> list[dict]:
         events = []
-        if delta.index == len(self.calls):  # a new call opens its own block
-            jobs.merge_tool_deltas(self.calls, (delta,))
-            call = self.calls[-1]
-            events += self._open({"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+        if delta.id is not None:  # a call's first piece opens its own block
+            events += self._open({"type": "tool_use", "id": tool_use_id(delta.id), "name": delta.name,
                                   "input": {}})
-        else:
-            jobs.merge_tool_deltas(self.calls, (delta,))
         if delta.arguments:
             events.append({"type": "content_block_delta", "index": self.blocks - 1,
                            "delta": {"type": "input_json_delta", "partial_json": delta.arguments}})
@@ -156,8 +151,9 @@ class MessagesEncoder:
 
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
         content = [{"type": "text", "text": reply.text}] if reply.text else []
-        content += [{"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
-                     "input": call.input()} for call in reply.tool_calls]
+        content += [{"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
+                     "input": json.loads(call["function"]["arguments"] or "{}")}
+                    for call in reply.tool_calls()]
         return self.message(content, stop_reason(reply.finish_reason, reply.stop_sequence),
                             reply.stop_sequence, anthropic_usage(usage))
 

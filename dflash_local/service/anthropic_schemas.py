@@ -21,6 +21,7 @@ from dflash_local.service.schemas import (
     StrictModel,
     Text,
     check_stop_strings,
+    template_tool,
 )
 from dflash_local.service.validation import shown_value
 
@@ -94,11 +95,8 @@ class AnthropicTool(StrictModel):
             raise ValueError('must be a JSON Schema of "type": "object"')
         return schema
 
-    def as_function(self) -> dict:
-        function = {"name": self.name, "parameters": self.input_schema}
-        if self.description is not None:
-            function["description"] = self.description
-        return {"type": "function", "function": function}
+    def as_template_tool(self) -> dict:
+        return template_tool(self.name, self.description, self.input_schema)
 
 
 class ToolChoice(StrictModel):
@@ -161,7 +159,7 @@ class MessagesRequest(DFlashOptions):
         return messages
 
     def job_tools(self) -> tuple[dict, ...]:
-        return tuple(tool.as_function() for tool in self.tools or [])
+        return tuple(tool.as_template_tool() for tool in self.tools or [])
 
     def job_tool_choice(self) -> str | dict:
         if self.tool_choice is None:

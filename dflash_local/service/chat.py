@@ -21,7 +21,9 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
                                     seed=body.seed)
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
-                      stop=body.stop_strings())
+                      stop=body.stop_strings(),
+                      tools=tuple(tool.as_template_tool() for tool in body.tools or ()),
+                      tool_choice=body.tool_choice_value())
 
 
 class ChatEncoder:
@@ -34,7 +36,8 @@ class ChatEncoder:
         self.include_usage = include_usage
 
     def chunk(self, chunk: Chunk) -> bytes:
-        return responses.sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason))
+        return responses.sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason,
+                                              chunk.tool_calls))
 
     def finished(self, usage: dict) -> bytes:
         events = responses.sse(self.writer.usage(usage)) if self.include_usage else b""
@@ -45,7 +48,8 @@ class ChatEncoder:
         return responses.sse(error_body(status, message, code)) + responses.sse("[DONE]")
 
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
-        return responses.completion(self.reply_id, self.model, reply.text, reply.finish_reason, usage)
+        return responses.completion(self.reply_id, self.model, reply.text, reply.finish_reason, usage,
+                                    tuple(reply.tool_deltas))
 
 
 async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):

@@ -10,7 +10,6 @@ wait, the SSE generator's `finally` once streaming.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,39 +40,23 @@ class ClientDisconnected(Exception):
 
 
 @dataclass
-class ToolCall:
-    """One whole tool call of a collected reply; `arguments` is its JSON text."""
-
-    id: str
-    name: str
-    arguments: str = ""
-
-    def input(self) -> dict:
-        return json.loads(self.arguments) if self.arguments else {}
-
-
-@dataclass
 class Reply:
     """A whole reply, gathered from its chunks (a non-streamed request)."""
 
     text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_deltas: list[ToolCallDelta] = field(default_factory=list)
     finish_reason: str | None = None
     stop_sequence: str | None = None
 
     def add(self, chunk: Chunk) -> None:
         self.text += chunk.text
-        merge_tool_deltas(self.tool_calls, chunk.tool_calls)
+        self.tool_deltas += chunk.tool_calls
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.stop_sequence = chunk.stop_sequence or self.stop_sequence
 
-
-def merge_tool_deltas(calls: list[ToolCall], deltas: tuple[ToolCallDelta, ...]) -> None:
-    """A call's first delta opens it (id, name); later ones add to its arguments."""
-    for delta in deltas:
-        if delta.index == len(calls):
-            calls.append(ToolCall(delta.id or f"call_{delta.index}", delta.name or ""))
-        calls[delta.index].arguments += delta.arguments
+    def tool_calls(self) -> list[dict]:
+        """OpenAI's whole calls: {"id", "type", "function": {"name", "arguments": JSON text}}."""
+        return responses.whole_tool_calls(tuple(self.tool_deltas))
 
 
 class ReplyEncoder(Protocol):

@@ -20,7 +20,7 @@ from fastapi import Request
 from dflash_local.service import jobs, responses
 from dflash_local.service.responses_api_schemas import TEXT_FORMAT, ResponsesRequest
 from dflash_local.service.state import LoadedPair
-from dflash_local.service.worker import Chunk, JobRequest
+from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 
 def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
@@ -53,9 +53,11 @@ def text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(item_id: str, call: jobs.ToolCall, status: str) -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": status}
+def function_call_item(item_id: str, call: dict, status: str) -> dict:
+    """`call` in OpenAI chat's whole form (responses.whole_tool_calls)."""
+    return {"type": "function_call", "id": item_id, "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+            "status": status}
 
 
 def event(payload: dict) -> bytes:
@@ -72,7 +74,7 @@ class ResponsesEncoder:
         self.sequence = 0
         self.items: list[dict] = []  # output items, the last one open while streaming
         self.text = ""  # the open message's text so far
-        self.calls: list[jobs.ToolCall] = []
+        self.tool_deltas: list[ToolCallDelta] = []
         self.finish_reason: str | None = None
 
     def response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
@@ -138,14 +140,13 @@ class ResponsesEncoder:
         return events + [self._event({"type": "response.output_text.delta", **self._where(),
                                       "content_index": 0, "delta": text, "logprobs": []})]
 
-    def _tool_delta(self, delta) -> list[dict]:
+    def _tool_delta(self, delta: ToolCallDelta) -> list[dict]:
         events = []
-        opens = delta.index == len(self.calls)
-        jobs.merge_tool_deltas(self.calls, (delta,))
-        if opens:
-            call = jobs.ToolCall(self.calls[-1].id, self.calls[-1].name)
-            events += self._open(function_call_item(f"fc_{self.reply_id[5:]}_{len(self.items)}", call,
-                                                    "in_progress"))
+        self.tool_deltas.append(delta)
+        if delta.id is not None:  # a call's first piece opens its own item
+            events += self._open(function_call_item(
+                f"fc_{self.reply_id[5:]}_{len(self.items)}",
+                {"id": delta.id, "function": {"name": delta.name, "arguments": ""}}, "in_progress"))
         if delta.arguments:
             events.append(self._event({"type": "response.function_call_arguments.delta", **self._where(),
                                        "delta": delta.arguments}))
@@ -171,9 +172,10 @@ class ResponsesEncoder:
             done = message_item(item["id"], self.text, status)
             self.text = ""
         else:
-            call = self.calls[-1]
+            call = responses.whole_tool_calls(tuple(self.tool_deltas))[-1]
             events.append(self._event({"type": "response.function_call_arguments.done", **where,
-                                       "name": call.name, "arguments": call.arguments}))
+                                       "name": call["function"]["name"],
+                                       "arguments": call["function"]["arguments"]}))
             done = function_call_item(item["id"], call, "completed")
         self.items[-1] = done
         return events + [self._event({"type": "response.output_item.done",
@@ -198,5 +200,5 @@ class ResponsesEncoder:
         status = self._status()
         output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] if reply.text else []
         output += [function_call_item(f"fc_{self.reply_id[5:]}_{len(output) + index}", call, "completed")
-                   for index, call in enumerate(reply.tool_calls)]
+                   for index, call in enumerate(reply.tool_calls())]
         return self.response(status, output, responses_usage(usage))

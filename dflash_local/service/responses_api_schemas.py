@@ -14,7 +14,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from dflash_local.service.schemas import MAX_TOKENS_LIMIT, DFlashOptions, StrictModel, Text
+from dflash_local.service.schemas import (
+    MAX_TOKENS_LIMIT,
+    DFlashOptions,
+    FunctionCall,
+    StrictModel,
+    Text,
+    template_tool,
+)
 from dflash_local.service.validation import shown_value
 
 TEXT_FORMAT = {"type": "text"}
@@ -34,22 +41,9 @@ class MessageItem(StrictModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class FunctionCallItem(StrictModel):
+class FunctionCallItem(FunctionCall):  # name, and arguments as an object's JSON text
     type: Literal["function_call"]
     call_id: Text = Field(min_length=1)
-    name: Text = Field(min_length=1)
-    arguments: Text  # JSON text, as the model wrote it
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_object(cls, arguments: str) -> str:
-        try:
-            value = json.loads(arguments)
-        except ValueError as exc:
-            raise ValueError(f"is not JSON ({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError("must be a JSON object")  # noqa: TRY004 (pydantic reports ValueError)
-        return arguments
 
 
 class FunctionCallOutputItem(StrictModel):
@@ -102,11 +96,8 @@ class FunctionTool(StrictModel):
             raise ValueError("tools: a function tool needs a name")
         return self
 
-    def as_function(self) -> dict:
-        function = {"name": self.name, "parameters": self.parameters or {"type": "object", "properties": {}}}
-        if self.description is not None:
-            function["description"] = self.description
-        return {"type": "function", "function": function}
+    def as_template_tool(self) -> dict:
+        return template_tool(self.name, self.description, self.parameters)
 
 
 class NamedFunction(StrictModel):
@@ -164,7 +155,7 @@ class ResponsesRequest(DFlashOptions):
         return messages
 
     def job_tools(self) -> tuple[dict, ...]:
-        return tuple(tool.as_function() for tool in self.tools or [])
+        return tuple(tool.as_template_tool() for tool in self.tools or [])
 
     def job_tool_choice(self) -> str | dict:
         if isinstance(self.tool_choice, NamedFunction):

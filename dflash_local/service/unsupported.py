@@ -1,7 +1,6 @@
 """OpenAI chat fields this server does not implement: refused by name, never silently ignored.
 
-A client that sends `tools` and gets plain text back would conclude the model chose not to call
-them. Each field may still carry its no-op value (what some SDKs send by default). Fields that
+A client that sends `logprobs` and gets none back would conclude the server has none to give. Each field may still carry its no-op value (what some SDKs send by default). Fields that
 are not OpenAI's, or only label a request (`user`, `metadata`), stay ignored, as documented.
 """
 
@@ -13,12 +12,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 
 # field -> the values that ask for nothing beyond what we do anyway
 NO_OP_VALUES: dict[str, tuple] = {
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "tool_calls": ([],),
-    "tool_call_id": (),
     "logprobs": (False,),
     "top_logprobs": (0,),
     "response_format": ({"type": "text"},),
@@ -52,8 +47,6 @@ class UnsupportedOpenAIFields(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tools: Annotated[Any, _refuse_unless_no_op("tools")] = None
-    tool_choice: Annotated[Any, _refuse_unless_no_op("tool_choice")] = None
     functions: Annotated[Any, _refuse_unless_no_op("functions")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
     logprobs: Annotated[Any, _refuse_unless_no_op("logprobs")] = None
@@ -70,10 +63,8 @@ class UnsupportedOpenAIFields(BaseModel):
 
 
 class UnsupportedMessageFields(BaseModel):
-    """Mixed into a chat message: a tool call or its result would be dropped from the prompt."""
+    """Mixed into a chat message: OpenAI's legacy function call would be dropped from the prompt."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tool_calls: Annotated[Any, _refuse_unless_no_op("tool_calls")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
-    tool_call_id: Annotated[Any, _refuse_unless_no_op("tool_call_id")] = None

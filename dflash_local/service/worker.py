@@ -21,6 +21,8 @@ from dflash_local.engines.base import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
+from dflash_local.service.tool_stream import ParsedCall
 
 log = logging.getLogger("dflash_local.service")
 
@@ -185,6 +187,14 @@ def _longest_borders(text: str) -> list[int]:
     return borders
 
 
+def call_deltas(calls: list[ParsedCall], first_index: int) -> tuple[ToolCallDelta, ...]:
+    """Each whole call as OpenAI streams one: its id and name, then its arguments."""
+    deltas = []
+    for index, call in enumerate(calls, start=first_index):
+        deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
+    return tuple(deltas)
+
+
 class GenerationWorker:
     def __init__(self, engine: Engine, max_queue: int = 8):
         self.engine = engine
@@ -193,6 +203,7 @@ class GenerationWorker:
         self.last: Job | None = None
         self.jobs_done = 0
         self.rounds_total = 0
+        self.tool_support = ToolSupport.of(engine)  # the template's tool format, read once
         self._closed = False
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
@@ -283,7 +294,9 @@ class GenerationWorker:
         request = job.request
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
-        stream = self._open_stream(request)
+        tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
+        stream = self._open_stream(request, tools)
+        calls_made = 0
         try:
             for event in stream:
                 stats.add(event)
@@ -294,7 +307,18 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
-                job.put(Chunk(text, event, finish, stop_sequence=stops.matched if hit_stop else None))
+                deltas: tuple[ToolCallDelta, ...] = ()
+                if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
+                    text, calls = tools.splitter.feed(text)
+                    if finish:
+                        more, last = tools.splitter.finish()
+                        text, calls = text + more, calls + last
+                    deltas = call_deltas(calls, calls_made)
+                    calls_made += len(calls)
+                    if finish == "stop" and calls_made:
+                        finish = "tool_calls"
+                job.put(Chunk(text, event, finish, deltas,
+                               stop_sequence=stops.matched if hit_stop and finish == "stop" else None))
                 if finish:
                     stats.finish_reason = finish
                     return stats
@@ -311,10 +335,11 @@ class GenerationWorker:
             stats.prompt_tokens = served.prompt_tokens
         return stats
 
-    def _open_stream(self, request: JobRequest):
+    def _open_stream(self, request: JobRequest, tools: ToolPlan):
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
+        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
+                                             tools=tools.tools, assistant_prefix=tools.assistant_prefix)
         return self.engine.stream(prompt_ids, self._fit_max_tokens(request, len(prompt_ids)))
 
     def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
