@@ -142,6 +142,15 @@ def test_the_key_is_accepted_as_x_api_key_or_bearer(server):
     assert caught.value.body["error"]["type"] == "authentication_error"
 
 
+def test_the_guards_errors_take_anthropics_shape_too(server):
+    response = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY, "Host": "evil.example"},
+                          json={"model": "tiny", "max_tokens": 4, "messages": HI}, timeout=60)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "evil.example" in response.json()["error"]["message"]
+    assert int(response.headers["content-length"]) == len(response.content)
+
+
 def test_an_unknown_model_is_anthropics_not_found(claude):
     with pytest.raises(anthropic.NotFoundError) as caught:
         claude.messages.create(model="claude-opus", max_tokens=4,
