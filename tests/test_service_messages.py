@@ -185,6 +185,7 @@ BAD = {
         {"type": "tool_result", "content": "sunny"}]}]}, ["messages.2.content.0", "tool_use_id"]),
     "a tool_use from the user": ({"messages": [{**CALL, "role": "user"}]},
                                  ["messages.0.content.0", "assistant"]),
+    "tools for a template without them": ({"tools": [TOOL]}, ["tools", "no tool support"]),
     "temperature over 1": ({"temperature": 1.5}, ["temperature", "1.5"]),
     "a role Anthropic lacks": ({"messages": [{"role": "system", "content": "x"}]}, ["messages.0.role"]),
 }
@@ -224,3 +225,24 @@ def test_tool_blocks_become_the_templates_tool_calls_and_tool_messages():
     assert body.job_tools() == ({"type": "function", "function": {
         "name": "get_weather", "description": "Weather in a city", "parameters": OBJECT}},)
     assert body.job_tool_choice() == "required"
+
+
+def test_no_pair_loaded_is_a_503_in_each_apis_shape(tmp_path):
+    from service_support import torch_loader
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import BackgroundServer
+    from dflash_local.service.state import ServiceState
+
+    empty = BackgroundServer(create_app(ServiceState(loader=torch_loader, hub_cache_dir=tmp_path))).start()
+    try:
+        messages = httpx.post(empty.url + "/v1/messages", timeout=60,
+                              json={"model": "tiny", "max_tokens": 4, "messages": HI})
+        responses = httpx.post(empty.url + "/v1/responses", json={"input": "Hi"}, timeout=60)
+    finally:
+        empty.stop()
+    assert messages.status_code == responses.status_code == 503
+    assert messages.headers["retry-after"] == responses.headers["retry-after"] == "1"
+    assert messages.json()["error"]["type"] == "overloaded_error"
+    assert "no model is loaded" in messages.json()["error"]["message"]
+    assert responses.json()["error"]["code"] == "model_not_loaded"

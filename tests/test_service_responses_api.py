@@ -132,6 +132,7 @@ BAD = {
     "an output without its call id": ({"input": [CALL, {"type": "function_call_output", "output": "sunny"}]},
                                       ["input.1", "call_id"]),
     "arguments that are not JSON": ({"input": [{**CALL, "arguments": "{city"}]}, ["input.0", "arguments"]),
+    "tools for a template without them": ({"tools": [TOOL]}, ["tools", "no tool support"]),
     "an empty input": ({"input": []}, ["input"]),
     "an image part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
                       ["input.0", "content"]),
