@@ -21,6 +21,9 @@ from agent_tiny import (
     agent_pair,
     first_turn,
 )
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 from service_support import start_service
 
 FUNCTION = WEATHER_TOOL["function"]
@@ -94,12 +97,32 @@ def test_anthropic_tool_use_streams_as_input_json_deltas(server):
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
 
 
+def raw_events(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as response:
+        return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                if line.startswith("data: ")]
+
+
 def streamed_token_ids(server, path: str, body: dict) -> list[int]:
     """Every token the reply committed, from the raw events' per-round `dflash`."""
-    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as response:
-        events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                  if line.startswith("data: ")]
-    return [token for e in events if "dflash" in e for token in e["dflash"]["token_ids"]]
+    return [token for e in raw_events(server, path, body) if "dflash" in e for token in e["dflash"]["token_ids"]]
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_tool_call_replies_validate_as_the_sdks_types(server, path):
+    # the SDKs build their objects without validation: validate strictly, every required field
+    if path == "/v1/messages":
+        body = {"model": "tiny", "max_tokens": 64, "system": SYSTEM, "tools": [CLAUDE_TOOL],
+                "messages": CLAUDE_SECOND_TURN[:1]}
+        whole, event, kinds = Message, RawMessageStreamEvent, lambda reply: [b.type for b in reply.content]
+    else:
+        body = {"model": "tiny", "max_output_tokens": 64, "instructions": SYSTEM,
+                "tools": [RESPONSES_TOOL], "input": RESPONSES_SECOND_TURN[:1]}
+        whole, event, kinds = Response, ResponseStreamEvent, lambda reply: [i.type for i in reply.output]
+    reply = whole.model_validate(httpx.post(server.url + path, json=body, timeout=60).json())
+    assert kinds(reply) in (["tool_use"], ["function_call"])
+    events = [e for e in raw_events(server, path, body) if e["type"] != "ping"]
+    assert [TypeAdapter(event).validate_python(e).type for e in events] == [e["type"] for e in events]
 
 
 CLAUDE_SECOND_TURN = [

@@ -246,3 +246,20 @@ def test_no_pair_loaded_is_a_503_in_each_apis_shape(tmp_path):
     assert messages.json()["error"]["type"] == "overloaded_error"
     assert "no model is loaded" in messages.json()["error"]["message"]
     assert responses.json()["error"]["code"] == "model_not_loaded"
+
+
+def test_replies_and_events_validate_as_the_sdks_types(server):
+    # the SDK builds its objects without validation: validate strictly, every required field
+    from anthropic.types import Message, RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    body = {"model": "tiny", "max_tokens": 12, "system": SYSTEM, "messages": [{"role": "user", "content": EOS_PROMPT}]}
+    headers = {"x-api-key": KEY}
+    Message.model_validate(httpx.post(server.url + "/v1/messages", json=body, headers=headers, timeout=60).json())
+    with httpx.stream("POST", server.url + "/v1/messages", json={**body, "stream": True}, headers=headers,
+                      timeout=60) as response:
+        events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line.startswith("data: ")]
+    events = [e for e in events if e["type"] != "ping"]  # not in the SDK's union; its stream skips them
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    assert [adapter.validate_python(e).type for e in events] == [e["type"] for e in events]

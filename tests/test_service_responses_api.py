@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -165,3 +167,19 @@ def test_function_items_become_the_templates_tool_calls_and_tool_messages():
     assert body.job_tools() == ({"type": "function", "function": {
         "name": "get_weather", "parameters": OBJECT, "description": "Weather in a city"}},)
     assert body.job_tool_choice() == "required"
+
+
+def test_replies_and_events_validate_as_the_sdks_types(server):
+    # the SDK builds its objects without validation: validate strictly, every required field
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    for body in ({"model": "tiny", "input": EOS_PROMPT, "max_output_tokens": 64},
+                 {"model": "tiny", "input": LONG_PROMPT, "max_output_tokens": 8, "tool_choice": "none"}):
+        Response.model_validate(httpx.post(server.url + "/v1/responses", json=body, timeout=60).json())
+        with httpx.stream("POST", server.url + "/v1/responses", json={**body, "stream": True},
+                          timeout=60) as response:
+            events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                      if line.startswith("data: ")]
+        adapter = TypeAdapter(ResponseStreamEvent)
+        assert [adapter.validate_python(e).type for e in events] == [e["type"] for e in events]

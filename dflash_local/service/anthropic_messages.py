@@ -150,10 +150,10 @@ class MessagesEncoder:
     # --- one body ---
 
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
-        content = [{"type": "text", "text": reply.text}] if reply.text else []
+        calls = reply.tool_calls()
+        content = [{"type": "text", "text": reply.text}] if jobs.shows_text(reply.text, calls) else []
         content += [{"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
-                     "input": json.loads(call["function"]["arguments"] or "{}")}
-                    for call in reply.tool_calls()]
+                     "input": json.loads(call["function"]["arguments"] or "{}")} for call in calls]
         return self.message(content, stop_reason(reply.finish_reason, reply.stop_sequence),
                             reply.stop_sequence, anthropic_usage(usage))
 

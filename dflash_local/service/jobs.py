@@ -59,6 +59,12 @@ class Reply:
         return responses.whole_tool_calls(tuple(self.tool_deltas))
 
 
+def shows_text(text: str, tool_calls: list) -> bool:
+    """Whether a whole reply's text is worth a block of its own: beside calls, only if not
+    blank (as chat's `content` is null then)."""
+    return bool(text) and (bool(text.strip()) or not tool_calls)
+
+
 class ReplyEncoder(Protocol):
     """An API's shapes for one reply: SSE events per outbox item, or one JSON body."""
 

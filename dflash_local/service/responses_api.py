@@ -38,7 +38,8 @@ async def create(body: ResponsesRequest, loaded: LoadedPair, request: Request):
 
 def responses_usage(usage: dict) -> dict:
     return {"input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                                     "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"], "dflash": usage["dflash"]}
@@ -85,8 +86,8 @@ class ResponsesEncoder:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
                 "temperature": body.temperature, "top_p": body.top_p,
-                "tool_choice": body.tool_choice if isinstance(body.tool_choice, str | None)
-                else body.tool_choice.model_dump(),
+                "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
+                else body.tool_choice.model_dump() if body.tool_choice else "auto",
                 "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
                 "parallel_tool_calls": True, "previous_response_id": None, "store": False,
                 "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
@@ -198,7 +199,9 @@ class ResponsesEncoder:
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
         self.finish_reason = reply.finish_reason
         status = self._status()
-        output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] if reply.text else []
+        calls = reply.tool_calls()
+        output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] \
+            if jobs.shows_text(reply.text, calls) else []
         output += [function_call_item(f"fc_{self.reply_id[5:]}_{len(output) + index}", call, "completed")
-                   for index, call in enumerate(reply.tool_calls())]
+                   for index, call in enumerate(calls)]
         return self.response(status, output, responses_usage(usage))
