@@ -88,3 +88,14 @@ def test_speculative_equals_plain_with_tools(engine, torch_engine, messages):
     for block_size in (4, 8):
         assert _tokens(engine, prompt_ids, speculative=True, block_size=block_size) == plain
     assert plain == _tokens(torch_engine, prompt_ids, speculative=False)  # the engines agree
+
+
+@pytest.mark.parametrize(("support", "words"), [
+    (ToolSupport("served-model", local=False, uses_tools=True, format=None),
+     "served-model is served by its own server"),
+    (ToolSupport("odd-model", local=True, uses_tools=True, format=None),
+     "odd-model writes tool calls in a format this server does not parse"),
+])
+def test_tools_a_pair_cannot_serve_are_refused_by_name(support, words):
+    with pytest.raises(InvalidRequestError, match=words):
+        plan_tools(support, tuple(AGENT_TOOLS), "auto")
