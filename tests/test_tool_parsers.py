@@ -114,8 +114,13 @@ def test_harmony_recipient_in_the_header():
     assert_splits(HARMONY, reply, "", [("get_time", {})])
 
 
-def test_harmony_final_message_is_text():
-    reply = "<|channel|>final<|message|>It is sunny.<|return|>"
+@pytest.mark.parametrize("reply", [
+    "<|channel|>final<|message|>It is sunny.<|return|>",  # an answer, not a call
+    '<|channel|>commentary to=functions.get_weather json<|message|>{"city": <|call|>',  # bad JSON
+    "<|channel|>commentary to=functions.launch json<|message|>{}<|call|>",  # not a request's tool
+    '<|channel|>commentary to=functions.get_time json<|message|>{}',  # never closed
+])
+def test_harmony_text_and_malformed_calls_stay_text(reply):
     assert_splits(HARMONY, reply, reply, [])
 
 

@@ -106,7 +106,8 @@ class FunctionCall(StrictModel):
         except ValueError as exc:
             raise ValueError(f"must be an object's JSON text: {exc}") from None
         if not isinstance(value, dict):
-            raise ValueError(f"must be an object's JSON text, got a {type(value).__name__}")
+            # pydantic words a ValueError as this field's error (a TypeError would escape it)
+            raise ValueError(f"must be an object's JSON text, got a {type(value).__name__}")  # noqa: TRY004
         return arguments
 
 

@@ -28,6 +28,7 @@ class ToolCallSplitter:
         self._pending = ""  # not yet out: a possible opener's start, or a call's markup
         self._opener: str | None = None  # the opener `_pending` starts with, inside a call
         self._at_start = True  # nothing but whitespace out yet
+        self.calls_made = 0
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         """(text safe to emit, calls completed) after `text`."""
@@ -67,6 +68,7 @@ class ToolCallSplitter:
                 self._emit(out, markup)
             else:
                 calls += parsed
+                self.calls_made += len(parsed)
                 self._at_start = False
         return "".join(out), calls
 

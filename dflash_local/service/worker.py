@@ -22,7 +22,7 @@ from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongE
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
-from dflash_local.service.tool_stream import ParsedCall
+from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
 
@@ -187,12 +187,21 @@ def _longest_borders(text: str) -> list[int]:
     return borders
 
 
-def call_deltas(calls: list[ParsedCall], first_index: int) -> tuple[ToolCallDelta, ...]:
-    """Each whole call as OpenAI streams one: its id and name, then its arguments."""
+def split_calls(splitter: ToolCallSplitter, text: str,
+                finish: str | None) -> tuple[str, tuple[ToolCallDelta, ...], str | None]:
+    """A step's text without call markup, the calls it completed as OpenAI streams each (its id
+    and name, then its arguments), and the finish reason ("tool_calls" for a reply that called)."""
+    first_index = splitter.calls_made
+    text, calls = splitter.feed(text)
+    if finish:
+        more, last = splitter.finish()
+        text, calls = text + more, calls + last
+    if finish == "stop" and splitter.calls_made:
+        finish = "tool_calls"
     deltas = []
     for index, call in enumerate(calls, start=first_index):
         deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
-    return tuple(deltas)
+    return text, tuple(deltas), finish
 
 
 class GenerationWorker:
@@ -296,7 +305,6 @@ class GenerationWorker:
         stops = StopMatcher(request.stop)
         tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
         stream = self._open_stream(request, tools)
-        calls_made = 0
         try:
             for event in stream:
                 stats.add(event)
@@ -309,14 +317,7 @@ class GenerationWorker:
                     text += stops.flush()
                 deltas: tuple[ToolCallDelta, ...] = ()
                 if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
-                    text, calls = tools.splitter.feed(text)
-                    if finish:
-                        more, last = tools.splitter.finish()
-                        text, calls = text + more, calls + last
-                    deltas = call_deltas(calls, calls_made)
-                    calls_made += len(calls)
-                    if finish == "stop" and calls_made:
-                        finish = "tool_calls"
+                    text, deltas, finish = split_calls(tools.splitter, text, finish)
                 job.put(Chunk(text, event, finish, deltas,
                                stop_sequence=stops.matched if hit_stop and finish == "stop" else None))
                 if finish:
