@@ -263,3 +263,15 @@ def test_replies_and_events_validate_as_the_sdks_types(server):
     events = [e for e in events if e["type"] != "ping"]  # not in the SDK's union; its stream skips them
     adapter = TypeAdapter(RawMessageStreamEvent)
     assert [adapter.validate_python(e).type for e in events] == [e["type"] for e in events]
+
+
+def test_an_error_after_the_stream_began_is_anthropics_error_event():
+    from anthropic.types import ErrorResponse
+
+    from dflash_local.service.anthropic_messages import MessagesEncoder
+
+    sent = MessagesEncoder("msg_1", "tiny").failed(503, "the generation was cancelled", "cancelled").decode()
+    name, data = sent.strip().split("\n")
+    assert name == "event: error"
+    error = ErrorResponse.model_validate(json.loads(data.removeprefix("data: ")))
+    assert error.error.type == "overloaded_error" and error.error.message == "the generation was cancelled"

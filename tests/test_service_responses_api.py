@@ -183,3 +183,16 @@ def test_replies_and_events_validate_as_the_sdks_types(server):
                       if line.startswith("data: ")]
         adapter = TypeAdapter(ResponseStreamEvent)
         assert [adapter.validate_python(e).type for e in events] == [e["type"] for e in events]
+
+
+def test_an_error_after_the_stream_began_is_an_error_event():
+    from openai.types.responses import ResponseErrorEvent
+
+    from dflash_local.service.responses_api import ResponsesEncoder
+
+    encoder = ResponsesEncoder("resp_1", "tiny", ResponsesRequest.model_validate({"input": "Hi"}))
+    sent = encoder.failed(503, "the generation was cancelled", "cancelled").decode()
+    name, data = sent.strip().split("\n")
+    assert name == "event: error"
+    error = ResponseErrorEvent.model_validate(json.loads(data.removeprefix("data: ")))
+    assert error.code == "cancelled" and error.message == "the generation was cancelled"
