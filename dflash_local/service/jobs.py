@@ -43,13 +43,17 @@ class ClientDisconnected(Exception):
 class Reply:
     """A whole reply, gathered from its chunks (a non-streamed request)."""
 
-    text: str = ""
+    text_parts: list[str] = field(default_factory=list)  # joined once: a reply may be long
     tool_deltas: list[ToolCallDelta] = field(default_factory=list)
     finish_reason: str | None = None
     stop_sequence: str | None = None
 
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
     def add(self, chunk: Chunk) -> None:
-        self.text += chunk.text
+        self.text_parts.append(chunk.text)
         self.tool_deltas += chunk.tool_calls
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.stop_sequence = chunk.stop_sequence or self.stop_sequence

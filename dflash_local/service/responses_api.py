@@ -74,7 +74,7 @@ class ResponsesEncoder:
         self.started = False
         self.sequence = 0
         self.items: list[dict] = []  # output items, the last one open while streaming
-        self.text = ""  # the open message's text so far
+        self.text_parts: list[str] = []  # the open message's text so far
         self.tool_deltas: list[ToolCallDelta] = []
         self.finish_reason: str | None = None
 
@@ -137,7 +137,7 @@ class ResponsesEncoder:
                                                "in_progress"))
             events.append(self._event({"type": "response.content_part.added", **self._where(),
                                        "content_index": 0, "part": text_part("")}))
-        self.text += text
+        self.text_parts.append(text)
         return events + [self._event({"type": "response.output_text.delta", **self._where(),
                                       "content_index": 0, "delta": text, "logprobs": []})]
 
@@ -166,12 +166,12 @@ class ResponsesEncoder:
         item, where, status = self.items[-1], self._where(), self._status()
         events = []
         if item["type"] == "message":
+            text, self.text_parts = "".join(self.text_parts), []
             events += [self._event({"type": "response.output_text.done", **where, "content_index": 0,
-                                    "text": self.text, "logprobs": []}),
+                                    "text": text, "logprobs": []}),
                        self._event({"type": "response.content_part.done", **where, "content_index": 0,
-                                    "part": text_part(self.text)})]
-            done = message_item(item["id"], self.text, status)
-            self.text = ""
+                                    "part": text_part(text)})]
+            done = message_item(item["id"], text, status)
         else:
             call = responses.whole_tool_calls(tuple(self.tool_deltas))[-1]
             events.append(self._event({"type": "response.function_call_arguments.done", **where,
