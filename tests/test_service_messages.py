@@ -166,6 +166,12 @@ CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "
 BAD = {
     "content with no blocks": ({"messages": [{"role": "user", "content": []}]},
                                ["messages.0.content", "neither text nor tool blocks"]),
+    "only a thinking block": ({"messages": [*HI, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "hmm", "signature": "x"}]}]},
+        ["messages.1.content", "neither text nor tool blocks"]),
+    "a thinking block from the user": ({"messages": [{"role": "user", "content": [
+        {"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Hi"}]}]},
+        ["messages.0.content.0", "assistant"]),
     "an image block": ({"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
         ["messages.0.content.0", "image"]),
@@ -209,7 +215,9 @@ def test_tool_blocks_become_the_templates_tool_calls_and_tool_messages():
         "model": "tiny", "max_tokens": 8, "system": "Use tools.", "tools": [TOOL],
         "tool_choice": {"type": "any"},
         "messages": [{"role": "user", "content": "Weather in Paris?"},
-                     {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, *CALL["content"]]},
+                     {"role": "assistant", "content": [
+                         {"type": "thinking", "thinking": "The user wants weather.", "signature": "c2ln"},
+                         {"type": "text", "text": "Checking."}, *CALL["content"]]},
                      {"role": "user", "content": [
                          {"type": "tool_result", "tool_use_id": "toolu_1",
                           "content": [{"type": "text", "text": "sunny, 21 C"}]},

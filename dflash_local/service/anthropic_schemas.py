@@ -51,7 +51,14 @@ class ToolResultBlock(StrictModel):
         return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(StrictModel):
+    """An earlier reply's reasoning, sent back by agents: accepted in an assistant message and
+    left out of the prompt, as Anthropic leaves earlier turns' thinking out of the context."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
 
 
 class AnthropicMessage(StrictModel):
@@ -61,7 +68,7 @@ class AnthropicMessage(StrictModel):
     @field_validator("content")
     @classmethod
     def _holds_something(cls, content: str | list) -> str | list:
-        if isinstance(content, list) and not content:
+        if isinstance(content, list) and all(isinstance(block, ThinkingBlock) for block in content):
             raise ValueError("holds neither text nor tool blocks: give a string, or text, "
                              "tool_use or tool_result blocks")
         return content
@@ -182,6 +189,8 @@ def check_tool_blocks(messages: list[AnthropicMessage]) -> None:
                 if message.role != "assistant":
                     raise ValueError(f"{where}: a tool_use block belongs in an assistant message")
                 called.add(block.id)
+            elif isinstance(block, ThinkingBlock) and message.role != "assistant":
+                raise ValueError(f"{where}: a {block.type} block belongs in an assistant message")
             elif isinstance(block, ToolResultBlock):
                 if message.role != "user":
                     raise ValueError(f"{where}: a tool_result block belongs in a user message")
