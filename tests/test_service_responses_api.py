@@ -155,7 +155,8 @@ def test_bad_input_is_a_400_naming_the_field(server, case):
 def test_function_items_become_the_templates_tool_calls_and_tool_messages():
     body = ResponsesRequest.model_validate({
         "model": "tiny", "instructions": "Use tools.", "tools": [TOOL], "tool_choice": "required",
-        "input": [{"role": "user", "content": "Weather in Paris?"}, CALL,
+        "input": [{"role": "user", "content": "Weather in Paris?"},
+                  {"type": "reasoning", "id": "rs_1", "summary": []}, CALL,
                   {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]})
     assert body.template_messages() == [
         {"role": "system", "content": "Use tools."},

@@ -55,6 +55,13 @@ class FunctionCallOutputItem(StrictModel):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
+class ReasoningItem(StrictModel):
+    """An earlier reply's reasoning sent back: accepted and left out of the prompt (chat
+    templates drop earlier turns' reasoning too)."""
+
+    type: Literal["reasoning"]
+
+
 def _item_kind(value: Any) -> str | None:
     """A message item may leave out its `type`."""
     if isinstance(value, dict):
@@ -64,7 +71,8 @@ def _item_kind(value: Any) -> str | None:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind)]
 
 
@@ -136,8 +144,8 @@ class ResponsesRequest(DFlashOptions):
                              f"{shown_value(self.text.get('format'))})")
         if self.reasoning and any(value is not None for value in self.reasoning.values()):
             raise ValueError(f"reasoning: not supported (got {shown_value(self.reasoning)})")
-        if isinstance(self.input, list) and not self.input:
-            raise ValueError("input: give a string or at least one item")
+        if isinstance(self.input, list) and all(isinstance(i, ReasoningItem) for i in self.input):
+            raise ValueError("input: give a string or at least one message or function item")
         names = [tool.name for tool in self.tools or []]
         if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
             raise ValueError(f"tool_choice.name: {shown_value(self.tool_choice.name)} is not one "
@@ -186,5 +194,5 @@ def add_item(messages: list[dict], item) -> None:
         if not messages or messages[-1]["role"] != "assistant":
             messages.append({"role": "assistant", "content": ""})
         messages[-1].setdefault("tool_calls", []).append(call)
-    else:
+    elif isinstance(item, FunctionCallOutputItem):
         messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
