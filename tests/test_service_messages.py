@@ -90,7 +90,8 @@ def test_streaming_sends_anthropics_events_in_order(claude):
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[2:-3]) == {"content_block_delta"}
     streamed = "".join(e.delta.text for e in events if e.type == "content_block_delta")
-    assert streamed == whole.content[0].text == final.content[0].text
+    text_events = "".join(e.text for e in events if e.type == "text")  # the SDK's own text events
+    assert streamed == text_events == whole.content[0].text == final.content[0].text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 24
 
 
