@@ -211,6 +211,7 @@ class EngineCapabilities:
     block_size_per_request: bool = True
     tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
     tree_verify: bool = False  # a round may verify a draft tree, not only a chain (draft_tree.py)
+    logprobs: bool = False  # StepEvents carry each token's logprobs when params ask (logprobs.py)
 
 
 def check_draft_window(window: int | None, context: int | None = None) -> None:
