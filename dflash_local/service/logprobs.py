@@ -2,7 +2,7 @@
 
 The engine gives every committed token a TokenLogprob (logprobs.py); here each becomes
 {token, logprob, bytes, top_logprobs}, where a token's string is the tokenizer's decode of that
-one id (special tokens by their markup) and `bytes` its UTF-8 bytes. A chunk's text is not
+one id (special tokens by their markup) and `bytes` the token's own bytes (detokenize.py). A chunk's text is not
 always its round's tokens' text: the detokenizer holds a split multi-byte character back and the
 stop matcher a tail that could begin a stop string. So each token's place in the reply's text is
 tracked (a detokenizer fed one token at a time), and its entry goes out once all its text has.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.detokenize import StreamDetokenizer, token_bytes
 from dflash_local.events import StepEvent, TokenLogprob
 
 
@@ -35,7 +35,7 @@ class LogprobEntries:
         self._made = 0  # characters the tokens so far made
         self._sent = 0  # characters sent to the client
         self._waiting: deque[_Placed] = deque()
-        self._strings: dict[int, str] = {}
+        self._strings: dict[int, tuple[str, list[int]]] = {}  # id -> (token, bytes)
 
     def take(self, event: StepEvent, sent_text: str, finish: str | None,
              cut_by_stop: bool) -> list[dict]:
@@ -63,8 +63,10 @@ class LogprobEntries:
         return {**self._described(token_id, logprob.logprob), "top_logprobs": top}
 
     def _described(self, token_id: int, logprob: float) -> dict:
-        token = self._strings.get(token_id)
-        if token is None:
+        described = self._strings.get(token_id)
+        if described is None:
             token = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            self._strings[token_id] = token
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+            described = (token, list(token_bytes(self._tokenizer, token_id, token)))
+            self._strings[token_id] = described
+        token, raw = described
+        return {"token": token, "logprob": logprob, "bytes": raw}
