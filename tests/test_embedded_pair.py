@@ -73,3 +73,22 @@ def test_both_engines_agree_round_for_round(torch_engine, mlx_engine):
     # the same drafter weights on the same taps: the same accepted count in (nearly) every round
     same = sum(a.accepted == b.accepted for a, b in zip(torch_events, mlx_events))
     assert len(torch_events) == len(mlx_events) and same >= len(torch_events) - 1
+
+
+def test_logprobs_of_speculative_rounds_equal_plain_on_the_shipped_pair(torch_engine):
+    """The bar on the real pair, whose drafter is right often: several rows of one verify
+    report the same logprobs as one-row steps (test_logprobs.py: the tolerance; the largest
+    difference measured on this pair is printed on failure)."""
+    prompt = PROMPTS[2]
+    plain, plain_events = tokens(torch_engine, prompt, speculative=False, logprobs=5)
+    spec, spec_events = tokens(torch_engine, prompt, block_size=16, logprobs=5)
+    assert spec == plain
+    assert max(e.accepted for e in spec_events) >= 3
+    plain_lp = [lp for e in plain_events for lp in e.logprobs]
+    spec_lp = [lp for e in spec_events for lp in e.logprobs]
+    assert len(spec_lp) == len(plain_lp) == len(plain)
+    assert [lp.top_ids for lp in spec_lp] == [lp.top_ids for lp in plain_lp]
+    assert all(lp.top_ids[0] == token for lp, token in zip(spec_lp, spec))  # greedy
+    gap = max(abs(a - b) for s, p in zip(spec_lp, plain_lp)
+              for a, b in zip((s.logprob, *s.top_logprobs), (p.logprob, *p.top_logprobs)))
+    assert gap < 1e-4, gap
