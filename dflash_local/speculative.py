@@ -28,7 +28,7 @@ from dflash_local.logprobs import token_logprobs
 from dflash_local.planning import Planner, make_planner
 from dflash_local.planning.costs import RoundCosts
 from dflash_local.prefix_cache import Resume
-from dflash_local.proposers import DraftSources
+from dflash_local.proposers import Draft, DraftSources
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
@@ -82,13 +82,9 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             planner.observe(draft, path, committed)
             produced += len(committed)
             anchor_id = committed[-1]
-            accepted = min(len(path), len(committed))
-            yield StepEvent(
-                token_ids=tuple(committed), drafted=len(draft.tree.token_ids), mode=draft.mode,
-                draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
-                copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
-                elapsed_s=time.perf_counter() - decode_start, finish_reason=finish,
-                logprobs=_logprobs(logits, [0, *path], committed, params))
+            yield _round_event(draft, path, committed, round_index=round_index,
+                               finish_reason=finish, elapsed_s=time.perf_counter() - decode_start,
+                               logprobs=_logprobs(logits, [0, *path], committed, params))
     finally:
         if whole and resume.keep is not None:
             sources.add_taps(taps)
@@ -119,6 +115,16 @@ def _accept(tree: DraftTree, logits: np.ndarray, params: GenerationParams, rng: 
         return tree.walk(np.argmax(logits, axis=-1))
     # only the rows the walk reaches are turned into probabilities
     return sampled_walk(tree, lambda row: target_probs(logits[row : row + 1], params)[0], rng)
+
+
+def _round_event(draft: Draft, path: list[int], committed: list[int], **fields) -> StepEvent:
+    """What a round drafted and kept: `path`, the kept nodes; `committed`, their tokens and the
+    target's own, cut at a stop token or max_tokens."""
+    accepted = min(len(path), len(committed))
+    drafted = len(draft.tree.token_ids)
+    return StepEvent(token_ids=tuple(committed), drafted=drafted, mode=draft.mode,
+                     draft_depth=draft.tree.depth, accepted=accepted, block_size=drafted + 1,
+                     copied=max(0, accepted - draft.drafter_kept(path)), **fields)
 
 
 def _logprobs(logits: np.ndarray, rows: list[int], committed: list[int], params: GenerationParams):

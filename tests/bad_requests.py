@@ -174,7 +174,8 @@ CASES = {
                                       ["top_logprobs (2)", "logprobs: true", "None"]),
     "top_logprobs with logprobs false": (chat(logprobs=False, top_logprobs=0), BAD,
                                          ["top_logprobs (0)", "logprobs: true", "False"]),
-    "top_logprobs over 20": (chat(logprobs=True, top_logprobs=21), BAD, ["top_logprobs", "20", "21"]),
+    "top_logprobs over 20": (chat(logprobs=True, top_logprobs=21), BAD,
+                             ["top_logprobs", "20", "21"]),
     "negative top_logprobs": (chat(logprobs=True, top_logprobs=-1), BAD, ["top_logprobs", "-1"]),
     "float top_logprobs": (chat(logprobs=True, top_logprobs=2.0), BAD, ["top_logprobs", "2.0"]),
     # OpenAI fields this server does not implement

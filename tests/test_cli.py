@@ -80,8 +80,8 @@ def test_generate_json_reports_logprobs_when_asked(pair, cli_env):
         assert len(entry["top"]) == 3 and entry["top"][0] == [token_id, entry["logprob"]]  # greedy
     refused = cli(cli_env, "generate", "--json", "--target", str(pair.target), "--logprobs", "21",
                   "--no-speculative", PROMPT)
-    assert refused.returncode == 2 and "logprobs (top alternatives) must be an integer in [0, 20], got 21" \
-        in refused.stderr
+    assert refused.returncode == 2
+    assert "logprobs (top alternatives) must be an integer in [0, 20], got 21" in refused.stderr
 
 
 def test_generate_with_auto_calibrates_at_load_as_a_visible_phase_then_reads_the_cache(

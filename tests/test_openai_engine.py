@@ -407,7 +407,8 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
         refused = httpx.post(server.url + "/v1/chat/completions", timeout=60,
                              json={**body, "model": "relay", "logprobs": True})
         assert refused.status_code == 400  # the relay cannot map the origin's strings to ids
-        assert "logprobs: true is not supported by this engine" in refused.json()["error"]["message"]
+        message = refused.json()["error"]["message"]
+        assert "logprobs: true is not supported by this engine" in message
     finally:
         server.stop()
         relay.shutdown()

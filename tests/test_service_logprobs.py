@@ -66,8 +66,8 @@ def check_entry(entry, tokenizer, token_id=None):
     assert len(entry.top_logprobs) == TOP
     assert entry.top_logprobs[0].token == entry.token
     assert entry.top_logprobs[0].logprob == entry.logprob
-    assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs),
-                                                             reverse=True)
+    top = [t.logprob for t in entry.top_logprobs]
+    assert top == sorted(top, reverse=True)
     for described in (entry, *entry.top_logprobs):  # bytes: the token's own, part of a
         if "\ufffd" not in described.token:  # character included (then the token reads U+FFFD)
             assert described.bytes == list(described.token.encode("utf-8"))
@@ -106,9 +106,10 @@ def check_chunks_carry_their_tokens(chunks, tokenizer):
     token_ids, sent = [], 0
     for chunk in chunks:
         entries = chunk.choices[0].logprobs.content
-        for entry, token_id in zip(entries, token_ids[sent:] + chunk.model_extra["dflash"]["token_ids"]):
+        own = chunk.model_extra["dflash"]["token_ids"]
+        for entry, token_id in zip(entries, token_ids[sent:] + own):
             check_entry(entry, tokenizer, token_id)
-        token_ids += chunk.model_extra["dflash"]["token_ids"]
+        token_ids += own
         sent += len(entries)
         held = tokenizer.decode(token_ids).endswith("\ufffd")
         assert sent == len(token_ids) or (held and sent < len(token_ids))

@@ -140,7 +140,8 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
     """One outbox item as SSE bytes, and whether the stream ends with it."""
     if isinstance(item, Chunk):
         logprobs = list(item.logprobs) if job.request.params.logprobs is not None else None
-        return responses.sse(writer.step(item.text, item.event, item.finish_reason, logprobs)), False
+        step = writer.step(item.text, item.event, item.finish_reason, logprobs)
+        return responses.sse(step), False
     if isinstance(item, Finished):
         usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""
         return usage + responses.sse("[DONE]"), True

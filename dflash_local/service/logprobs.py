@@ -2,12 +2,12 @@
 
 The engine gives every committed token a TokenLogprob (logprobs.py); here each becomes
 {token, logprob, bytes, top_logprobs}, where a token's string is the tokenizer's decode of that
-one id (special tokens by their markup) and `bytes` the token's own bytes (detokenize.py). A chunk's text is not
-always its round's tokens' text: the detokenizer holds a split multi-byte character back and the
-stop matcher a tail that could begin a stop string. So each token's place in the reply's text is
-tracked (a detokenizer fed one token at a time), and its entry goes out once all its text has.
-At the end, tokens whose text a stop string cut away go with their text, and so does the
-end-of-turn token that ended the reply (its text is not in the content either).
+one id (special tokens by their markup) and `bytes` the token's own bytes (detokenize.py).
+A chunk's text is not always its round's tokens' text: the detokenizer holds a split multi-byte
+character back and the stop matcher a tail that could begin a stop string. So each token's place
+in the reply's text is tracked (a detokenizer fed one token at a time), and its entry goes out
+once all its text has. At the end, tokens whose text a stop string cut away go with their text,
+and so does the end-of-turn token that ended the reply (its text is not in the content either).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dflash_local.events import StepEvent, TokenLogprob
 @dataclass(frozen=True)
 class _Placed:
     start: int  # characters of the reply's text before this token's
-    end: int  # ... once this token's are in (= start: it made none, or a character is not yet whole)
+    end: int  # ... once its own are in (= start: it made none, or its character is not whole yet)
     entry: dict
 
 

@@ -296,7 +296,7 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
-                entries = logprobs.take(event, text, finish, hit_stop) if logprobs is not None else ()
+                entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
                 job.put(Chunk(text, event, finish, logprobs=tuple(entries)))
                 if finish:
                     stats.finish_reason = finish
