@@ -185,3 +185,28 @@ def test_bad_values_are_refused_by_name(client, fields, words):
                                        extra_body=fields)
     message = refused.value.body["message"]
     assert all(word in message for word in words), message
+
+
+def test_an_entry_waits_while_the_stop_matcher_holds_its_text(embedded_target_dir):
+    """" Paris" ends with what could begin the stop string "s. T": its entry waits with that
+    text; the stop string then cuts inside it, so it keeps its entry while "." and " Then",
+    wholly cut away, lose theirs. The worker's own StopMatcher, SmolLM2's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from dflash_local.events import StepEvent, TokenLogprob
+    from dflash_local.service.logprobs import LogprobEntries
+    from dflash_local.service.worker import StopMatcher
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_target_dir)
+    paris, dot, then = (tokenizer.encode(text, add_special_tokens=False) for text in
+                        (" Paris", ".", " Then"))
+    assert len(paris) == len(dot) == len(then) == 1
+    stops, entries = StopMatcher(("s. T",)), LogprobEntries(tokenizer)
+    sent = []
+    for token_ids, text in (([*paris], " Paris"), ([*dot, *then], ". Then")):
+        event = StepEvent(token_ids=tuple(token_ids), text=text,
+                          logprobs=tuple(TokenLogprob(-0.5, (t,), (-0.5,)) for t in token_ids))
+        safe, hit = stops.feed(text)
+        taken = entries.take(event, safe, "stop" if hit else None, hit)
+        sent.append((safe, [entry["token"] for entry in taken]))
+    assert sent == [(" Pari", []), ("", [" Paris"])]
