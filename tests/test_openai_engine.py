@@ -404,6 +404,11 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
                            json={**body, "model": "relay", "speculative": False}).json()
         assert plain["usage"]["dflash"]["drafted"] == 0
         assert plain["choices"][0]["message"]["content"] == origin["choices"][0]["message"]["content"]
+        refused = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                             json={**body, "model": "relay", "logprobs": True})
+        assert refused.status_code == 400  # the relay cannot map the origin's strings to ids
+        message = refused.json()["error"]["message"]
+        assert "logprobs: true is not supported by this engine" in message
     finally:
         server.stop()
         relay.shutdown()

@@ -52,6 +52,7 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
         prompt_lookup=body.prompt_lookup is not False,
         tree=body.tree is not False,
         draft_window=body.draft_window,
+        logprobs=body.requested_logprobs(),
     )
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
@@ -67,6 +68,9 @@ def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabili
     for name in ("prompt_lookup", "tree", "draft_window"):
         if getattr(body, name) is not None and not capabilities.block_size_per_request:
             raise InvalidRequestError(f"this engine runs its own speculation: {name} cannot be set per request")
+    if body.logprobs and not capabilities.logprobs:
+        raise InvalidRequestError("logprobs: true is not supported by this engine: a served "
+                                  "engine relays the server's text, not its log-probabilities")
     if body.temperature and not capabilities.sampling:
         raise InvalidRequestError("this engine decodes greedily only: temperature must be 0")
 
@@ -92,16 +96,19 @@ async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Req
 
 
 async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) -> JSONResponse:
-    parts = []
+    parts, logprobs = [], []
     finish = None
     while not isinstance(item, Finished):
         if isinstance(item, Failed):
             raise item.error
         parts.append(item.text)
+        logprobs += item.logprobs
         finish = item.finish_reason or finish
         item = await _next(job, watcher)
     usage = _usage(item, job, loaded)
-    return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish, usage))
+    asked = job.request.params.logprobs is not None
+    return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish,
+                                             usage, logprobs if asked else None))
 
 
 async def _stream(job: Job, first, body: ChatCompletionRequest,
@@ -132,7 +139,9 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
             include_usage: bool) -> tuple[bytes, bool]:
     """One outbox item as SSE bytes, and whether the stream ends with it."""
     if isinstance(item, Chunk):
-        return responses.sse(writer.step(item.text, item.event, item.finish_reason)), False
+        logprobs = list(item.logprobs) if job.request.params.logprobs is not None else None
+        step = writer.step(item.text, item.event, item.finish_reason, logprobs)
+        return responses.sse(step), False
     if isinstance(item, Finished):
         usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""
         return usage + responses.sse("[DONE]"), True

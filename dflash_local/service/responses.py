@@ -79,12 +79,15 @@ class ChunkWriter:
         return {"id": self.job_id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model}
 
-    def step(self, text: str, event: StepEvent, finish_reason: str | None) -> dict:
+    def step(self, text: str, event: StepEvent, finish_reason: str | None,
+             logprobs: list[dict] | None = None) -> dict:
+        """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked."""
         delta = {"content": text}
         if not self._sent_role:
             delta = {"role": "assistant", **delta}
             self._sent_role = True
-        return {**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return {**self._base(), "choices": [{"index": 0, "delta": delta,
+                                             "logprobs": logprobs_object(logprobs),
                                              "finish_reason": finish_reason}],
                 "dflash": step_dflash(event)}
 
@@ -92,9 +95,13 @@ class ChunkWriter:
         return {**self._base(), "choices": [], "usage": usage_payload}
 
 
+def logprobs_object(entries: list[dict] | None) -> dict | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
 def completion(job_id: str, model: str, text: str, finish_reason: str | None,
-               usage_payload: dict) -> dict:
+               usage_payload: dict, logprobs: list[dict] | None = None) -> dict:
     return {"id": job_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+                         "logprobs": logprobs_object(logprobs), "finish_reason": finish_reason}],
             "usage": usage_payload}

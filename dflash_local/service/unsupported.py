@@ -19,8 +19,6 @@ NO_OP_VALUES: dict[str, tuple] = {
     "function_call": ("none",),
     "tool_calls": ([],),
     "tool_call_id": (),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "response_format": ({"type": "text"},),
     "logit_bias": ({},),
     "presence_penalty": (0,),
@@ -56,8 +54,6 @@ class UnsupportedOpenAIFields(BaseModel):
     tool_choice: Annotated[Any, _refuse_unless_no_op("tool_choice")] = None
     functions: Annotated[Any, _refuse_unless_no_op("functions")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
-    logprobs: Annotated[Any, _refuse_unless_no_op("logprobs")] = None
-    top_logprobs: Annotated[Any, _refuse_unless_no_op("top_logprobs")] = None
     response_format: Annotated[Any, _refuse_unless_no_op("response_format")] = None
     logit_bias: Annotated[Any, _refuse_unless_no_op("logit_bias")] = None
     presence_penalty: Annotated[Any, _refuse_unless_no_op("presence_penalty")] = None

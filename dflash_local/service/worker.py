@@ -21,6 +21,7 @@ from dflash_local.engines.base import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.logprobs import LogprobEntries
 
 log = logging.getLogger("dflash_local.service")
 
@@ -61,6 +62,7 @@ class Chunk:
     event: StepEvent
     finish_reason: str | None  # "stop", "length" or "tool_calls" on the last chunk
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,9 @@ class GenerationWorker:
         request = job.request
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
+        # only local engines declare logprobs (chat.check_capabilities): they have a tokenizer
+        logprobs = (LogprobEntries(self.engine.tokenizer)
+                    if request.params.logprobs is not None else None)
         stream = self._open_stream(request)
         try:
             for event in stream:
@@ -291,7 +296,8 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
-                job.put(Chunk(text, event, finish))
+                entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
+                job.put(Chunk(text, event, finish, logprobs=tuple(entries)))
                 if finish:
                     stats.finish_reason = finish
                     return stats
