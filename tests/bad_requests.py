@@ -42,6 +42,9 @@ def download(**fields) -> tuple:
     return ("POST", "/dflash/downloads", {"json": fields})
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
 BAD = 400, "invalid_request"
 UNKNOWN_MODEL = 404, "model_not_found"
 TOO_LONG = 400, "context_length_exceeded"
@@ -70,8 +73,8 @@ CASES = {
     "missing role": (chat(messages=[{"content": "Hi"}]), BAD, ["messages.0.role", "required"]),
     "unknown role": (chat(messages=[{"role": "wizard", "content": "Hi"}]), BAD,
                      ["messages.0.role", "wizard"]),
-    "tool role": (chat(messages=[{"role": "tool", "content": "Hi"}]), BAD,
-                  ["messages.0.role", "tool"]),
+    "tool message without its call id": (chat(messages=[*USER, {"role": "tool", "content": "sunny"}]),
+                                         BAD, ["messages.1.tool_call_id", "needs the id"]),
     "function role": (chat(messages=[{"role": "function", "content": "Hi"}]), BAD,
                       ["messages.0.role", "function"]),
     "numeric role": (chat(messages=[{"role": 1, "content": "Hi"}]), BAD, ["messages.0.role", "1"]),
@@ -93,11 +96,17 @@ CASES = {
                                            ["messages.0.content", "\\udfff"]),
     "lone surrogate in a text part": (user([{"type": "text", "text": "x\ud83d"}]), BAD,
                                       ["messages.0.content.0.text", "\\ud83d"]),
-    "tool_calls in a message": (chat(messages=[*USER, {"role": "assistant", "content": "",
-                                                       "tool_calls": [{"id": "c1"}]}]), BAD,
-                                ["messages.1.tool_calls", "c1"]),
-    "tool_call_id in a message": (user("Hi", tool_call_id="c1"), BAD,
-                                  ["messages.0.tool_call_id", "c1"]),
+    "tool_calls with bad shape": (chat(messages=[*USER, {"role": "assistant", "content": "",
+                                                         "tool_calls": [{"id": "c1"}]}]), BAD,
+                                  ["messages.1.tool_calls.0.type", "required"]),
+    "tool call arguments not JSON": (chat(messages=[*USER, {"role": "assistant", "content": None,
+                                                            "tool_calls": [CALL | {"function": {
+                                                                "name": "f", "arguments": "{city"}}]}]),
+                                     BAD, ["messages.1.tool_calls.0.function.arguments", "JSON"]),
+    "tool_calls on a user message": (user("Hi", tool_calls=[CALL]), BAD,
+                                     ["messages.0.tool_calls", "'user'"]),
+    "tool_call_id in a user message": (user("Hi", tool_call_id="c1"), BAD,
+                                       ["messages.0.tool_call_id", "'user'"]),
     "prompt longer than the context": (user("x" * 3000), TOO_LONG, ["prompt of", "tokens"]),
     "a 3 MB prompt": (user("x" * 3_000_000), TOO_LONG, ["3000000 characters"]),
     # max_tokens
@@ -179,9 +188,19 @@ CASES = {
     "negative top_logprobs": (chat(logprobs=True, top_logprobs=-1), BAD, ["top_logprobs", "-1"]),
     "float top_logprobs": (chat(logprobs=True, top_logprobs=2.0), BAD, ["top_logprobs", "2.0"]),
     # OpenAI fields this server does not implement
-    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), BAD,
-              ["tools", "not supported", "function"]),
-    "tool_choice": (chat(tool_choice="auto"), BAD, ["tool_choice", "'auto'"]),
+    # tools
+    "tools on a template without tools": (chat(tools=[TOOL]), BAD,
+                                          ["tools", "chat template has no tool support"]),
+    "tool parameters not an object schema": (chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]), BAD,
+        ["tools.0.function.parameters", "object", '"array"']),
+    "tool_choice naming an unknown function": (chat(tools=[TOOL], tool_choice={
+        "type": "function", "function": {"name": "launch"}}), BAD, ["tool_choice", "'launch'", "f"]),
+    "tool_choice required without tools": (chat(tool_choice="required"), BAD,
+                                           ["tool_choice", "required", "tools"]),
+    "tool_choice word": (chat(tools=[TOOL], tool_choice="always"), BAD, ["tool_choice", "'always'"]),
+    "tool name with spaces": (chat(tools=[{"type": "function", "function": {"name": "get weather"}}]),
+                              BAD, ["tools.0.function.name", "get weather"]),
     "functions": (chat(functions=[{"name": "f"}]), BAD, ["functions", '"f"']),
     "function_call": (chat(function_call="auto"), BAD, ["function_call", "'auto'"]),
     "json response_format": (chat(response_format={"type": "json_object"}), BAD,

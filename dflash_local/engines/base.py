@@ -62,8 +62,10 @@ class Engine(abc.ABC):
     last_stats = None  # a served engine: its server's totals for the last generation
 
     @abc.abstractmethod
-    def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
-        """Apply the target's chat template (thinking on/off where it has the switch)."""
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+        """Apply the target's chat template (thinking on/off where it has the switch; `tools`
+        rendered by it), ending with `assistant_prefix` as the reply's start."""
 
     @abc.abstractmethod
     def encode_raw(self, text: str) -> list[int]:
@@ -132,10 +134,11 @@ class LocalEngine(Engine):
         self.calibration = calibration.load_or_measure(self, key, force, on_measure)
         return self.calibration
 
-    def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
         check_texts(messages)  # before any tokenizer sees them
         check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
-        return chat_prompt_ids(self.tokenizer, messages, thinking)
+        return chat_prompt_ids(self.tokenizer, messages, thinking, tools, assistant_prefix)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
@@ -202,21 +205,28 @@ COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characte
 COUNT_CHUNK_CHARS = 16_384
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
     one encoding for what the engines serve and what a drafter is trained on.
 
     Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
     characters, never as the control token, so only the template's own markup ends or opens a
-    turn. Content free of special-token text is encoded exactly as the rendered template."""
+    turn. Content free of special-token text is encoded exactly as the rendered template.
+    `tools` go to the template as its `tools`; `assistant_prefix` (template text, e.g. a forced
+    tool call's opener) follows the generation prompt. An assistant message that only calls
+    tools may have no content (None or "")."""
     check_texts(messages)
     extra = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:
+        extra["tools"] = list(tools)
     specials = special_token_texts(tokenizer)
-    if not any(special in message["content"] for message in messages for special in specials):
-        return tokenizer.encode(_render(tokenizer, messages, extra), add_special_tokens=False)
-    marked = [{**message, "content": CONTENT_MARK.format(index)}
+    if not any(special in content_of(message) for message in messages for special in specials):
+        return tokenizer.encode(_render(tokenizer, messages, extra) + assistant_prefix,
+                                add_special_tokens=False)
+    marked = [{**message, "content": CONTENT_MARK.format(index)} if content_of(message) else message
               for index, message in enumerate(messages)]
-    pieces = CONTENT_MARK_SPLIT.split(_render(tokenizer, marked, extra))
+    pieces = CONTENT_MARK_SPLIT.split(_render(tokenizer, marked, extra) + assistant_prefix)
     ids = []
     for position, piece in enumerate(pieces):  # template text, content index, template text...
         if position % 2:
@@ -249,9 +259,14 @@ def unicode_problem(text: str) -> str | None:
     return None
 
 
+def content_of(message: dict) -> str:
+    """A message's text; "" for an assistant's tool-calls-only message (content None)."""
+    return message.get("content") or ""
+
+
 def check_texts(messages: list[dict]) -> None:
     for index, message in enumerate(messages):
-        if (problem := unicode_problem(message["content"])) is not None:
+        if (problem := unicode_problem(content_of(message))) is not None:
             raise InvalidRequestError(f"messages[{index}].content: {problem}")
 
 
@@ -259,12 +274,12 @@ def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> No
     """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
     worker for seconds): long content is counted a chunk at a time, stopping once it is surely
     too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
-    chars = sum(len(message["content"]) for message in messages)
+    chars = sum(len(content_of(message)) for message in messages)
     if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
         return  # tokenizing it whole is cheap: the exact check comes after
     counted, seen = 0, 0
     for message in messages:
-        content = message["content"]
+        content = content_of(message)
         for start in range(0, len(content), COUNT_CHUNK_CHARS):
             chunk = content[start:start + COUNT_CHUNK_CHARS]
             counted += len(tokenizer.encode(chunk, add_special_tokens=False,

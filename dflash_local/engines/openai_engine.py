@@ -64,7 +64,8 @@ class RemoteEngine(Engine):
             sampling=True, max_context=self.main.max_context, block_size_per_request=own,
             tokenizes=False)
 
-    def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
         raise EngineUnavailableError(f"{self.main.url} tokenizes on the server: use stream_chat")
 
     def encode_raw(self, text: str) -> list[int]:

@@ -56,7 +56,9 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
     )
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
-                      stop=body.stop_strings())
+                      stop=body.stop_strings(),
+                      tools=tuple(tool.as_template_tool() for tool in body.tools or ()),
+                      tool_choice=body.tool_choice_value())
 
 
 def check_capabilities(body: ChatCompletionRequest, capabilities: EngineCapabilities) -> None:
@@ -96,19 +98,20 @@ async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Req
 
 
 async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) -> JSONResponse:
-    parts, logprobs = [], []
+    parts, logprobs, calls = [], [], []
     finish = None
     while not isinstance(item, Finished):
         if isinstance(item, Failed):
             raise item.error
         parts.append(item.text)
         logprobs += item.logprobs
+        calls += item.tool_calls
         finish = item.finish_reason or finish
         item = await _next(job, watcher)
     usage = _usage(item, job, loaded)
     asked = job.request.params.logprobs is not None
     return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish,
-                                             usage, logprobs if asked else None))
+                                             usage, logprobs if asked else None, tuple(calls)))
 
 
 async def _stream(job: Job, first, body: ChatCompletionRequest,
@@ -140,7 +143,7 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
     """One outbox item as SSE bytes, and whether the stream ends with it."""
     if isinstance(item, Chunk):
         logprobs = list(item.logprobs) if job.request.params.logprobs is not None else None
-        step = writer.step(item.text, item.event, item.finish_reason, logprobs)
+        step = writer.step(item.text, item.event, item.finish_reason, logprobs, item.tool_calls)
         return responses.sse(step), False
     if isinstance(item, Finished):
         usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""

@@ -15,6 +15,7 @@ import json
 import time
 
 from dflash_local.events import GenerationStats, StepEvent
+from dflash_local.service.worker import ToolCallDelta
 
 
 def sse(payload: dict | str) -> bytes:
@@ -80,9 +81,12 @@ class ChunkWriter:
                 "model": self.model}
 
     def step(self, text: str, event: StepEvent, finish_reason: str | None,
-             logprobs: list[dict] | None = None) -> dict:
+             logprobs: list[dict] | None = None,
+             tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
         """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked."""
-        delta = {"content": text}
+        delta = {"content": text if text or not tool_calls else None}
+        if tool_calls:
+            delta["tool_calls"] = [tool_call_delta(piece) for piece in tool_calls]
         if not self._sent_role:
             delta = {"role": "assistant", **delta}
             self._sent_role = True
@@ -95,13 +99,38 @@ class ChunkWriter:
         return {**self._base(), "choices": [], "usage": usage_payload}
 
 
+def tool_call_delta(piece: ToolCallDelta) -> dict:
+    """OpenAI's streamed shape: a call's first piece has its id, type and name."""
+    if piece.id is None:
+        return {"index": piece.index, "function": {"arguments": piece.arguments}}
+    return {"index": piece.index, "id": piece.id, "type": "function",
+            "function": {"name": piece.name, "arguments": piece.arguments}}
+
+
+def whole_tool_calls(pieces: tuple[ToolCallDelta, ...]) -> list[dict]:
+    """A reply's streamed pieces joined into OpenAI's `message.tool_calls`."""
+    calls: dict[int, dict] = {}
+    for piece in pieces:
+        call = calls.setdefault(piece.index, {"id": None, "type": "function",
+                                              "function": {"name": None, "arguments": ""}})
+        call["id"] = piece.id or call["id"]
+        call["function"]["name"] = piece.name or call["function"]["name"]
+        call["function"]["arguments"] += piece.arguments
+    return [calls[index] for index in sorted(calls)]
+
+
 def logprobs_object(entries: list[dict] | None) -> dict | None:
     return None if entries is None else {"content": entries, "refusal": None}
 
 
 def completion(job_id: str, model: str, text: str, finish_reason: str | None,
-               usage_payload: dict, logprobs: list[dict] | None = None) -> dict:
+               usage_payload: dict, logprobs: list[dict] | None = None,
+               tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
+    message = {"role": "assistant", "content": text}
+    if tool_calls:  # OpenAI: content null when the reply only calls
+        message = {"role": "assistant", "content": text if text.strip() else None,
+                   "tool_calls": whole_tool_calls(tool_calls)}
     return {"id": job_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": logprobs_object(logprobs), "finish_reason": finish_reason}],
             "usage": usage_payload}

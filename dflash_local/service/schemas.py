@@ -8,9 +8,18 @@ built in responses.py: they are ours to shape, and dicts stream fastest.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dflash_local.engines.base import unicode_problem
 from dflash_local.events import MAX_TOP_LOGPROBS
@@ -41,14 +50,116 @@ class TextPart(StrictModel):
     text: Text
 
 
-class ChatMessage(UnsupportedMessageFields, StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+# --- tools (OpenAI function tools; tool_calls.py takes them to the worker) ---
 
-    def as_template_message(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionDefinition(StrictModel):
+    name: ToolName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of type object; None: no arguments
+    strict: bool | None = None  # accepted; the output is not constrained to the schema
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, parameters: dict | None) -> dict | None:
+        if parameters is not None and parameters.get("type") != "object":
+            raise ValueError(f"must be a JSON Schema of type \"object\", got type "
+                             f"{json.dumps(parameters.get('type'))}")
+        return parameters
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def as_template_tool(self) -> dict:
+        function = self.function
+        return {"type": "function", "function": {
+            "name": function.name, "description": function.description or "",
+            "parameters": function.parameters or {"type": "object", "properties": {}}}}
+
+
+class ToolChoiceFunction(StrictModel):
+    name: ToolName
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class FunctionCall(StrictModel):
+    name: ToolName
+    arguments: Text  # an object's JSON text, as OpenAI sends it
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        try:
+            value = json.loads(arguments)
+        except ValueError as exc:
+            raise ValueError(f"must be an object's JSON text: {exc}") from None
+        if not isinstance(value, dict):
+            # pydantic words a ValueError as this field's error (a TypeError would escape it)
+            raise ValueError(f"must be an object's JSON text, got a {type(value).__name__}")  # noqa: TRY004
+        return arguments
+
+
+class ToolCall(StrictModel):
+    id: Text = Field(min_length=1, max_length=200)
+    type: Literal["function"]
+    function: FunctionCall
+
+    def as_template_call(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {
+            "name": self.function.name, "arguments": json.loads(self.function.arguments)}}
+
+
+class ChatMessage(UnsupportedMessageFields, StrictModel):
+    # in this order: each field's check reads the ones before it
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: Text | None = Field(None, min_length=1, max_length=200,
+                                      validate_default=True)  # the call a tool message answers
+    content: Text | list[TextPart] | None  # None only for an assistant message with tool_calls
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _only_an_assistant_calls(cls, calls: list | None, info: ValidationInfo) -> list | None:
+        role = info.data.get("role")
+        if calls is not None and role != "assistant":
+            raise ValueError(f"only an assistant message calls tools (this one's role is {role!r})")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _a_tool_message_names_its_call(cls, call_id: str | None, info: ValidationInfo) -> str | None:
+        role = info.data.get("role")
+        if role == "tool" and call_id is None:
+            raise ValueError("a tool message needs the id of the call it answers")
+        if role != "tool" and call_id is not None:
+            raise ValueError(f"only a tool message has one (this one's role is {role!r})")
+        return call_id
+
+    @field_validator("content")
+    @classmethod
+    def _null_only_beside_calls(cls, content, info: ValidationInfo):
+        if content is None and not info.data.get("tool_calls"):
+            raise ValueError("null is only allowed in an assistant message with tool_calls")
+        return content
+
+    def as_template_message(self) -> dict:
+        text = (self.content if isinstance(self.content, str) or self.content is None
+                else "".join(p.text for p in self.content))
         # chat templates know "system"; "developer" is OpenAI's newer name for it
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        message = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_template_call() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class StreamOptions(StrictModel):
@@ -78,6 +189,24 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, StrictModel):
     prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
     tree: bool | None = None  # verify a tree of drafts per round (default on)
     draft_window: int | None = Field(None, ge=1)  # context rows the drafter keeps (local engines)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or ()]
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice: names function {self.tool_choice.function.name!r}, "
+                             f"which is not among tools ({', '.join(names) or 'none given'})")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs tools to choose from")
+        return self
+
+    def tool_choice_value(self) -> str | dict:
+        """tool_choice as JobRequest takes it (default "auto")."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice or "auto"
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:

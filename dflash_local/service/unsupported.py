@@ -1,7 +1,7 @@
 """OpenAI chat fields this server does not implement: refused by name, never silently ignored.
 
-A client that sends `tools` and gets plain text back would conclude the model chose not to call
-them. Each field may still carry its no-op value (what some SDKs send by default). Fields that
+A client that sends `response_format` and gets free text back would conclude the model ignored
+it. Each field may still carry its no-op value (what some SDKs send by default). Fields that
 are not OpenAI's, or only label a request (`user`, `metadata`), stay ignored, as documented.
 """
 
@@ -13,12 +13,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 
 # field -> the values that ask for nothing beyond what we do anyway
 NO_OP_VALUES: dict[str, tuple] = {
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "tool_calls": ([],),
-    "tool_call_id": (),
     "response_format": ({"type": "text"},),
     "logit_bias": ({},),
     "presence_penalty": (0,),
@@ -50,8 +46,6 @@ class UnsupportedOpenAIFields(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tools: Annotated[Any, _refuse_unless_no_op("tools")] = None
-    tool_choice: Annotated[Any, _refuse_unless_no_op("tool_choice")] = None
     functions: Annotated[Any, _refuse_unless_no_op("functions")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
     response_format: Annotated[Any, _refuse_unless_no_op("response_format")] = None
@@ -66,10 +60,8 @@ class UnsupportedOpenAIFields(BaseModel):
 
 
 class UnsupportedMessageFields(BaseModel):
-    """Mixed into a chat message: a tool call or its result would be dropped from the prompt."""
+    """Mixed into a chat message: OpenAI's legacy function call would be dropped from the prompt."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tool_calls: Annotated[Any, _refuse_unless_no_op("tool_calls")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
-    tool_call_id: Annotated[Any, _refuse_unless_no_op("tool_call_id")] = None

@@ -22,6 +22,8 @@ from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongE
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
 from dflash_local.service.logprobs import LogprobEntries
+from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
+from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
 
@@ -184,6 +186,23 @@ def _longest_borders(text: str) -> list[int]:
     return borders
 
 
+def split_calls(splitter: ToolCallSplitter, text: str,
+                finish: str | None) -> tuple[str, tuple[ToolCallDelta, ...], str | None]:
+    """A step's text without call markup, the calls it completed as OpenAI streams each (its id
+    and name, then its arguments), and the finish reason ("tool_calls" for a reply that called)."""
+    first_index = splitter.calls_made
+    text, calls = splitter.feed(text)
+    if finish:
+        more, last = splitter.finish()
+        text, calls = text + more, calls + last
+    if finish == "stop" and splitter.calls_made:
+        finish = "tool_calls"
+    deltas = []
+    for index, call in enumerate(calls, start=first_index):
+        deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
+    return text, tuple(deltas), finish
+
+
 class GenerationWorker:
     def __init__(self, engine: Engine, max_queue: int = 8):
         self.engine = engine
@@ -192,6 +211,7 @@ class GenerationWorker:
         self.last: Job | None = None
         self.jobs_done = 0
         self.rounds_total = 0
+        self.tool_support = ToolSupport.of(engine)  # the template's tool format, read once
         self._closed = False
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
@@ -285,7 +305,8 @@ class GenerationWorker:
         # only local engines declare logprobs (chat.check_capabilities): they have a tokenizer
         logprobs = (LogprobEntries(self.engine.tokenizer)
                     if request.params.logprobs is not None else None)
-        stream = self._open_stream(request)
+        tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
+        stream = self._open_stream(request, tools)
         try:
             for event in stream:
                 stats.add(event)
@@ -296,8 +317,12 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
+                # a tool call's tokens keep their entries: they are generated tokens
                 entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
-                job.put(Chunk(text, event, finish, logprobs=tuple(entries)))
+                deltas: tuple[ToolCallDelta, ...] = ()
+                if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
+                    text, deltas, finish = split_calls(tools.splitter, text, finish)
+                job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries)))
                 if finish:
                     stats.finish_reason = finish
                     return stats
@@ -314,10 +339,11 @@ class GenerationWorker:
             stats.prompt_tokens = served.prompt_tokens
         return stats
 
-    def _open_stream(self, request: JobRequest):
+    def _open_stream(self, request: JobRequest, tools: ToolPlan):
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking)
+        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
+                                             tools=tools.tools, assistant_prefix=tools.assistant_prefix)
         return self.engine.stream(prompt_ids, self._fit_max_tokens(request, len(prompt_ids)))
 
     def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:

@@ -1,0 +1,89 @@
+"""A request's tools on the worker's path: what the prompt gets, and the splitter for the reply.
+
+Every API edge (chat completions, messages, responses) hands the worker OpenAI function tools
+and a tool_choice; here they become the template's `tools`, a forced call's opener at the end
+of the prompt (tool_choice "required" or a named function), and a ToolCallSplitter that takes
+the call markup out of the reply. Whether the target can take tools, and in which format it
+writes calls, is read from its chat template once, at load (ToolSupport).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_local.errors import InvalidRequestError
+from dflash_local.service.tool_formats import ToolFormat, format_for_template, template_uses_tools
+from dflash_local.service.tool_stream import ToolCallSplitter
+from dflash_local.service.validation import redact_paths
+
+
+@dataclass(frozen=True)
+class ToolSupport:
+    """What a loaded engine can do with tools, judged once at load."""
+
+    model: str  # the target's name (a path's last part), for errors
+    local: bool  # False: a served engine, whose server gets no tools from us
+    uses_tools: bool  # its chat template renders `tools`
+    format: ToolFormat | None  # the format it writes calls in; None: one we do not parse
+
+    @classmethod
+    def of(cls, engine) -> ToolSupport:
+        template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
+        model_type = _model_type(engine.pair.target_path)
+        return cls(model=redact_paths(engine.pair.target), local=engine.capabilities.tokenizes,
+                   uses_tools=template_uses_tools(template),
+                   format=format_for_template(template, model_type))
+
+
+def _model_type(target_path: Path | None) -> str | None:
+    try:
+        return json.loads((target_path / "config.json").read_text()).get("model_type")
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    tools: list[dict] | None  # for the chat template; None: render without tools
+    assistant_prefix: str  # the reply's forced start ("" unless a call is forced)
+    splitter: ToolCallSplitter | None  # None: the reply is all text
+
+
+NO_TOOLS = ToolPlan(None, "", None)
+
+
+def forced_name(tool_choice: str | dict) -> str | None:
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+
+
+def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str | dict) -> ToolPlan:
+    """The prompt's tools and the reply's splitter for a request; a 400 for what cannot work."""
+    if not tools or tool_choice == "none":
+        return NO_TOOLS
+    if not support.local:
+        raise InvalidRequestError(f"tools: {support.model} is served by its own server, which "
+                                  f"this service does not pass tools to; leave tools out")
+    if not support.uses_tools:
+        raise InvalidRequestError(f"tools: {support.model} cannot take tools: its chat template "
+                                  f"has no tool support")
+    if support.format is None:
+        raise InvalidRequestError(f"tools: {support.model} writes tool calls in a format this "
+                                  f"server does not parse (hermes, qwen3_coder, llama3_json, harmony)")
+    names = [tool["function"]["name"] for tool in tools]
+    name = forced_name(tool_choice)
+    if name is not None and name not in names:
+        raise InvalidRequestError(f"tool_choice: names function {name!r}, which is not among "
+                                  f"tools ({', '.join(names)})")
+    schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
+    splitter = ToolCallSplitter(support.format, schemas)
+    prefix = "" if tool_choice == "auto" else support.format.forced(name)
+    if prefix:
+        splitter.feed(prefix)  # the forced opener is the prompt's; the reply continues the call
+    return ToolPlan(list(tools), prefix, splitter)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
