@@ -302,10 +302,12 @@ class GenerationWorker:
         return stats
 
     def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
-        """A served engine learns the prompt's length only from the server's final usage."""
+        """A served engine learns the prompt's length and its cache hits only from the server's
+        final usage."""
         served = self.engine.last_stats
-        if not self.engine.capabilities.tokenizes and served is not None and not stats.prompt_tokens:
-            stats.prompt_tokens = served.prompt_tokens
+        if not self.engine.capabilities.tokenizes and served is not None:
+            stats.prompt_tokens = stats.prompt_tokens or served.prompt_tokens
+            stats.cached_tokens = stats.cached_tokens or served.cached_tokens
         return stats
 
     def _open_stream(self, request: JobRequest):
