@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
-from dflash_local.engines import turn_warmup
+from dflash_local.engines.turn_warmup import warm
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
     Auto,
@@ -195,7 +195,7 @@ class LocalEngine(Engine):
                        params: GenerationParams, thinking: bool | None,
                        should_stop: Callable[[], bool]) -> bool:
         ids = next_turn_ids(self.tokenizer, messages, reply, prompt_ids, thinking)
-        return ids is not None and turn_warmup.warm(
+        return ids is not None and warm(
             self, ids, params, lambda: self._open_streams > 0 or should_stop(), self._warm_guard)
 
     def _resume(self, prompt_ids: list[int], runner: TargetRunner,
