@@ -200,6 +200,12 @@ def _parse_arch(arch: Any, where: str) -> tuple[tuple[str, Any], ...]:
            if key != "layer_types" and not (type(value) is int and value > 0)}
     if bad:
         raise CheckpointError(f"{where} arch: {bad} must be positive integers")
+    layer_types = arch.get("layer_types")
+    if layer_types is not None and not (
+            isinstance(layer_types, list) and len(layer_types) == arch["num_hidden_layers"]
+            and all(isinstance(kind, str) and kind for kind in layer_types)):
+        raise CheckpointError(f"{where} arch: layer_types must list one layer kind (a string) per "
+                              f"layer, {arch['num_hidden_layers']} in all; got {layer_types!r}")
     return tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                         for key, value in arch.items()))
 

@@ -85,6 +85,8 @@ def _add_generate(commands) -> None:
     gen.add_argument("--no-thinking", action="store_true", help="chat template with thinking off")
     gen.add_argument("--raw", action="store_true", help="tokenize PROMPT as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    gen.add_argument("--logprobs", type=int, metavar="N",
+                     help="with --json: each token's logprob and its N best alternatives (0-20)")
     gen.set_defaults(handler=run_generate)
 
 
@@ -106,6 +108,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, speculative=not args.no_speculative,
         block_size=args.block_size, prompt_lookup=not args.no_lookup, tree=not args.no_tree,
+        logprobs=args.logprobs,
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
     _quiet_frameworks()
@@ -121,12 +124,18 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             messages = [{"role": "user", "content": args.prompt}]
             prompt_ids = engine.encode_chat(messages, thinking=False if args.no_thinking else None)
-        token_ids, text, stats = stream_completion(engine, prompt_ids, params, echo=not args.json)
+        token_ids, text, stats, logprobs = stream_completion(engine, prompt_ids, params,
+                                                             echo=not args.json)
     finally:
         engine.close()
     block_size = widest_block(params, engine.pair.block_size)
     if args.json:
-        print(json.dumps(_report(engine, prompt_ids, token_ids, text, stats, block_size)))
+        report = _report(engine, prompt_ids, token_ids, text, stats, block_size)
+        if params.logprobs is not None:  # per token: its logprob, then [id, logprob] best first
+            report["logprobs"] = [{"logprob": entry.logprob,
+                                   "top": list(zip(entry.top_ids, entry.top_logprobs))}
+                                  for entry in logprobs]
+        print(json.dumps(report))
     else:
         print(
             f"[{stats.completion_tokens} tokens, tau {stats.tau:.2f}, "
@@ -137,14 +146,17 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, echo: bool):
-    """Run one generation; with echo, each text delta goes to stdout as it comes."""
+    """Run one generation; with echo, each text delta goes to stdout as it comes. Returns the
+    token ids, the text, the totals and each token's TokenLogprob (where params ask)."""
     token_ids: list[int] = []
+    logprobs: list = []
     pieces: list[str] = []
     stats = GenerationStats()
     try:
         for event in engine.stream(prompt_ids, params):
             stats.add(event)
             token_ids.extend(event.token_ids)
+            logprobs.extend(event.logprobs)
             pieces.append(event.text)
             if echo:
                 sys.stdout.write(event.text)
@@ -153,7 +165,7 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
         if echo:
             sys.stdout.write("\n")
             sys.stdout.flush()
-    return token_ids, "".join(pieces), stats
+    return token_ids, "".join(pieces), stats, logprobs
 
 
 def _report(engine, prompt_ids, token_ids, text, stats: GenerationStats, block_size: int) -> dict:

@@ -51,3 +51,35 @@ class StreamDetokenizer:
                 text = decode(self._ids[window_start : base + chars[index]], skip_special_tokens=True)
                 chars[index] = min(len(delta), max(0, len(text.rstrip("\ufffd")) - prefix_chars))
         return delta, chars
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE (GPT-2's scheme, and Llama 3's, Qwen's, SmolLM2's) writes each byte of a
+    token as one printable character: the printable Latin-1 bytes as themselves, the other 68
+    as chr(256 + n) in byte order. Character -> byte."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)}
+    alphabet, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            alphabet[chr(byte)] = byte
+        else:
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+
+
+def token_bytes(tokenizer, token_id: int, text: str) -> bytes:
+    """The raw bytes of one token whose decode is `text`: where the tokenizer is byte-level,
+    the token's own bytes (a token holding part of a multi-byte character decodes to "\\ufffd",
+    its bytes are still the right ones); otherwise, or where those bytes do not read back as
+    `text`, the UTF-8 of `text`."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str) and piece and all(char in BYTE_LEVEL_ALPHABET for char in piece):
+        raw = bytes(BYTE_LEVEL_ALPHABET[char] for char in piece)
+        if raw.decode("utf-8", errors="replace") == text:
+            return raw
+    return text.encode("utf-8")

@@ -66,6 +66,19 @@ def widest_block(params: GenerationParams, drafter_block: int | None) -> int:
     return drafter_block if size is None else min(size, drafter_block)
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one committed token: log_softmax of its raw logits (before
+    temperature, top-k and top-p), and its most probable tokens, best first (logprobs.py)."""
+
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 256
@@ -79,6 +92,7 @@ class GenerationParams:
     prompt_lookup: bool = True  # with block_size auto: rounds may verify lookup.py drafts
     tree: bool = True  # drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
     draft_window: int | None = None  # the drafter keeps this many context rows (None: the engine's)
+    logprobs: int | None = None  # report each token's logprob and this many top alternatives (0-20)
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -90,6 +104,11 @@ class GenerationParams:
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
         check_draft_window(self.draft_window)
+        top = self.logprobs
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                                or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"logprobs (top alternatives) must be an integer in "
+                                      f"[0, {MAX_TOP_LOGPROBS}], got {top!r}")
         if not isinstance(self.block_size, Fixed | Auto):
             raise InvalidRequestError(
                 f"block_size must be Fixed(n) or Auto() (parse_block_size), got {self.block_size!r}")
@@ -119,6 +138,7 @@ class StepEvent:
     copied_chars: int = 0  # of `accepted_chars`, the last ones those copied tokens made
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (planning/)
     finish_reason: str | None = None  # "stop" | "length" on the last event
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when params.logprobs asks
 
 
 def decode_rate(completion_tokens: int, decode_s: float) -> float:
@@ -191,6 +211,7 @@ class EngineCapabilities:
     block_size_per_request: bool = True
     tokenizes: bool = True  # False: a served engine (URL, vLLM, SGLang): messages in, no ids
     tree_verify: bool = False  # a round may verify a draft tree, not only a chain (draft_tree.py)
+    logprobs: bool = False  # StepEvents carry each token's logprobs when params ask (logprobs.py)
 
 
 def check_draft_window(window: int | None, context: int | None = None) -> None:

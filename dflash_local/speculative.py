@@ -24,10 +24,11 @@ from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent, widest_block
 from dflash_local.interfaces import Drafter, TargetRunner
+from dflash_local.logprobs import token_logprobs
 from dflash_local.planning import Planner, make_planner
 from dflash_local.planning.costs import RoundCosts
 from dflash_local.prefix_cache import Resume
-from dflash_local.proposers import DraftSources
+from dflash_local.proposers import Draft, DraftSources
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
@@ -58,7 +59,8 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     try:
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
-                        cached_tokens=resume.cached_rows, mode=planner.mode)
+                        cached_tokens=resume.cached_rows, mode=planner.mode,
+                        logprobs=_logprobs(last_logits[None], [0], [anchor_id], params))
         if resume.keep_prompt and resume.keep is not None:  # a turn's end: a state that
             sources.add_taps(taps)  # cannot be trimmed is kept where the prompt ends too
             taps = sources.unseen()
@@ -80,12 +82,9 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             planner.observe(draft, path, committed)
             produced += len(committed)
             anchor_id = committed[-1]
-            accepted = min(len(path), len(committed))
-            yield StepEvent(
-                token_ids=tuple(committed), drafted=len(draft.tree.token_ids), mode=draft.mode,
-                draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
-                copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
-                elapsed_s=time.perf_counter() - decode_start, finish_reason=finish)
+            yield _round_event(draft, path, committed, round_index=round_index,
+                               finish_reason=finish, elapsed_s=time.perf_counter() - decode_start,
+                               logprobs=_logprobs(logits, [0, *path], committed, params))
     finally:
         if whole and resume.keep is not None:
             sources.add_taps(taps)
@@ -116,6 +115,23 @@ def _accept(tree: DraftTree, logits: np.ndarray, params: GenerationParams, rng: 
         return tree.walk(np.argmax(logits, axis=-1))
     # only the rows the walk reaches are turned into probabilities
     return sampled_walk(tree, lambda row: target_probs(logits[row : row + 1], params)[0], rng)
+
+
+def _round_event(draft: Draft, path: list[int], committed: list[int], **fields) -> StepEvent:
+    """What a round drafted and kept: `path`, the kept nodes; `committed`, their tokens and the
+    target's own, cut at a stop token or max_tokens."""
+    accepted = min(len(path), len(committed))
+    drafted = len(draft.tree.token_ids)
+    return StepEvent(token_ids=tuple(committed), drafted=drafted, mode=draft.mode,
+                     draft_depth=draft.tree.depth, accepted=accepted, block_size=drafted + 1,
+                     copied=max(0, accepted - draft.drafter_kept(path)), **fields)
+
+
+def _logprobs(logits: np.ndarray, rows: list[int], committed: list[int], params: GenerationParams):
+    """Each committed token's logprob where the request asks: row rows[i] predicted committed[i]."""
+    if params.logprobs is None:
+        return ()
+    return token_logprobs(logits, rows[: len(committed)], committed, params.logprobs)
 
 
 def _pick(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:

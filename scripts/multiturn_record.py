@@ -1,6 +1,7 @@
 """Turn `dflash-local bench --multi-turn` outputs (one JSON per engine) into the two records
-docs/records/ keeps: time to first token and end to end per turn, the prefix cache off and on,
-and the cache's memory under interleaved chats. The figures are copied, never recomputed.
+docs/records/ keeps: time to first token and end to end per turn, the prefix cache off, on with
+no pause and on after a pause, and the cache's memory under interleaved chats (runs made with
+--conversations 0 leave that record as it is). The figures are copied, never recomputed.
 
     .venv/bin/python scripts/multiturn_record.py bench-results/multiturn-*.json
     .venv/bin/python scripts/render_benchmarks.py
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = {"transformers": "Transformers", "mlx": "MLX"}
 COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 4 --max-tokens 128 "
-           "--conversations 20")
+           "--conversations {conversations}")
 MEMORY_COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 1 --max-tokens 64 "
                   "--conversations 20 --prefix-cache-mb {budget}")
 MEMORY_NOTE = ("The default budget is 64K tokens of the pair's cache, at most 1/8 of the machine's "
@@ -24,28 +25,33 @@ MEMORY_NOTE = ("The default budget is 64K tokens of the pair's cache, at most 1/
                "conversations whole: their second turns reuse only what they share with a kept "
                "one (the chat template's opening).")
 NOISE = ("The machine was shared with other engineers' tests and benchmarks while these ran (load "
-         "average 5-11 on 2 cores), so every time here is noisy; the off and on runs alternate per "
-         "conversation to spread the noise over both.")
+         "average {load} on 2 cores), so every time here is noisy; the three ways rotate which "
+         "goes first per conversation to spread the noise over all.")
 
 
 def turn_rows(raw: dict) -> list[dict]:
+    """Per turn: the medians off, on (no pause) and after a pause; on turn 2 the bars' ratios."""
     name = ENGINES[raw["engine"]]
     summary = raw["turns"]["summary"]
+    samples = raw["turns"]["samples"]
     rows = []
     for turn in ("turn 1", "turn 2"):
         row = summary[turn]
-        samples = raw["turns"]["samples"]
         identical = sum(s["turns"][int(turn[-1]) - 1]["identical"] for s in samples)
         rows.append({"label": f"{name}, {turn}", "bold": turn == "turn 2",
                      "prompt": round(row["prompt_tokens_on"]), "cached": round(row["cached_tokens_on"]),
+                     "cached_pause": round(row["cached_tokens_pause"]),
                      "ttft_off": round(row["ttft_s_off"], 2), "ttft_on": round(row["ttft_s_on"], 2),
+                     "ttft_pause": round(row["ttft_s_pause"], 2),
                      "e2e_off": round(row["end_to_end_s_off"], 1),
-                     "e2e_on": round(row["end_to_end_s_on"], 1),
+                     "e2e_pause": round(row["end_to_end_s_pause"], 1),
                      "identical": f"{identical}/{len(samples)}"})
+    rows[0]["warm"] = round(summary["turn 1"]["warm_s_pause"], 2)
     bars = summary["bars"]
-    first_on = statistics.median(s["turns"][0]["on"]["ttft_s"] for s in raw["turns"]["samples"])
-    rows[-1]["ratio"] = round(summary["turn 2"]["ttft_s_on"] / first_on, 2)
-    rows[-1]["worst_ratio"] = round(bars["ttft_turn2_over_turn1_on_max"], 2)
+    first = statistics.median(s["turns"][0]["pause"]["ttft_s"] for s in samples)
+    rows[-1]["ratio"] = round(summary["turn 2"]["ttft_s_pause"] / first, 2)
+    rows[-1]["worst_ratio"] = round(bars["ttft_turn2_over_turn1_pause_max"], 2)
+    rows[-1]["worst_ratio_on"] = round(bars["ttft_turn2_over_turn1_on_max"], 2)
     return rows
 
 
@@ -74,7 +80,9 @@ def common(raws: list[dict], extra: list[dict] = ()) -> dict:
     first = raws[0]
     machine = first["machine"]
     return {
-        "command": [COMMAND.format(engine=raw["engine"]) for raw in raws]
+        "command": [COMMAND.format(engine=raw["engine"],
+                                   conversations=(raw.get("memory") or {}).get("conversations", 0))
+                    for raw in raws]
         + [MEMORY_COMMAND.format(engine=raw["engine"], budget=round(raw["settings"]["budget_mib"]))
            for raw in extra],
         "date": first["created"][:10],
@@ -95,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", nargs="*", type=Path, default=[],
                         help="more runs whose memory check alone is kept (another budget)")
     parser.add_argument("--notes", nargs="*", default=[], help="more notes for the turns record")
+    parser.add_argument("--load", default="unknown", help="the load average while the runs ran")
     args = parser.parse_args(argv)
     raws = [json.loads(path.read_text()) for path in args.raw]
     more = [json.loads(path.read_text()) for path in args.memory]
@@ -103,25 +112,33 @@ def main(argv: list[str] | None = None) -> int:
         "measured": (
             "Four two-turn conversations of the repo's own set (bench/data/multiturn.jsonl: a "
             "600-700 token passage and question, then a short follow-up that sees the reply), "
-            "each run with the prefix cache off and on. Medians over the conversations: "
-            "prompt and cached tokens (cache on), time to first token (ttft: request to the "
-            "first token, a restore included) and end to end, in seconds; turn 2 / turn 1: "
-            "the cache-on turn 2 ttft over the cache-on turn 1 ttft (the medians', and the "
-            "worst conversation's); identical: the answers with and without the cache, token for token."),
+            "each run three ways: the prefix cache off; on, the next turn sent the moment the "
+            "reply ends (no warm-up); on after a pause, a user's reading time, in which the idle "
+            "service warms the next turn (engines/turn_warmup.py; here run to its end between "
+            "the turns; warm-up: its time, the reading time it needs). Medians over the "
+            "conversations: prompt and cached tokens, time to first token (ttft: request to the "
+            "first token, a restore included) and end to end, in seconds; turn 2 / turn 1: the "
+            "turn 2 ttft over the turn 1 ttft after a pause (the medians', and the worst "
+            "conversation's; the bars read this), and the worst with no pause; identical: the "
+            "answers of all three, token for token."),
         "dataset": "multiturn (4 two-turn conversations, MT-Bench's question format)",
         "row_header": "4 conversations", **common(raws),
         "columns": [
             {"key": "prompt", "label": "prompt tokens", "decimals": 0},
-            {"key": "cached", "label": "cached", "decimals": 0},
+            {"key": "cached", "label": "cached, no pause", "decimals": 0},
+            {"key": "cached_pause", "label": "cached after a pause", "decimals": 0},
             {"key": "ttft_off", "label": "ttft off (s)", "decimals": 2},
-            {"key": "ttft_on", "label": "ttft on (s)", "decimals": 2},
+            {"key": "ttft_on", "label": "ttft no pause (s)", "decimals": 2},
+            {"key": "ttft_pause", "label": "ttft after a pause (s)", "decimals": 2},
             {"key": "ratio", "label": "turn 2 / turn 1", "decimals": 2},
             {"key": "worst_ratio", "label": "worst", "decimals": 2},
+            {"key": "worst_ratio_on", "label": "worst, no pause", "decimals": 2},
+            {"key": "warm", "label": "warm-up (s)", "decimals": 2},
             {"key": "e2e_off", "label": "end to end off (s)", "decimals": 1},
-            {"key": "e2e_on", "label": "end to end on (s)", "decimals": 1},
+            {"key": "e2e_pause", "label": "end to end after a pause (s)", "decimals": 1},
             {"key": "identical", "label": "identical"}],
         "rows": [row for raw in raws for row in turn_rows(raw)],
-        "notes": [NOISE, *args.notes],
+        "notes": [NOISE.format(load=args.load), *args.notes],
     }
     memory_common = common(raws, more)
     memory_common["settings"] = {key: value for key, value in memory_common["settings"].items()
@@ -148,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = ROOT / "docs" / "records"
     (out / "prefix-cache-multiturn.json").write_text(json.dumps(turns, indent=1, ensure_ascii=False) + "\n")
-    (out / "prefix-cache-memory.json").write_text(json.dumps(memory, indent=1, ensure_ascii=False) + "\n")
+    if memory["rows"]:  # runs with --conversations 0 leave the memory record as it is
+        (out / "prefix-cache-memory.json").write_text(json.dumps(memory, indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -177,6 +177,16 @@ CASES = {
     "prompt_lookup word": (chat(prompt_lookup="yes"), BAD, ["prompt_lookup", "'yes'"]),
     "string speculative": (chat(speculative="yes"), BAD, ["speculative", "'yes'"]),
     "string tree": (chat(tree="no"), BAD, ["tree", "'no'"]),
+    # logprobs
+    "string logprobs": (chat(logprobs="yes"), BAD, ["logprobs", "'yes'"]),
+    "top_logprobs without logprobs": (chat(top_logprobs=2), BAD,
+                                      ["top_logprobs (2)", "logprobs: true", "None"]),
+    "top_logprobs with logprobs false": (chat(logprobs=False, top_logprobs=0), BAD,
+                                         ["top_logprobs (0)", "logprobs: true", "False"]),
+    "top_logprobs over 20": (chat(logprobs=True, top_logprobs=21), BAD,
+                             ["top_logprobs", "20", "21"]),
+    "negative top_logprobs": (chat(logprobs=True, top_logprobs=-1), BAD, ["top_logprobs", "-1"]),
+    "float top_logprobs": (chat(logprobs=True, top_logprobs=2.0), BAD, ["top_logprobs", "2.0"]),
     # OpenAI fields this server does not implement
     # tools
     "tools on a template without tools": (chat(tools=[TOOL]), BAD,
@@ -193,8 +203,6 @@ CASES = {
                               BAD, ["tools.0.function.name", "get weather"]),
     "functions": (chat(functions=[{"name": "f"}]), BAD, ["functions", '"f"']),
     "function_call": (chat(function_call="auto"), BAD, ["function_call", "'auto'"]),
-    "logprobs": (chat(logprobs=True), BAD, ["logprobs", "true"]),
-    "top_logprobs": (chat(top_logprobs=5), BAD, ["top_logprobs", "5"]),
     "json response_format": (chat(response_format={"type": "json_object"}), BAD,
                              ["response_format", "json_object"]),
     "json_schema response_format": (chat(response_format={"type": "json_schema"}), BAD,

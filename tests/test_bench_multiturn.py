@@ -39,18 +39,23 @@ def test_multi_turn_reports_both_ways_and_stays_within_budget(tmp_path_factory, 
     assert len(samples) == 2
     for sample in samples:
         first, second = sample["turns"]
-        assert first["identical"] and second["identical"]
+        assert first["identical"] and second["identical"]  # off, on and after a pause
         assert first["off"]["cached_tokens"] == second["off"]["cached_tokens"] == 0
         assert second["on"]["cached_tokens"] >= first["on"]["prompt_tokens"]
+        # the pause warmed the reply as turn 2 spells it: all of turn 1, its reply closed
+        assert second["pause"]["cached_tokens"] > first["pause"]["prompt_tokens"] + 8
+        assert first["pause"]["warm_s"] > 0 == first["on"]["warm_s"]
     bars = record["turns"]["summary"]["bars"]
-    assert bars["cached_over_turn1_prompt_min"] >= 1.0
+    assert bars["mode"] == "pause"
+    assert bars["cached_over_turn1_prompt_on_min"] >= 1.0
+    assert bars["cached_over_turn1_prompt_pause_min"] > 1.0
     memory = record["memory"]
     assert memory["conversations"] == 3 and memory["budget_mib"] == 1.0
     assert memory["within_budget"] and 0 < memory["cache_mib_max"] <= 1.0
     assert memory["entries_end"] == 1  # one chat's entry fits: each new one evicted the last
     assert memory["turn2_reused_own"] == 0  # ...so no second turn found its own first one
     printed = capsys.readouterr().out
-    assert "turn 2" in printed and "interleaved chats" in printed
+    assert "turn 2" in printed and "interleaved chats" in printed and "after a pause" in printed
 
 
 def test_the_two_turn_set_is_offline_in_mt_benchs_format():

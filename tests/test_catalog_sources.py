@@ -64,6 +64,12 @@ CATALOG_HEAD = ('[[pair]]\nid = "embedded"\nengines = ["mlx"]\nthinking = "on"\n
      r"arch: \{'num_key_value_heads': 0\} must be positive integers"),
     (('arch = { num_hidden_layers = 2, num_key_value_heads = 1, head_dim = 8, layers = 3 }\n'
       'target = { repo = "t", source = "embedded" }\n'), r"arch: unknown keys \['layers'\]"),
+    (('arch = { num_hidden_layers = 2, num_key_value_heads = 1, head_dim = 8, '
+      'layer_types = ["full_attention"] }\ntarget = { repo = "t", source = "embedded" }\n'),
+     r"arch: layer_types must list one layer kind \(a string\) per layer, 2 in all"),
+    (('arch = { num_hidden_layers = 1, num_key_value_heads = 1, head_dim = 8, '
+      'layer_types = [3] }\ntarget = { repo = "t", source = "embedded" }\n'),
+     r"arch: layer_types must list one layer kind .* got \[3\]"),
     ('target = { repo = "t", source = "embedded", quantization = "3bit" }\n',
      r"'embedded'\) target: quantization '3bit' is not one of"),
 ])

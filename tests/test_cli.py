@@ -69,6 +69,21 @@ def test_generate_json_equals_plain(pair, cli_env):
     assert report["drafter_path"] == str(pair.drafter.resolve())
 
 
+def test_generate_json_reports_logprobs_when_asked(pair, cli_env):
+    result = cli(cli_env, "generate", "--json", "--target", str(pair.target), "--drafter",
+                 str(pair.drafter), "--block-size", "4", "--max-tokens", "8", "--logprobs", "3",
+                 PROMPT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert len(report["logprobs"]) == len(report["token_ids"]) == 8
+    for token_id, entry in zip(report["token_ids"], report["logprobs"]):
+        assert len(entry["top"]) == 3 and entry["top"][0] == [token_id, entry["logprob"]]  # greedy
+    refused = cli(cli_env, "generate", "--json", "--target", str(pair.target), "--logprobs", "21",
+                  "--no-speculative", PROMPT)
+    assert refused.returncode == 2
+    assert "logprobs (top alternatives) must be an integer in [0, 20], got 21" in refused.stderr
+
+
 def test_generate_with_auto_calibrates_at_load_as_a_visible_phase_then_reads_the_cache(
         pair, tmp_path, cli_env):
     env = {**cli_env, "DFLASH_LOCAL_HOME": str(tmp_path / "app")}  # no calibration cached yet

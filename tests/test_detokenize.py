@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.detokenize import StreamDetokenizer, token_bytes
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +37,23 @@ def test_a_slice_that_ends_inside_a_character_waits_for_the_next_call(tokenizer)
     assert chars == [len(out), len(out)]
     rest, _ = detokenizer.add_split(ids[end:], (0,))
     assert out + rest == tokenizer.decode(ids)
+
+
+def test_token_bytes_are_the_tokens_own_even_inside_a_character(tokenizer):
+    text = "naïve \U0001F600 <|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    strings = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    assert any(string.endswith("\ufffd") for string in strings)  # the emoji is split
+    pieces = [token_bytes(tokenizer, i, string) for i, string in zip(ids, strings)]
+    assert b"".join(pieces) == text.encode("utf-8")
+    assert all(piece == string.encode() for piece, string in zip(pieces, strings)
+               if "\ufffd" not in string)
+
+
+def test_token_bytes_of_a_tokenizer_that_is_not_byte_level_are_its_texts_utf8():
+    class WordPiece:  # "##" marks a word's continuation: not bytes
+        def convert_ids_to_tokens(self, token_id):
+            return {0: "##ing", 1: "\u2581caf\u00e9"}[token_id]
+
+    assert token_bytes(WordPiece(), 0, "ing") == b"ing"
+    assert token_bytes(WordPiece(), 1, " café") == " café".encode()

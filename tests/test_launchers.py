@@ -88,6 +88,9 @@ def test_each_catalog_pair_gets_the_tables_flags(pair, engine):
         assert flag(argv, "--speculative-num-draft-tokens") == str(block)
         assert env == server_flags.SGLANG_BASE_ENV
     assert flag(argv, "--port") == "8123" and flag(argv, "--host") == "127.0.0.1"
+    # usage.prompt_tokens_details.cached_tokens, which the served engine relays
+    assert (server_flags.VLLM_CACHE_REPORT if engine == "vllm"
+            else server_flags.SGLANG_CACHE_REPORT) in argv
 
 
 def test_flags_agree_with_the_zlab_readme_launch_commands():
@@ -117,6 +120,7 @@ def test_a_plain_twin_has_no_speculation_flags():
     assert "--speculative-config" not in argv and flag(argv, "--gpu-memory-utilization") == "0.42"
     argv, env = sglang_args(LaunchSpec("Qwen/Qwen3-8B", None, memory_share=0.42), "0.5.23")
     assert "--speculative-algorithm" not in argv and env == {}
+    assert server_flags.SGLANG_CACHE_REPORT in argv  # a twin reports its cache hits too
     assert flag(argv, "--mem-fraction-static") == "0.42"
 
 

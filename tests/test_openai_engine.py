@@ -50,6 +50,7 @@ class StandIn:
         self.counters = {"drafts": 40.0, "draft_tokens": 280.0, "accepted": 90.0,
                          "per_pos": [30.0, 25.0, 15.0, 10.0, 5.0, 3.0, 2.0], "verify": 40.0, "gen": 170.0}
         self.requests: list[dict] = []
+        self.cached: int | None = None  # prompt_tokens_details.cached_tokens of the final usage
         self.server = BackgroundServer(self.app())
 
     def app(self) -> FastAPI:
@@ -124,7 +125,10 @@ class StandIn:
             yield chunk([], sglext={"spec_tokens_details": {
                 "spec_verify_ct": rounds, "spec_num_correct_drafts": accepted,
                 "spec_num_proposed_drafts": rounds * K, "spec_accept_length": done / rounds}})
-        yield chunk([], usage={"prompt_tokens": 9, "completion_tokens": done, "total_tokens": 9 + done})
+        usage = {"prompt_tokens": 9, "completion_tokens": done, "total_tokens": 9 + done}
+        if self.cached is not None:  # vLLM writes the details only with its flag (None: absent)
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        yield chunk([], usage=usage)
         yield "data: [DONE]\n\n"
         asyncio.get_running_loop().call_later(0.15, self.count, body)  # counted a little late
 
@@ -354,6 +358,32 @@ def test_remote_stream_equals_the_local_engines_round_for_round(service, remote,
     assert stats.accepted == sum(e.accepted for e in local) and stats.rounds == len(local) - 1
 
 
+def test_the_servers_cached_tokens_reach_the_stats(service, remote):
+    """usage.prompt_tokens_details.cached_tokens, as the server counts its prefix cache's rows."""
+    service[0].loaded.engine.prefix_cache.clear()  # earlier tests' prompts share the template's start
+    talk = [{"role": "user", "content": "A first turn only this test sends."}]
+    params = GenerationParams(max_tokens=8)
+    reply = "".join(event.text for event in remote.stream_chat(talk, params))
+    first = remote.last_stats
+    assert first.cached_tokens == 0 and first.prompt_tokens > 0
+    talk += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
+    list(remote.stream_chat(talk, params))
+    second = remote.last_stats
+    assert first.prompt_tokens <= second.cached_tokens < second.prompt_tokens
+
+
+def test_a_vllm_servers_usage_without_details_is_no_cache_hit(vllm_stand_in):
+    engine = RemoteEngine(vllm_stand_in.url + "/v1")
+    try:
+        list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=16)))
+        assert engine.last_stats.cached_tokens == 0 and engine.last_stats.prompt_tokens == 9
+        vllm_stand_in.cached = 6  # launched with --enable-prompt-tokens-details
+        list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=16)))
+        assert engine.last_stats.cached_tokens == 6
+    finally:
+        engine.close()
+
+
 def test_own_service_capabilities(remote):
     assert remote.main.kind == "dflash-local" and remote.pair.block_size == 8
     assert remote.capabilities.speculative_toggle and remote.capabilities.block_size_per_request
@@ -400,10 +430,18 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
         assert relayed["usage"]["completion_tokens"] == 16
         assert relayed["usage"]["prompt_tokens"] == origin["usage"]["prompt_tokens"] > 0
         assert relayed["usage"]["dflash"]["accepted"] == origin["usage"]["dflash"]["accepted"]
+        # the origin kept the same prompt: the relay reports the origin's cache hit as its own
+        assert relayed["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            origin["usage"]["prompt_tokens"] - 1
         plain = httpx.post(server.url + "/v1/chat/completions", timeout=60,
                            json={**body, "model": "relay", "speculative": False}).json()
         assert plain["usage"]["dflash"]["drafted"] == 0
         assert plain["choices"][0]["message"]["content"] == origin["choices"][0]["message"]["content"]
+        refused = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                             json={**body, "model": "relay", "logprobs": True})
+        assert refused.status_code == 400  # the relay cannot map the origin's strings to ids
+        message = refused.json()["error"]["message"]
+        assert "logprobs: true is not supported by this engine" in message
     finally:
         server.stop()
         relay.shutdown()

@@ -1,7 +1,8 @@
 """The prefix cache on the MLX engine is lossless: turns, an edited earlier turn and
 interleaved conversations give token for token what an engine without the cache gives (greedy,
 float32), on tiny random Qwen3 and Llama targets and a Qwen3.5 hybrid, whose GatedDeltaNet
-state is kept where a generation ended and reused only whole."""
+state is kept where a generation ended and reused only whole; a next turn warmed while idle
+(engines/turn_warmup.py) is reused whole."""
 
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def test_a_reply_tokenized_otherwise_still_reuses_the_prompt(engines):
     retokenized = [(reply[0] + 1) % 200, *reply[1:]]
     _, cached = both(engines, PROMPT + retokenized + [4, 4])
     assert cached == len(PROMPT)
+
+
+def test_a_warmed_next_turn_reuses_the_reply_as_respelled(engines):
+    """turn_warmup.warm prefills the history as the next request spells it (here: the reply's
+    first id otherwise) from the prompt's kept state; the next turn reuses all of it."""
+    import threading
+
+    from dflash_local.engines import turn_warmup
+
+    engine = engines[0]
+    engine.prefix_cache.clear()
+    reply, _ = both(engines, PROMPT)
+    history = PROMPT + [(reply[0] + 1) % 200, *reply[1:], 2]
+    params = GenerationParams(block_size=parse_block_size(4))
+    assert turn_warmup.warm(engine, history, params, lambda: False, threading.Lock())
+    _, cached = both(engines, history + [4, 4])
+    assert cached == len(history)
 
 
 def test_an_edited_turn_reuses_the_common_prefix_or_nothing_on_a_hybrid(engines):

@@ -2,7 +2,8 @@
 edited earlier turn and interleaved conversations give token for token what an engine without
 the cache gives (greedy, float32, tiny random Qwen3 and Llama targets with real drafters); the
 drafter's context after a reused prefix is the one a whole prefill builds; a prefill cut short
-keeps nothing; a closed stream keeps its state. Plus the policy itself (prefix_cache.py)."""
+keeps nothing; a closed stream keeps its state. Plus the policy itself (prefix_cache.py). Targets
+kept whole (hybrid, sliding windows): test_prefix_cache_torch_whole.py."""
 
 from __future__ import annotations
 
@@ -215,16 +216,15 @@ def test_budgets_of_zero_or_more_than_the_machine_are_refused():
     assert default_budget_bytes(10**6, 8 << 30) == 1 << 30  # an eighth of the machine at most
 
 
-def test_a_cache_with_layers_it_cannot_trim_is_not_kept_and_says_why():
-    from transformers import DynamicCache, Qwen3Config
+def test_a_cache_with_layers_it_can_neither_trim_nor_keep_whole_says_why():
+    from transformers import Qwen3Config, StaticCache
 
     from dflash_local.engines.torch_prefix import TorchPrefixStates
 
-    config = Qwen3Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
-                         sliding_window=4, use_sliding_window=True)
+    config = Qwen3Config(num_hidden_layers=2)
 
-    class Runner:  # what snapshot reads of a runner: its real DynamicCache
-        cache = DynamicCache(config=config)
+    class Runner:  # what snapshot reads of a runner: its real cache
+        cache = StaticCache(config=config, max_cache_len=8)
 
     reason = TorchPrefixStates().snapshot(Runner(), None, None)
-    assert isinstance(reason, str) and "DynamicSlidingWindowLayer" in reason
+    assert isinstance(reason, str) and "StaticLayer" in reason and "neither trimmed" in reason

@@ -68,6 +68,29 @@ def test_a_second_turn_comes_from_the_cache_and_answers_the_same(servers, stream
     assert (second, 0) == _plain(plain_client, talk, stream)
 
 
+def test_an_idle_worker_readies_the_next_turn_as_the_next_request_spells_it(servers):
+    """After a reply, with no job queued, the worker prefills the conversation as the next
+    request will tokenize it (engines/turn_warmup.py): the next turn reuses all of it, and
+    still answers what a --no-prefix-cache server answers."""
+    from service_support import wait_until
+
+    from dflash_local.engines.base import next_turn_ids
+
+    (state, _, client), (_, _, plain_client) = servers
+    engine, worker = state.loaded.engine, state.loaded.worker
+    engine.prefix_cache.clear()
+    ended, warmed = worker.warm_ups_ended, worker.warmed
+    talk = [{"role": "user", "content": "List some birds, please."}]
+    first, usage = ask(client, talk, stream=True)
+    wait_until(lambda: worker.warm_ups_ended > ended)
+    assert worker.warmed == warmed + 1
+    history = next_turn_ids(engine.tokenizer, talk, first, engine.encode_chat(talk))
+    talk += [{"role": "assistant", "content": first}, {"role": "user", "content": "And fish?"}]
+    second, usage2 = ask(client, talk, stream=False)
+    assert usage2.prompt_tokens_details.cached_tokens >= len(history) > usage.prompt_tokens
+    assert (second, 0) == _plain(plain_client, talk, stream=False)
+
+
 def _plain(client, messages, stream):
     text, usage = ask(client, messages, stream)
     return text, usage.prompt_tokens_details.cached_tokens

@@ -1,11 +1,16 @@
 """`dflash-local bench --multi-turn`: two-turn conversations with the prefix cache off and on,
 in one run on one loaded engine, then the cache's memory under many interleaved conversations.
 
-Per conversation the cache-off and cache-on runs alternate which goes first (a shared machine's
-drift hits both alike); the cache is emptied before each cache-on conversation, so its turn 1
-starts cold and its turn 2 finds what turn 1 left. Turn 2 sees turn 1's answer as that run
-wrote it (greedy: the same text both ways, which the record checks). Time to first token is
-wall time from the request to the first event (a restore included); end to end, to the last.
+Three ways per conversation: `off` (no cache); `on`, the next turn sent the moment a reply ends
+(the service's warm-up of the next turn, engines/turn_warmup.py, would be cut at once: none
+runs); `pause`, the user reads the reply first, long enough for the warm-up to end (it runs to
+its end between the turns; its time, `warm_s`, is the reading time it needs). The bars are read
+on `pause`, a chat's usual rhythm; `on` is the worst case, recorded beside it.
+Per conversation the three rotate which goes first (a shared machine's drift hits all alike);
+the cache is emptied before each cached conversation, so its turn 1 starts cold and its turn 2
+finds what turn 1 left. Turn 2 sees turn 1's answer as that run wrote it (greedy: the same text
+every way, which the record checks). Time to first token is wall time from the request to the
+first event (a restore included); end to end, to the last.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dflash_local.events import GenerationParams, GenerationStats
 from dflash_local.prefix_cache import MIB, PrefixCache
 
 MEMORY_TOKENS = 64  # the memory check's answers are at most this long
+MODES = ("off", "on", "pause")
+BAR_MODE = "pause"  # the bars' reading: a user reads a reply before the next turn
 
 
 @dataclass
@@ -34,6 +41,7 @@ class TurnFigures:
     completion_tokens: int
     token_ids: list[int] = field(repr=False)
     text: str = field(repr=False)
+    warm_s: float = 0.0  # `pause`: the warm-up of the next turn after this reply
 
     def to_json(self) -> dict:
         return {key: round(value, 4) if isinstance(value, float) else value
@@ -53,19 +61,25 @@ def run_turn(engine, prompt_ids: list[int], params: GenerationParams) -> TurnFig
                        len(tokens), tokens, "".join(parts))
 
 
-def run_conversation(engine, item: BenchPrompt, params: GenerationParams, cache_on: bool,
+def run_conversation(engine, item: BenchPrompt, params: GenerationParams, mode: str,
                      thinking: bool | None = None, prefix: str = "") -> list[TurnFigures]:
-    """Every turn of one conversation, the cache on (emptied first) or off."""
+    """Every turn of one conversation in one of MODES (the cache emptied first where on)."""
     kept = engine.prefix_cache
-    if cache_on:
-        kept.clear()
-    else:
+    if mode == "off":
         engine.prefix_cache = None
+    else:
+        kept.clear()
     try:
         messages, turns = [], []
-        for text in item.turns:
+        for index, text in enumerate(item.turns):
             messages.append({"role": "user", "content": prefix + text if not turns else text})
-            figures = run_turn(engine, engine.encode_chat(messages, thinking=thinking), params)
+            prompt_ids = engine.encode_chat(messages, thinking=thinking)
+            figures = run_turn(engine, prompt_ids, params)
+            if mode == "pause" and index + 1 < len(item.turns):
+                start = time.perf_counter()  # the service's idle worker does this
+                engine.warm_next_turn(messages, figures.text, prompt_ids, params, thinking,
+                                      lambda: False)
+                figures.warm_s = time.perf_counter() - start
             messages.append({"role": "assistant", "content": figures.text})
             turns.append(figures)
         return turns
@@ -75,19 +89,21 @@ def run_conversation(engine, item: BenchPrompt, params: GenerationParams, cache_
 
 def measure_turns(engine, items: list[BenchPrompt], params: GenerationParams,
                   thinking: bool | None, log: Callable[[str], None]) -> dict:
-    """Cache off and on per conversation; the per-turn medians and the bars' ratios."""
+    """Each conversation every way (MODES); the per-turn medians and the bars' ratios."""
     samples = []
     for index, item in enumerate(items):
-        order = (False, True) if index % 2 == 0 else (True, False)
-        runs = {on: run_conversation(engine, item, params, on, thinking) for on in order}
-        off, on = runs[False], runs[True]
-        samples.append({"id": item.prompt_id,
-                        "turns": [{"off": a.to_json(), "on": b.to_json(),
-                                   "identical": a.token_ids == b.token_ids}
-                                  for a, b in zip(off, on, strict=True)]})
+        order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]
+        runs = {mode: run_conversation(engine, item, params, mode, thinking) for mode in order}
+        turns = list(zip(*(runs[mode] for mode in MODES), strict=True))
+        samples.append({"id": item.prompt_id, "turns": [
+            {**{mode: figures.to_json() for mode, figures in zip(MODES, row, strict=True)},
+             "identical": all(figures.token_ids == row[0].token_ids for figures in row)}
+            for row in turns]})
         log(f"[{item.prompt_id}] " + "; ".join(
-            f"turn {t + 1}: ttft off {a.ttft_s:.2f}s on {b.ttft_s:.2f}s, cached {b.cached_tokens}"
-            for t, (a, b) in enumerate(zip(off, on, strict=True))))
+            f"turn {t + 1}: ttft " + " ".join(f"{mode} {figures.ttft_s:.2f}s"
+                                              for mode, figures in zip(MODES, row, strict=True))
+            + f", cached on {row[1].cached_tokens} pause {row[2].cached_tokens}"
+            for t, row in enumerate(turns)))
     return {"samples": samples, "summary": _summary(samples)}
 
 
@@ -98,18 +114,18 @@ def _summary(samples: list[dict]) -> dict:
         rows = [s["turns"][turn] for s in samples if len(s["turns"]) > turn]
         summary[f"turn {turn + 1}"] = {
             f"{key}_{mode}": round(statistics.median(row[mode][key] for row in rows), 4)
-            for mode in ("off", "on") for key in ("ttft_s", "end_to_end_s", "prompt_tokens",
-                                                  "cached_tokens")}
+            for mode in MODES for key in ("ttft_s", "end_to_end_s", "prompt_tokens",
+                                          "cached_tokens", "warm_s")}
         summary[f"turn {turn + 1}"]["identical"] = all(row["identical"] for row in rows)
     if turns >= 2:
-        first, second = ([s["turns"][t]["on"] for s in samples] for t in (0, 1))
-        summary["bars"] = {
+        summary["bars"] = {"mode": BAR_MODE}
+        for mode in ("on", "pause"):
+            first, second = ([s["turns"][t][mode] for s in samples] for t in (0, 1))
             # per conversation, then the worst: each conversation must meet the bar
-            "ttft_turn2_over_turn1_on_max": round(max(
-                b["ttft_s"] / a["ttft_s"] for a, b in zip(first, second, strict=True)), 4),
-            "cached_over_turn1_prompt_min": round(min(
-                b["cached_tokens"] / a["prompt_tokens"] for a, b in zip(first, second, strict=True)), 4),
-        }
+            summary["bars"][f"ttft_turn2_over_turn1_{mode}_max"] = round(max(
+                b["ttft_s"] / a["ttft_s"] for a, b in zip(first, second, strict=True)), 4)
+            summary["bars"][f"cached_over_turn1_prompt_{mode}_min"] = round(min(
+                b["cached_tokens"] / a["prompt_tokens"] for a, b in zip(first, second, strict=True)), 4)
     return summary
 
 
@@ -157,13 +173,16 @@ def format_multiturn(record: dict) -> str:
         if turn == "bars":
             continue
         lines.append(f"  {turn}: prompt {row['prompt_tokens_on']:.0f} tokens, cached "
-                     f"{row['cached_tokens_on']:.0f}; ttft {row['ttft_s_off']:.3f}s -> "
-                     f"{row['ttft_s_on']:.3f}s; end to end {row['end_to_end_s_off']:.2f}s -> "
+                     f"{row['cached_tokens_on']:.0f} (after a pause {row['cached_tokens_pause']:.0f}); "
+                     f"ttft {row['ttft_s_off']:.3f}s -> {row['ttft_s_on']:.3f}s (after a pause "
+                     f"{row['ttft_s_pause']:.3f}s); end to end {row['end_to_end_s_off']:.2f}s -> "
                      f"{row['end_to_end_s_on']:.2f}s; identical {row['identical']}")
     bars = record["turns"]["summary"].get("bars")
     if bars:
-        lines.append(f"  turn 2 / turn 1 ttft (cache on, worst): {bars['ttft_turn2_over_turn1_on_max']}"
-                     f"; cached / turn 1 prompt (least): {bars['cached_over_turn1_prompt_min']}")
+        for mode, words in (("pause", "after a pause, the bars' reading"), ("on", "no pause")):
+            lines.append(f"  {words}: turn 2 / turn 1 ttft (worst) "
+                         f"{bars[f'ttft_turn2_over_turn1_{mode}_max']}; cached / turn 1 prompt "
+                         f"(least) {bars[f'cached_over_turn1_prompt_{mode}_min']}")
     memory = record.get("memory")
     if memory:
         lines.append(f"  memory: {memory['conversations']} interleaved chats, cache at most "
@@ -204,10 +223,10 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
                                   seed=args.seed, block_size=block_size,
                                   stop_token_ids=tuple(engine.eos_token_ids))
         thinking = None if args.thinking is None else args.thinking == "on"
-        run_conversation(engine, items[0], replace(params, max_tokens=16), cache_on=True,
+        run_conversation(engine, items[0], replace(params, max_tokens=16), "pause",
                          thinking=thinking, prefix="warm-up ")  # unrecorded: lazy setup
         record = {
-            "schema": "dflash-local-bench-multiturn/1",
+            "schema": "dflash-local-bench-multiturn/2",
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "engine": engine.name, "target": engine.pair.target, "drafter": engine.pair.drafter,
             "dtype": engine.pair.dtype, "threads": engine.compute_threads(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.engines.turn_warmup import warm
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
     Auto,
@@ -89,6 +91,14 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
 
+    def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
+                       params: GenerationParams, thinking: bool | None,
+                       should_stop: Callable[[], bool]) -> bool:
+        """Ready the cache for the request that continues this conversation (a local engine's
+        prefix cache: engines/turn_warmup.py); True when an entry was stored. A served engine
+        keeps no cache of ours."""
+        return False
+
 
 class LocalEngine(Engine):
     """Shared by MLX and Transformers: tokenizer handling and the loop; subclasses build runners."""
@@ -105,6 +115,8 @@ class LocalEngine(Engine):
         self.prefix_cache = prefix_cache
         self.prefix_states = prefix_states
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
+        self._warm_guard = threading.Lock()  # held by a warm-up's chunk (turn_warmup.py)
+        self._open_streams = 0
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> TargetRunner:
@@ -147,6 +159,17 @@ class LocalEngine(Engine):
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        # a warm-up's chunk in flight ends first, and none starts while a generation is open:
+        # they share the model's tap hooks (a caller of its own, as the bench, beside the worker)
+        with self._warm_guard:
+            self._open_streams += 1
+        try:
+            yield from self._stream(prompt_ids, params)
+        finally:
+            with self._warm_guard:
+                self._open_streams -= 1
+
+    def _stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         if not params.stop_token_ids:
             params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
         check_draft_window(params.draft_window, self.capabilities.max_context)
@@ -170,6 +193,13 @@ class LocalEngine(Engine):
                     event.token_ids, (event.accepted - event.copied, event.accepted))
                 yield replace(event, text=text, accepted_chars=accepted_chars,
                               copied_chars=accepted_chars - drafter_chars)
+
+    def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
+                       params: GenerationParams, thinking: bool | None,
+                       should_stop: Callable[[], bool]) -> bool:
+        ids = next_turn_ids(self.tokenizer, messages, reply, prompt_ids, thinking)
+        return ids is not None and warm(
+            self, ids, params, lambda: self._open_streams > 0 or should_stop(), self._warm_guard)
 
     def _resume(self, prompt_ids: list[int], runner: TargetRunner,
                 drafter: Drafter | None) -> Resume | None:
@@ -206,9 +236,12 @@ COUNT_CHUNK_CHARS = 16_384
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict] | None = None, assistant_prefix: str = "",
+                    generation_prompt: bool = True) -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
     one encoding for what the engines serve and what a drafter is trained on.
+    `generation_prompt=False`: the conversation as history, its last message closed (what the
+    next request's prompt begins with: engines/turn_warmup.py).
 
     Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
     characters, never as the control token, so only the template's own markup ends or opens a
@@ -217,16 +250,14 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     tool call's opener) follows the generation prompt. An assistant message that only calls
     tools may have no content (None or "")."""
     check_texts(messages)
-    extra = {} if thinking is None else {"enable_thinking": thinking}
-    if tools:
-        extra["tools"] = list(tools)
     specials = special_token_texts(tokenizer)
     if not any(special in content_of(message) for message in messages for special in specials):
-        return tokenizer.encode(_render(tokenizer, messages, extra) + assistant_prefix,
-                                add_special_tokens=False)
+        return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
+                                + assistant_prefix, add_special_tokens=False)
     marked = [{**message, "content": CONTENT_MARK.format(index)} if content_of(message) else message
               for index, message in enumerate(messages)]
-    pieces = CONTENT_MARK_SPLIT.split(_render(tokenizer, marked, extra) + assistant_prefix)
+    pieces = CONTENT_MARK_SPLIT.split(
+        chat_text(tokenizer, marked, thinking, generation_prompt, tools) + assistant_prefix)
     ids = []
     for position, piece in enumerate(pieces):  # template text, content index, template text...
         if position % 2:
@@ -237,9 +268,28 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     return ids
 
 
-def _render(tokenizer, messages: list[dict], extra: dict) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         **extra)
+def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,
+              generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """The chat template's text of the messages (thinking on/off where it has the switch)."""
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:
+        extra["tools"] = list(tools)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **extra)
+
+
+def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[int],
+                  thinking: bool | None = None) -> list[int] | None:
+    """The ids the next request of this conversation begins with: the messages and the reply
+    as history, closed by the template's end of turn, encoded as chat_prompt_ids encodes a
+    prompt. None where the template writes the history otherwise than the prompt it extends
+    (one that drops an earlier turn's reasoning): nothing kept would be reused."""
+    history = [*messages, {"role": "assistant", "content": reply}]
+    if not chat_text(tokenizer, history, thinking, generation_prompt=False).startswith(
+            chat_text(tokenizer, messages, thinking)):
+        return None
+    ids = chat_prompt_ids(tokenizer, history, thinking, generation_prompt=False)
+    return ids if len(ids) > len(prompt_ids) else None
 
 
 def special_token_texts(tokenizer) -> set[str]:

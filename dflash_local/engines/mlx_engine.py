@@ -256,7 +256,8 @@ class MLXEngine(LocalEngine):
                               draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True, tree_verify=verifies_trees(self.model, self.adapter),
+            hybrid_targets=True, logprobs=True,
+            tree_verify=verifies_trees(self.model, self.adapter),
         )
         # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
         taps = len(self.tap_ids) if self.tap_ids else 0

@@ -35,6 +35,7 @@ class RemoteStats:
     accepted: int = 0
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those the server's prefix cache gave
     accepted_per_position: list[int] = field(default_factory=list)  # vLLM: rounds accepting pos k
     per_round_exact: bool = False  # the events' per-round counts agree with these totals
     ttft_s: float = 0.0  # client-observed: request sent -> first token
@@ -89,6 +90,12 @@ def sse_chunks(response: httpx.Response, where: str) -> Iterator[dict]:
         yield chunk
 
 
+def cached_tokens(usage: dict) -> int:
+    """OpenAI's usage.prompt_tokens_details.cached_tokens: our service always reports it, vLLM
+    and SGLang with the flag their launcher passes (server_flags.py); absent or null: 0."""
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
 class EventBuilder:
     """Chunks -> StepEvents, plus the request's totals once the stream is over."""
 
@@ -140,6 +147,7 @@ class EventBuilder:
             draft_depth=int((step or {}).get("draft_depth", drafted)),  # no depth: a chain
             elapsed_s=now - self.first_at, prefill_s=self.first_at - self.started,
             prompt_tokens=int(usage.get("prompt_tokens") or (step or {}).get("prompt_tokens") or 0),
+            cached_tokens=cached_tokens(usage),
             block_size=step["block_size"] if step else self.block_size, finish_reason=finish,
             accepted_chars=int((step or {}).get("accepted_chars") or 0),
             copied=int((step or {}).get("copied") or 0), copied_chars=int((step or {}).get("copied_chars") or 0),
@@ -155,7 +163,7 @@ class EventBuilder:
                             drafted=self.drafted, accepted=self.accepted,
                             completion_tokens=int(usage.get("completion_tokens") or self.tokens),
                             prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                            per_round_exact=self.exact)
+                            cached_tokens=cached_tokens(usage), per_round_exact=self.exact)
         if self.first_at is not None:
             stats.ttft_s = self.first_at - self.started
             stats.decode_s = self.last_at - self.first_at

@@ -102,6 +102,15 @@ SGLANG_SPEC_COUNTERS = {
     "verify_calls": "sglang:spec_verify_calls",
     "generation_tokens": "sglang:generation_tokens",
 }
+# The flag that puts a prompt's cache hits in usage.prompt_tokens_details.cached_tokens (both
+# servers leave it out by default; both keep their prefix cache on by default).
+# Source: vllm-project/vllm v0.20.0 vllm/entrypoints/openai/cli_args.py (FrontendArgs
+# enable_prompt_tokens_details: "If set to True, enable prompt_tokens_details in usage").
+VLLM_CACHE_REPORT = "--enable-prompt-tokens-details"
+# Source: sgl-project/sglang v0.5.11 python/sglang/srt/server_args.py (enable_cache_report; its
+# help, as the server-arguments docs give it: "Return number of cached tokens in
+# usage.prompt_tokens_details for each openai request").
+SGLANG_CACHE_REPORT = "--enable-cache-report"
 # Source: the z-lab/dflash README (both launch commands) and sglang's own DFLASH tests: the
 # drafter's max_position_embeddings is often below the target's.
 SGLANG_BASE_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
@@ -207,7 +216,8 @@ class LaunchSpec:
 def vllm_args(spec: LaunchSpec, version: str | Version,
               distribution: str = "vllm") -> tuple[list[str], dict[str, str]]:
     """argv after the interpreter (`-m vllm.entrypoints.cli.main serve T ...`) and extra env."""
-    args = [*VLLM_ENTRY[distribution], spec.target, "--host", spec.host, "--port", str(spec.port)]
+    args = [*VLLM_ENTRY[distribution], spec.target, "--host", spec.host, "--port", str(spec.port),
+            VLLM_CACHE_REPORT]
     if spec.served_name:
         args += ["--served-model-name", spec.served_name]
     if spec.memory_share is not None:
@@ -239,7 +249,7 @@ def sglang_args(spec: LaunchSpec, version: str | Version,
     del distribution  # one distribution, one entry point
     args = ["-m", "sglang.launch_server", "--model-path", spec.target,
             "--host", spec.host, "--port", str(spec.port),
-            "--enable-metrics"]
+            "--enable-metrics", SGLANG_CACHE_REPORT]
     if spec.served_name:
         args += ["--served-model-name", spec.served_name]
     if spec.memory_share is not None:

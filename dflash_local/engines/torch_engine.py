@@ -246,7 +246,7 @@ class TorchEngine(LocalEngine):
                               draft_vocab_size=len(draft_ids) if draft_ids else None)
         capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True, tree_verify=supports_tree(self.model.config),
+            hybrid_targets=True, logprobs=True, tree_verify=supports_tree(self.model.config),
         )
         # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
         taps = len(drafter_config.target_layer_ids) if drafter_config else 0

@@ -2,18 +2,29 @@
 target's DynamicCache, the drafter's context cache and the taps it has not read
 (`prefix_cache.PrefixStates`; the policy is prefix_cache.py's).
 
-Only full-attention caches are kept: a hybrid target's recurrent layers and sliding-window
-layers have no trimmable rows here yet, so their generations are not kept (the reason is logged).
+A full-attention cache trims to any prefix: its keys and values are kept per layer. A target
+with sliding-window layers (they have dropped rows past their window) or recurrent ones (a hybrid's
+GatedDeltaNet conv and recurrent states) cannot be trimmed: its layers are kept whole, as copies
+of the cache's own layer objects, where the prompt ends and where the generation ends (a turn's
+two ends, as MLX does), each reusable only by a prompt that extends it whole. A layer kind that
+is neither (a static or quantized cache) is not kept (the reason is logged).
 Entries are never written after they are stored: restoring copies the rows (DynamicCache grows
-by concatenation) and slices the drafter's.
+by concatenation), or the whole layers (recurrent layers update their states in place), and
+slices the drafter's.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+)
 
 from dflash_local.drafter.model_torch import ContextCache, DraftSession
 from dflash_local.memory_fit import prefix_row_bytes
@@ -30,9 +41,22 @@ class _DrafterContext:
 
 @dataclass(frozen=True)
 class _State:
-    target: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv, rows, d]
+    # per layer: keys, values [1, kv, rows, d]; or, kept whole, copies of the layer objects
+    target: list[tuple[torch.Tensor, torch.Tensor]] | list
     drafter: _DrafterContext | None
     unseen_taps: torch.Tensor | None  # rows [drafter.end, rows) the drafter has not read
+    whole: bool = False
+
+
+def _trims(layers) -> bool:
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _kept_whole(layer) -> bool:
+    """A dynamic layer that has dropped rows or holds a recurrent state (what torch_rollback.py
+    rolls back); static and quantized caches are not among them."""
+    return (isinstance(layer, DynamicSlidingWindowLayer | LinearAttentionCacheLayerMixin)
+            and not isinstance(layer, StaticLayer)) or type(layer) is DynamicLayer
 
 
 class TorchPrefixStates:
@@ -40,28 +64,35 @@ class TorchPrefixStates:
         return drafter is None or isinstance(drafter, DraftSession)
 
     def keeps_prompt(self, runner) -> bool:
-        return False  # every kept cache here trims to any prefix
+        return not _trims(runner.cache.layers)  # a state kept whole: the prompt's end too
 
     def snapshot(self, runner, drafter, unseen_taps) -> Kept | str:
         layers = runner.cache.layers
-        odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+        odd = sorted({type(layer).__name__ for layer in layers if not _kept_whole(layer)})
         if odd:
-            return (f"the target's {', '.join(odd)} cache layers cannot be trimmed: prefixes of "
-                    f"this target are not kept on the transformers engine")
-        with torch.inference_mode():
-            target = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+            return (f"the target's {', '.join(odd)} cache layers can be neither trimmed nor kept "
+                    f"whole: prefixes of this target are not kept on the transformers engine")
+        whole = not _trims(layers)
+        if whole:  # copied outside inference mode: a layer's counters are updated in place later
+            target = copy.deepcopy(layers)
+        else:
+            with torch.inference_mode():
+                target = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
         context = None
         if drafter is not None:
             cache = drafter.cache
             context = _DrafterContext(list(cache.keys), list(cache.values), cache.start, cache.end)
-        state = _State(target, context, unseen_taps)
-        return Kept(state, _nbytes(state), whole_only=False, has_taps=drafter is not None)
+        state = _State(target, context, unseen_taps, whole)
+        return Kept(state, _nbytes(state), whole_only=whole, has_taps=drafter is not None)
 
     def restore(self, kept: Kept, rows: int, runner, drafter):
         state: _State = kept.state
-        with torch.inference_mode():
-            for index, (keys, values) in enumerate(state.target):
-                runner.cache.update(keys[:, :, :rows], values[:, :, :rows], index)
+        if state.whole:  # rows: all of them (prefix_cache serves such an entry only whole)
+            runner.cache.layers = copy.deepcopy(state.target)
+        else:
+            with torch.inference_mode():
+                for index, (keys, values) in enumerate(state.target):
+                    runner.cache.update(keys[:, :, :rows], values[:, :, :rows], index)
         if drafter is None or state.drafter is None:
             return None
         context = state.drafter
@@ -92,7 +123,8 @@ def _context_cache(context: _DrafterContext, end: int | None, window: int | None
 
 
 def _nbytes(state: _State) -> int:
-    tensors = [t for pair in state.target for t in pair]
+    tensors = (_layer_tensors(state.target) if state.whole
+               else [t for pair in state.target for t in pair])
     if state.drafter is not None:
         tensors += [t for t in (*state.drafter.keys, *state.drafter.values) if t is not None]
     if state.unseen_taps is not None:
@@ -104,3 +136,16 @@ def row_bytes(model, tap_count: int) -> int:
     """memory_fit.prefix_row_bytes of a loaded Transformers model, in the dtype it runs in."""
     return prefix_row_bytes(model.config.to_dict(), model.get_input_embeddings().weight.element_size(),
                             tap_count)
+
+
+def _layer_tensors(value) -> list[torch.Tensor]:
+    """Every tensor a kept layer object holds (its attributes, their dicts and lists)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _layer_tensors(item)]
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in _layer_tensors(item)]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return _layer_tensors(vars(value))
+    return []

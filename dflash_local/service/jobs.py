@@ -45,6 +45,7 @@ class Reply:
 
     text_parts: list[str] = field(default_factory=list)  # joined once: a reply may be long
     tool_deltas: list[ToolCallDelta] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)  # chat's logprobs.content entries
     finish_reason: str | None = None
     stop_sequence: str | None = None
 
@@ -55,6 +56,7 @@ class Reply:
     def add(self, chunk: Chunk) -> None:
         self.text_parts.append(chunk.text)
         self.tool_deltas += chunk.tool_calls
+        self.logprobs += chunk.logprobs
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.stop_sequence = chunk.stop_sequence or self.stop_sequence
 
@@ -97,7 +99,7 @@ def check_capabilities(options, temperature: float | None, capabilities: EngineC
 
 def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
                       temperature: float | None, top_p: float | None, seed: int | None = None,
-                      top_k: int | None = None) -> GenerationParams:
+                      top_k: int | None = None, logprobs: int | None = None) -> GenerationParams:
     """The sampling fields an API names its own way, plus our extensions, as the loop's params."""
     check_capabilities(options, temperature, loaded.engine.capabilities)
     speculative = options.speculative
@@ -114,6 +116,7 @@ def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
         prompt_lookup=options.prompt_lookup is not False,
         tree=options.tree is not False,
         draft_window=options.draft_window,
+        logprobs=logprobs,
     )
 
 

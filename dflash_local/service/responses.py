@@ -81,14 +81,17 @@ class ChunkWriter:
                 "model": self.model}
 
     def step(self, text: str, event: StepEvent, finish_reason: str | None,
+             logprobs: list[dict] | None = None,
              tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
+        """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked."""
         delta = {"content": text if text or not tool_calls else None}
         if tool_calls:
             delta["tool_calls"] = [tool_call_delta(piece) for piece in tool_calls]
         if not self._sent_role:
             delta = {"role": "assistant", **delta}
             self._sent_role = True
-        return {**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return {**self._base(), "choices": [{"index": 0, "delta": delta,
+                                             "logprobs": logprobs_object(logprobs),
                                              "finish_reason": finish_reason}],
                 "dflash": step_dflash(event)}
 
@@ -116,13 +119,18 @@ def whole_tool_calls(pieces: tuple[ToolCallDelta, ...]) -> list[dict]:
     return [calls[index] for index in sorted(calls)]
 
 
+def logprobs_object(entries: list[dict] | None) -> dict | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
 def completion(job_id: str, model: str, text: str, finish_reason: str | None,
-               usage_payload: dict, tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
+               usage_payload: dict, logprobs: list[dict] | None = None,
+               tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
     message = {"role": "assistant", "content": text}
     if tool_calls:  # OpenAI: content null when the reply only calls
         message = {"role": "assistant", "content": text if text.strip() else None,
                    "tool_calls": whole_tool_calls(tool_calls)}
     return {"id": job_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message,
-                         "logprobs": None, "finish_reason": finish_reason}],
+                         "logprobs": logprobs_object(logprobs), "finish_reason": finish_reason}],
             "usage": usage_payload}

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from dflash_local.engines.base import unicode_problem
+from dflash_local.events import MAX_TOP_LOGPROBS
 from dflash_local.service.unsupported import UnsupportedMessageFields, UnsupportedOpenAIFields
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
@@ -201,6 +202,8 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logprobs: bool | None = None  # each token's logprob (the target's raw distribution)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # and its best alternatives
     # thinking on/off: vLLM's chat_template_kwargs.enable_thinking, or our own field
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: bool | None = None
@@ -227,6 +230,9 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     def _consistent(self) -> ChatCompletionRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError(f"top_logprobs ({self.top_logprobs}) requires logprobs: true "
+                             f"(got logprobs {self.logprobs!r})")
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
                              f"({self.max_completion_tokens}) disagree")
@@ -254,6 +260,10 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
         if self.thinking is not None:
             return self.thinking
         return (self.chat_template_kwargs or {}).get("enable_thinking")
+
+    def requested_logprobs(self) -> int | None:
+        """GenerationParams.logprobs: how many alternatives per token, or None for no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -21,6 +21,7 @@ from dflash_local.engines.base import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.logprobs import LogprobEntries
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
 
@@ -64,6 +65,7 @@ class Chunk:
     finish_reason: str | None  # "stop", "length" or "tool_calls" on the last chunk
     tool_calls: tuple[ToolCallDelta, ...] = ()
     stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
+    logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Job:
         self.outcome = "queued"  # queued | running | finished | cancelled | failed
         self.rounds = 0  # speculative rounds run (the prefill is not a round)
         self.rounds_at_cancel: int | None = None
+        self.prompt_ids: list[int] | None = None  # a local engine's, once templated
+        self.reply = ""  # the text the client got (stop strings applied)
         self._loop = loop
         self._cancel = threading.Event()
         self._handoff: deque = deque()  # items put by the worker, not yet in outbox
@@ -213,6 +217,8 @@ class GenerationWorker:
         self.jobs_done = 0
         self.rounds_total = 0
         self.tool_support = ToolSupport.of(engine)  # the template's tool format, read once
+        self.warmed = 0  # conversations whose next turn was warmed (turn_warmup.py)
+        self.warm_ups_ended = 0  # warm-ups ended: stored, cut by a job, or nothing to do
         self._closed = False
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
@@ -236,7 +242,8 @@ class GenerationWorker:
         return {"busy": self.busy, "queued": self._queue.qsize(), "max_queue": self.max_queue,
                 "current": current.summary() if current else None,
                 "last": self.last.summary() if self.last else None,
-                "jobs_done": self.jobs_done, "rounds_total": self.rounds_total}
+                "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
+                "warmed": self.warmed}
 
     def retire(self, on_idle: Callable[[], None]) -> None:
         """Refuse new jobs, finish the ones already taken, then call `on_idle` (free the engine):
@@ -278,6 +285,23 @@ class GenerationWorker:
                 self.current = None
                 self.last = job
                 self.jobs_done += 1
+            self._warm_next_turn(job)
+
+    def _warm_next_turn(self, job: Job) -> None:
+        """While no job waits, ready the prefix cache for this conversation's next request
+        (engines/turn_warmup.py); a job that arrives stops it within a chunk of rows."""
+        request = job.request
+        if job.outcome != "finished" or job.prompt_ids is None or request.tools:
+            return  # a reply with tool calls is written back otherwise than its text
+        try:
+            if self.engine.warm_next_turn(request.messages, job.reply, job.prompt_ids,
+                                          request.params, request.thinking,
+                                          lambda: self._closed or not self._queue.empty()):
+                self.warmed += 1
+        except Exception:  # the worker's edge: a failed warm-up costs the next turn time only
+            log.exception("warming the prefix cache after %s failed", job.id)
+        finally:
+            self.warm_ups_ended += 1
 
     def _run(self, job: Job) -> None:
         job.outcome = "running"
@@ -303,8 +327,11 @@ class GenerationWorker:
         request = job.request
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
+        # only local engines declare logprobs (chat.job_request refuses the others): they have a tokenizer
+        logprobs = (LogprobEntries(self.engine.tokenizer)
+                    if request.params.logprobs is not None else None)
         tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
-        stream = self._open_stream(request, tools)
+        stream = self._open_stream(job, tools)
         try:
             for event in stream:
                 stats.add(event)
@@ -315,11 +342,14 @@ class GenerationWorker:
                 finish = "stop" if hit_stop else event.finish_reason
                 if finish and not hit_stop:
                     text += stops.flush()
+                # a tool call's tokens keep their entries: they are generated tokens
+                entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
                 deltas: tuple[ToolCallDelta, ...] = ()
                 if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
                     text, deltas, finish = split_calls(tools.splitter, text, finish)
-                job.put(Chunk(text, event, finish, deltas,
-                               stop_sequence=stops.matched if hit_stop and finish == "stop" else None))
+                job.reply += text
+                job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
+                              stop_sequence=stops.matched if hit_stop and finish == "stop" else None))
                 if finish:
                     stats.finish_reason = finish
                     return stats
@@ -330,18 +360,22 @@ class GenerationWorker:
         return stats
 
     def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
-        """A served engine learns the prompt's length only from the server's final usage."""
+        """A served engine learns the prompt's length and its cache hits only from the server's
+        final usage."""
         served = self.engine.last_stats
-        if not self.engine.capabilities.tokenizes and served is not None and not stats.prompt_tokens:
-            stats.prompt_tokens = served.prompt_tokens
+        if not self.engine.capabilities.tokenizes and served is not None:
+            stats.prompt_tokens = stats.prompt_tokens or served.prompt_tokens
+            stats.cached_tokens = stats.cached_tokens or served.cached_tokens
         return stats
 
-    def _open_stream(self, request: JobRequest, tools: ToolPlan):
+    def _open_stream(self, job: Job, tools: ToolPlan):
+        request = job.request
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
-                                             tools=tools.tools, assistant_prefix=tools.assistant_prefix)
-        return self.engine.stream(prompt_ids, self._fit_max_tokens(request, len(prompt_ids)))
+        job.prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
+                                                 tools=tools.tools,
+                                                 assistant_prefix=tools.assistant_prefix)
+        return self.engine.stream(job.prompt_ids, self._fit_max_tokens(request, len(job.prompt_ids)))
 
     def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
         room = self.engine.capabilities.max_context - prompt_len
