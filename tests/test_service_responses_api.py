@@ -138,6 +138,8 @@ BAD = {
     "an empty input": ({"input": []}, ["input"]),
     "an image part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
                       ["input.0", "content"]),
+    "top_logprobs": ({"top_logprobs": 3}, ["top_logprobs", "chat/completions"]),
+    "logprobs in include": ({"include": ["message.output_text.logprobs"]}, ["logprobs"]),
     "a json_schema text format": ({"text": {"format": {"type": "json_schema"}}}, ["text.format"]),
 }
 

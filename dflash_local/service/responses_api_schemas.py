@@ -25,6 +25,7 @@ from dflash_local.service.schemas import (
 from dflash_local.service.validation import shown_value
 
 TEXT_FORMAT = {"type": "text"}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 class TextContent(StrictModel):
@@ -129,6 +130,8 @@ class ResponsesRequest(DFlashOptions):
     background: bool | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    include: list[str] | None = None  # extra output to include; only logprobs would ask for any
 
     @model_validator(mode="after")
     def _what_we_serve(self) -> ResponsesRequest:
@@ -142,6 +145,9 @@ class ResponsesRequest(DFlashOptions):
         if self.text is not None and self.text.get("format", TEXT_FORMAT) != TEXT_FORMAT:
             raise ValueError(f"text.format: only {{\"type\": \"text\"}} (got "
                              f"{shown_value(self.text.get('format'))})")
+        if self.top_logprobs or LOGPROBS_INCLUDE in (self.include or []):
+            raise ValueError("top_logprobs / include message.output_text.logprobs: not supported "
+                             "on /v1/responses (/v1/chat/completions has logprobs)")
         if self.reasoning and any(value is not None for value in self.reasoning.values()):
             raise ValueError(f"reasoning: not supported (got {shown_value(self.reasoning)})")
         if isinstance(self.input, list) and all(isinstance(i, ReasoningItem) for i in self.input):
