@@ -51,6 +51,15 @@ def test_round_trip_with_the_openai_sdk(client):
     assert final.message.content == ANSWER and not final.message.tool_calls
 
 
+def test_an_assistant_call_may_leave_content_out_as_openai_allows(client):
+    reply = ask(client, first_turn())
+    (call,) = reply.choices[0].message.tool_calls
+    turn = answer_turn(call)
+    del turn[-2]["content"]
+    final = ask(client, turn).choices[0]
+    assert final.message.content == ANSWER
+
+
 def test_streamed_round_trip_as_openai_streams_it(client):
     chunks = list(ask(client, first_turn(), stream=True))
     pieces = [piece for chunk in chunks for piece in chunk.choices[0].delta.tool_calls or ()]

@@ -128,7 +128,8 @@ class ChatMessage(UnsupportedMessageFields, StrictModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's calls
     tool_call_id: Text | None = Field(None, min_length=1, max_length=200,
                                       validate_default=True)  # the call a tool message answers
-    content: Text | list[TextPart] | None  # None only for an assistant message with tool_calls
+    # None (or left out, as OpenAI allows) only for an assistant message with tool_calls
+    content: Text | list[TextPart] | None = Field(None, validate_default=True)
 
     @field_validator("tool_calls")
     @classmethod
@@ -152,7 +153,8 @@ class ChatMessage(UnsupportedMessageFields, StrictModel):
     @classmethod
     def _null_only_beside_calls(cls, content, info: ValidationInfo):
         if content is None and not info.data.get("tool_calls"):
-            raise ValueError("null is only allowed in an assistant message with tool_calls")
+            raise ValueError("content is required: null, or leaving it out, is only allowed in "
+                             "an assistant message with tool_calls")
         return content
 
     def as_template_message(self) -> dict:
