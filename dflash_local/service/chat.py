@@ -98,12 +98,13 @@ async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Req
 
 
 async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) -> JSONResponse:
-    parts, logprobs, calls = [], [], []
+    parts, reasoning, logprobs, calls = [], [], [], []
     finish = None
     while not isinstance(item, Finished):
         if isinstance(item, Failed):
             raise item.error
         parts.append(item.text)
+        reasoning.append(item.reasoning)
         logprobs += item.logprobs
         calls += item.tool_calls
         finish = item.finish_reason or finish
@@ -111,7 +112,8 @@ async def _collect(job: Job, item, loaded: LoadedPair, watcher: asyncio.Task) ->
     usage = _usage(item, job, loaded)
     asked = job.request.params.logprobs is not None
     return JSONResponse(responses.completion(job.id, loaded.served_name, "".join(parts), finish,
-                                             usage, logprobs if asked else None, tuple(calls)))
+                                             usage, logprobs if asked else None, tuple(calls),
+                                             "".join(reasoning)))
 
 
 async def _stream(job: Job, first, body: ChatCompletionRequest,
@@ -143,7 +145,8 @@ def _encode(item, job: Job, loaded: LoadedPair, writer: responses.ChunkWriter,
     """One outbox item as SSE bytes, and whether the stream ends with it."""
     if isinstance(item, Chunk):
         logprobs = list(item.logprobs) if job.request.params.logprobs is not None else None
-        step = writer.step(item.text, item.event, item.finish_reason, logprobs, item.tool_calls)
+        step = writer.step(item.text, item.event, item.finish_reason, logprobs, item.tool_calls,
+                           item.reasoning)
         return responses.sse(step), False
     if isinstance(item, Finished):
         usage = responses.sse(writer.usage(_usage(item, job, loaded))) if include_usage else b""
