@@ -9,7 +9,15 @@ import httpx
 import openai
 import pytest
 from agent_tiny import AGENT_TOOLS, ANSWER, CALL_ARGUMENTS, TOOL_RESULT, first_turn
-from harmony_tiny import CALL_REASONING, HELLO, REASONING, greeting, harmony_pair
+from harmony_tiny import (
+    CALL_REASONING,
+    CALL_REPLY,
+    HELLO,
+    PLAIN_REPLY,
+    REASONING,
+    greeting,
+    harmony_pair,
+)
 from service_support import start_service
 
 
@@ -126,3 +134,37 @@ def test_a_call_cut_by_max_tokens_is_text(client):
     assert choice.message.content.startswith("<|start|>assistant<|channel|>commentary to=functions.get_weather")
     assert reasoning_of(choice.message) == CALL_REASONING
 
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_follow_the_reply_with_its_markers(client, stream):
+    """One entry per token but the <|return|> that ends the reply; their tokens spell it."""
+    reply = ask(client, greeting(), logprobs=True, stream=stream)
+    chunks = list(reply) if stream else [reply]
+    entries = [entry for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+               for entry in chunk.choices[0].logprobs.content]
+    assert "".join(entry.token for entry in entries) == PLAIN_REPLY.removesuffix("<|return|>")
+
+
+@pytest.mark.parametrize("engine", ["transformers", "mlx"])
+def test_both_local_engines_write_the_markers_and_stop_at_the_call(service, engine):
+    """The engines' text is the reply with its markers; speculation gives plain decoding's ids."""
+    from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.events import GenerationParams
+
+    pair = service[0].loaded.engine.pair
+    if engine == "mlx":
+        pytest.importorskip("mlx.core")
+        from dflash_local.engines.mlx_engine import MLXEngine
+        local = MLXEngine(pair.target_path, pair.drafter_path)
+    else:
+        local = TorchEngine(pair.target_path, pair.drafter_path)
+    prompt = local.encode_chat(first_turn(system=False), tools=AGENT_TOOLS)
+    runs = {}
+    for speculative in (False, True):
+        events = list(local.stream(prompt, GenerationParams(max_tokens=160, speculative=speculative)))
+        runs[speculative] = ([i for event in events for i in event.token_ids],
+                             "".join(event.text for event in events), events[-1].finish_reason)
+    assert runs[True] == runs[False]
+    assert runs[True][1:] == (CALL_REPLY, "stop")
+    local.close()
