@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+# OpenAI's harmony format (gpt-oss) writes a reply's structure in special tokens: its channels
+# (analysis, final), tool calls and ends (openai/harmony, docs/format.md, "Special Tokens")
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>",
+                   "<|return|>", "<|call|>")
+
+
+def speaks_harmony(tokenizer) -> bool:
+    """Whether the tokenizer has harmony's structure tokens: then a reply's text keeps its
+    special tokens, which the service splits into channels and calls (service/harmony.py)."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for marker in ("<|channel|>", "<|message|>", "<|call|>"):
+        token_id = tokenizer.convert_tokens_to_ids(marker)
+        if not isinstance(token_id, int) or token_id == unknown:
+            return False
+    return True
+
 
 class StreamDetokenizer:
-    """Decodes only a short window per step (prefix/read offsets), so a step costs O(window)."""
+    """Decodes only a short window per step (prefix/read offsets), so a step costs O(window).
+    Special tokens are dropped, except a harmony tokenizer's (speaks_harmony): its text is the
+    markup the service parses."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
+        self._skip_special = not speaks_harmony(tokenizer)
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
 
     def add(self, token_ids) -> str:
         self._ids.extend(token_ids)
-        decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        full_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
+        decode, skip = self._tokenizer.decode, self._skip_special
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
+        full_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=skip)
         if full_text.endswith("\ufffd"):
             return ""  # a multi-byte character is still incomplete: wait for its next token
         delta = full_text[len(prefix_text) :]
@@ -45,10 +64,10 @@ class StreamDetokenizer:
                 held.append(index)
                 chars.append(end)
         if held:  # rare (multi-byte characters split across tokens): two decodes more
-            decode = self._tokenizer.decode
-            prefix_chars = len(decode(prefix_ids, skip_special_tokens=True))
+            decode, skip = self._tokenizer.decode, self._skip_special
+            prefix_chars = len(decode(prefix_ids, skip_special_tokens=skip))
             for index in held:
-                text = decode(self._ids[window_start : base + chars[index]], skip_special_tokens=True)
+                text = decode(self._ids[window_start : base + chars[index]], skip_special_tokens=skip)
                 chars[index] = min(len(delta), max(0, len(text.rstrip("\ufffd")) - prefix_chars))
         return delta, chars
 

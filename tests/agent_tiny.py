@@ -136,21 +136,27 @@ def _greedy(model, prompt: list[int], count: int) -> list[int]:
 
 
 def make_agent_target(out: Path, seed: int = 0) -> Path:
+    tokenizer = make_tokenizer(out)
+    return train_target(out, tokenizer, _examples(tokenizer), seed)
+
+
+def train_target(out: Path, tokenizer, examples: list[tuple[list[int], list[int]]],
+                 seed: int = 0) -> Path:
+    """A tiny Qwen3 for `tokenizer` (saved in `out`) trained until greedy decoding writes each
+    example's reply (prompt ids, reply ids) exactly, saved beside it."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    tokenizer = make_tokenizer(out)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True,
                          eos_token_id=2, pad_token_id=0, rope_theta=1_000_000.0)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    examples = _examples(tokenizer)
     _train(model, examples, seed=seed)
     for prompt, reply in examples:
         got = _greedy(model, prompt, len(reply))
         if got != reply:
-            raise AssertionError(f"the agent target did not memorize {tokenizer.decode(reply)!r}: "
+            raise AssertionError(f"the tiny target did not memorize {tokenizer.decode(reply)!r}: "
                                  f"it writes {tokenizer.decode(got)!r}")
     model.save_pretrained(out)
     return out

@@ -347,7 +347,9 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     ids = []
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
-    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
+    # harmony (gpt-oss): <|return|> ends a reply, <|call|> a turn that calls a tool
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|return|>",
+                  "<|call|>"):
         token_id = tokenizer.convert_tokens_to_ids(token)
         if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id not in ids:
             ids.append(token_id)

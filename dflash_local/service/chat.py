@@ -43,7 +43,7 @@ class ChatEncoder:
     def chunk(self, chunk: Chunk) -> bytes:
         logprobs = list(chunk.logprobs) if self.logprobs else None
         return responses.sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason,
-                                              logprobs, chunk.tool_calls))
+                                              logprobs, chunk.tool_calls, chunk.reasoning))
 
     def finished(self, usage: dict) -> bytes:
         events = responses.sse(self.writer.usage(usage)) if self.include_usage else b""
@@ -56,7 +56,7 @@ class ChatEncoder:
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
         return responses.completion(self.reply_id, self.model, reply.text, reply.finish_reason, usage,
                                     reply.logprobs if self.logprobs else None,
-                                    tuple(reply.tool_deltas))
+                                    tuple(reply.tool_deltas), reply.reasoning)
 
 
 async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):

@@ -44,6 +44,7 @@ class Reply:
     """A whole reply, gathered from its chunks (a non-streamed request)."""
 
     text_parts: list[str] = field(default_factory=list)  # joined once: a reply may be long
+    reasoning_parts: list[str] = field(default_factory=list)  # a harmony target's analysis
     tool_deltas: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)  # chat's logprobs.content entries
     finish_reason: str | None = None
@@ -53,8 +54,13 @@ class Reply:
     def text(self) -> str:
         return "".join(self.text_parts)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
     def add(self, chunk: Chunk) -> None:
         self.text_parts.append(chunk.text)
+        self.reasoning_parts.append(chunk.reasoning)
         self.tool_deltas += chunk.tool_calls
         self.logprobs += chunk.logprobs
         self.finish_reason = chunk.finish_reason or self.finish_reason

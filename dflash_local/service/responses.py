@@ -82,9 +82,12 @@ class ChunkWriter:
 
     def step(self, text: str, event: StepEvent, finish_reason: str | None,
              logprobs: list[dict] | None = None,
-             tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
-        """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked."""
-        delta = {"content": text if text or not tool_calls else None}
+             tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "") -> dict:
+        """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked;
+        `reasoning`: a harmony target's analysis text, as vLLM's `reasoning_content`."""
+        delta = {"content": text if text or not (tool_calls or reasoning) else None}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if tool_calls:
             delta["tool_calls"] = [tool_call_delta(piece) for piece in tool_calls]
         if not self._sent_role:
@@ -125,11 +128,13 @@ def logprobs_object(entries: list[dict] | None) -> dict | None:
 
 def completion(job_id: str, model: str, text: str, finish_reason: str | None,
                usage_payload: dict, logprobs: list[dict] | None = None,
-               tool_calls: tuple[ToolCallDelta, ...] = ()) -> dict:
+               tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "") -> dict:
     message = {"role": "assistant", "content": text}
     if tool_calls:  # OpenAI: content null when the reply only calls
         message = {"role": "assistant", "content": text if text.strip() else None,
                    "tool_calls": whole_tool_calls(tool_calls)}
+    if reasoning:  # a harmony target's analysis channel, named as vLLM and DeepSeek name it
+        message["reasoning_content"] = reasoning
     return {"id": job_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message,
                          "logprobs": logprobs_object(logprobs), "finish_reason": finish_reason}],

@@ -14,7 +14,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_local.detokenize import speaks_harmony
 from dflash_local.errors import InvalidRequestError
+from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.tool_formats import ToolFormat, format_for_template, template_uses_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
 from dflash_local.service.validation import redact_paths
@@ -28,14 +30,20 @@ class ToolSupport:
     local: bool  # False: a served engine, whose server gets no tools from us
     uses_tools: bool  # its chat template renders `tools`
     format: ToolFormat | None  # the format it writes calls in; None: one we do not parse
+    # a local harmony target (gpt-oss): its text keeps harmony's markers, every reply is split
+    # into content, reasoning and calls (service/harmony.py)
+    harmony: bool = False
 
     @classmethod
     def of(cls, engine) -> ToolSupport:
-        template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
-        model_type = _model_type(engine.pair.target_path)
-        return cls(model=redact_paths(engine.pair.target), local=engine.capabilities.tokenizes,
+        tokenizer = getattr(engine, "tokenizer", None)
+        template = getattr(tokenizer, "chat_template", None)
+        local = engine.capabilities.tokenizes
+        harmony = local and tokenizer is not None and speaks_harmony(tokenizer)
+        model_type = "gpt_oss" if harmony else _model_type(engine.pair.target_path)
+        return cls(model=redact_paths(engine.pair.target), local=local,
                    uses_tools=template_uses_tools(template),
-                   format=format_for_template(template, model_type))
+                   format=format_for_template(template, model_type), harmony=harmony)
 
 
 def _model_type(target_path: Path | None) -> str | None:
@@ -49,7 +57,7 @@ def _model_type(target_path: Path | None) -> str | None:
 class ToolPlan:
     tools: list[dict] | None  # for the chat template; None: render without tools
     assistant_prefix: str  # the reply's forced start ("" unless a call is forced)
-    splitter: ToolCallSplitter | None  # None: the reply is all text
+    splitter: ToolCallSplitter | HarmonySplitter | None  # None: the reply is all text
 
 
 NO_TOOLS = ToolPlan(None, "", None)
@@ -62,7 +70,7 @@ def forced_name(tool_choice: str | dict) -> str | None:
 def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str | dict) -> ToolPlan:
     """The prompt's tools and the reply's splitter for a request; a 400 for what cannot work."""
     if not tools or tool_choice == "none":
-        return NO_TOOLS
+        return ToolPlan(None, "", HarmonySplitter({})) if support.harmony else NO_TOOLS
     if not support.local:
         raise InvalidRequestError(f"tools: {support.model} is served by its own server, which "
                                   f"this service does not pass tools to; leave tools out")
@@ -78,7 +86,8 @@ def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str |
         raise InvalidRequestError(f"tool_choice: names function {name!r}, which is not among "
                                   f"tools ({', '.join(names)})")
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
-    splitter = ToolCallSplitter(support.format, schemas)
+    splitter = (HarmonySplitter(schemas) if support.harmony
+                else ToolCallSplitter(support.format, schemas))
     prefix = "" if tool_choice == "auto" else support.format.forced(name)
     if prefix:
         splitter.feed(prefix)  # the forced opener is the prompt's; the reply continues the call

@@ -138,7 +138,7 @@ def _llama3_forced(name: str | None) -> str:
 HARMONY_RECIPIENT = re.compile(r"to=functions\.([\w.-]+)")
 
 
-def _parse_harmony(markup: str, schemas: Schemas) -> Calls | None:
+def parse_harmony(markup: str, schemas: Schemas) -> Calls | None:
     header, separator, body = markup.removesuffix("<|call|>").partition("<|message|>")
     recipient = HARMONY_RECIPIENT.search(header)
     if not separator or recipient is None:
@@ -171,7 +171,7 @@ def format_for_template(template: str | dict | None, model_type: str | None = No
                           _parse_tool_call_tags, _hermes_forced(newline))
     if "to=functions" in text or model_type == "gpt_oss":
         return ToolFormat("harmony", ("<|start|>", "<|channel|>"), ("<|call|>",),
-                          _parse_harmony, _harmony_forced, not_a_call=_harmony_not_a_call)
+                          parse_harmony, _harmony_forced, not_a_call=_harmony_not_a_call)
     if "<|python_tag|>" in text or '"parameters": dictionary of argument name' in text:
         return ToolFormat("llama3_json", ("<|python_tag|>", "{"), (), _parse_llama3_json,
                           _llama3_forced, reply_start_only=True)

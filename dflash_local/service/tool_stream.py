@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dflash_local.service.tool_formats import Schemas, ToolFormat
+from dflash_local.service.tool_formats import Calls, Schemas, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,15 @@ class ToolCallSplitter:
         return at + len(closer)
 
     def _parse(self, markup: str) -> list[ParsedCall] | None:
-        calls = self.format.parse(markup, self.schemas)
-        if not calls or any(name not in self.schemas for name, _ in calls):
-            return None
-        return [ParsedCall(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]
+        return parsed_calls(self.format.parse(markup, self.schemas), self.schemas)
+
+    def take_reasoning(self) -> str:
+        return ""  # these formats have no reasoning channel (harmony's has: service/harmony.py)
+
+
+def parsed_calls(calls: Calls | None, schemas: Schemas) -> list[ParsedCall] | None:
+    """A format's parsed calls as OpenAI's; None (the markup is text) for none or a call to a
+    function the request did not give."""
+    if not calls or any(name not in schemas for name, _ in calls):
+        return None
+    return [ParsedCall(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]

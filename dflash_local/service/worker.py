@@ -21,6 +21,7 @@ from dflash_local.engines.base import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.logprobs import LogprobEntries
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
@@ -66,6 +67,7 @@ class Chunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
     logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
+    reasoning: str = ""  # the reasoning delta (a harmony target's analysis channel)
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,11 @@ def _longest_borders(text: str) -> list[int]:
     return borders
 
 
-def split_calls(splitter: ToolCallSplitter, text: str,
-                finish: str | None) -> tuple[str, tuple[ToolCallDelta, ...], str | None]:
-    """A step's text without call markup, the calls it completed as OpenAI streams each (its id
-    and name, then its arguments), and the finish reason ("tool_calls" for a reply that called)."""
+def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
+                ) -> tuple[str, str, tuple[ToolCallDelta, ...], str | None]:
+    """A step's text without call markup, its reasoning (harmony's analysis), the calls it
+    completed as OpenAI streams each (its id and name, then its arguments), and the finish
+    reason ("tool_calls" for a reply that called)."""
     first_index = splitter.calls_made
     text, calls = splitter.feed(text)
     if finish:
@@ -205,7 +208,7 @@ def split_calls(splitter: ToolCallSplitter, text: str,
     deltas = []
     for index, call in enumerate(calls, start=first_index):
         deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
-    return text, tuple(deltas), finish
+    return text, splitter.take_reasoning(), tuple(deltas), finish
 
 
 class GenerationWorker:
@@ -345,11 +348,13 @@ class GenerationWorker:
                 # a tool call's tokens keep their entries: they are generated tokens
                 entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
                 deltas: tuple[ToolCallDelta, ...] = ()
+                reasoning = ""
                 if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
-                    text, deltas, finish = split_calls(tools.splitter, text, finish)
+                    text, reasoning, deltas, finish = split_calls(tools.splitter, text, finish)
                 job.reply += text
                 job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
-                              stop_sequence=stops.matched if hit_stop and finish == "stop" else None))
+                              stop_sequence=stops.matched if hit_stop and finish == "stop" else None,
+                              reasoning=reasoning))
                 if finish:
                     stats.finish_reason = finish
                     return stats
