@@ -14,6 +14,7 @@ the target alone would produce: greedy the same tokens, sampling the same distri
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 
@@ -28,11 +29,12 @@ from dflash_local.planning import Planner, make_planner
 from dflash_local.planning.costs import RoundCosts
 from dflash_local.prefix_cache import Resume
 from dflash_local.proposers import DraftSources
+from dflash_local.round_trace import STEPS, RoundTrace
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None,
-             resume: Resume | None = None) -> Iterator[StepEvent]:
+             resume: Resume | None = None, trace: RoundTrace | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning.make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
@@ -40,7 +42,8 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else. Ended between
     rounds (finished, or closed at a yield), the state is whole and `resume.keep` gets it;
-    a prefill or a round cut short by an error leaves nothing to keep."""
+    a prefill or a round cut short by an error leaves nothing to keep. `trace`: one line per
+    round, its priced and measured costs (round_trace.py)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
@@ -55,6 +58,9 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     produced, decode_start = 1, time.perf_counter()
     finish = _finish([anchor_id], produced, params)[1]
     whole = True  # the runner, the drafter and `taps` agree with `rows`
+    if trace is not None:
+        trace.generation(prompt_tokens=len(prompt_ids), cached_tokens=resume.cached_rows,
+                         prefill_s=round(decode_start - start, 6), max_tokens=params.max_tokens)
     try:
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
@@ -68,16 +74,24 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             whole = False
             round_index += 1
             sources.add_taps(taps)
+            clock = [time.perf_counter()]  # each step's end, for a trace
             proposer = planner.plan(len(prompt_ids) + produced, params.max_tokens - produced)  # plan
+            clock.append(time.perf_counter())
             draft = proposer.propose(sources, anchor_id)  # propose
+            clock.append(time.perf_counter())
             logits = runner.verify(anchor_id, draft.tree)  # verify
+            clock.append(time.perf_counter())
             path, next_id = _accept(draft.tree, logits, params, rng)  # accept
+            clock.append(time.perf_counter())
             taps = runner.commit([0, *path])  # commit
+            clock.append(time.perf_counter())
             kept = draft.kept_ids(path)
             rows += [anchor_id, *kept]
             whole = True
             committed, finish = _finish([*kept, next_id], produced + len(path) + 1, params)
             planner.observe(draft, path, committed)
+            clock.append(time.perf_counter())
+            context = len(prompt_ids) + produced
             produced += len(committed)
             anchor_id = committed[-1]
             accepted = min(len(path), len(committed))
@@ -86,7 +100,12 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
                 draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
                 copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
                 elapsed_s=time.perf_counter() - decode_start, finish_reason=finish)
+            if trace is not None:
+                clock.append(time.perf_counter())
+                trace.round(_round_record(planner, draft, len(path), len(committed), context, clock))
     finally:
+        if trace is not None:
+            trace.flush()
         if whole and resume.keep is not None:
             sources.add_taps(taps)
             resume.keep(rows, sources.unseen())
@@ -99,6 +118,16 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
     widest = widest_block(params, drafter.block_size if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
+
+
+def _round_record(planner: Planner, draft, kept: int, committed: int, context: int,
+                  clock: list[float]) -> dict:
+    """A round as round_trace.py writes it; `clock`: the end of each step, from the plan's start."""
+    priced_s, expected_tokens = planner.priced(draft)
+    steps = dict(zip(STEPS, (end - start for start, end in itertools.pairwise(clock))))
+    return {"mode": draft.mode, "rows": len(draft.tree.token_ids) + 1, "kept": kept,
+            "committed": committed, "context": context, "priced_s": priced_s,
+            "expected_tokens": expected_tokens, **steps}
 
 
 def _check_room(runner: TargetRunner, prompt_ids: list[int], params: GenerationParams) -> None:

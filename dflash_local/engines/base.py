@@ -29,6 +29,7 @@ from dflash_local.events import (
 )
 from dflash_local.interfaces import Drafter, TargetRunner
 from dflash_local.prefix_cache import PrefixCache, PrefixStates, Resume
+from dflash_local.round_trace import RoundTrace
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class LocalEngine(Engine):
         self.prefix_cache = prefix_cache
         self.prefix_states = prefix_states
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
+        self.round_trace: RoundTrace | None = None  # opt-in: every round's costs (round_trace.py)
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> TargetRunner:
@@ -159,7 +161,7 @@ class LocalEngine(Engine):
         detokenizer = StreamDetokenizer(self.tokenizer)
         # closing: a client that stops reading ends the loop now, and its state is kept now
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
-                                          resume)) as events:
+                                          resume, self.round_trace)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a copy's: a
                 # client colours exactly what each wrote

@@ -43,6 +43,8 @@ class AutoPlanner:
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
+        # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
+        self._planned: tuple[int, float | None] = (1, None)
 
     def plan(self, context: int, remaining: int) -> Proposer:
         self._price(context)
@@ -53,10 +55,12 @@ class AutoPlanner:
             if alone is not None:
                 return LookupChain(alone)
         choice = self.policy.choose(remaining)
+        self._planned = (choice.width, self.policy.expected_tokens(choice.width))
         if choice.width == 1:
             return NoDraft(choice.mode)
         if self.sizer is None:
             return DrafterChain(choice.width, choice.mode)
+        self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
         tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
             drafted.path_probs, limit))
         return tree if copy is None else GraftedCopy(tree, copy, self._graft_length)
@@ -79,6 +83,14 @@ class AutoPlanner:
         else:  # a tree is judged by its depth: the positions a kept path could reach
             self.policy.observe(draft.tree.depth + 1, len(path))
 
+    def priced(self, draft: Draft) -> tuple[float, float | None]:
+        """(the calibrated seconds of this round as it ran, at its context; the tokens it was
+        planned to commit, None where a tree's size was settled after planning)."""
+        costs, (drafted_width, expected) = self.policy.costs, self._planned
+        rows = min(len(draft.tree.token_ids) + 1, costs.max_width)
+        draft_s = costs.draft_seconds(drafted_width) if draft.drafter_nodes else 0.0
+        return costs.verify_only[rows - 1] + draft_s, expected
+
     def _price(self, context: int) -> None:
         """Every part that prices rounds prices them at the context the next round runs on."""
         costs = self.policy.price_context(context)
@@ -100,6 +112,7 @@ class AutoPlanner:
         width, speed = self.lookup.plan(copy.ngram, len(copy.token_ids), limit)
         if width < 2 or speed <= self.policy.best_tokens_per_s(limit):
             return None
+        self._planned = (1, speed * self.lookup.costs.verify_only[width - 1])
         return LookupDraft(copy.token_ids[: width - 1], copy.ngram)
 
     def _graft_length(self, tree: DraftTree, copy: LookupDraft, drafted_width: int,

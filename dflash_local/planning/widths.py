@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_local.planning.costs import DEFAULT_PRIOR, RoundCosts, speeds_by_width
+from dflash_local.planning.costs import (
+    DEFAULT_PRIOR,
+    RoundCosts,
+    expected_committed,
+    speeds_by_width,
+)
 from dflash_local.planning.modes import FALLBACK, PROBE, SPECULATIVE
 
 
@@ -96,6 +101,10 @@ class BlockPolicy:
         """What the best round this policy can choose now is expected to make per second."""
         limit = min(limit or self.max_width, self.max_width)
         return float(np.max(speeds_by_width(self.estimate.rates(), self.round_seconds(limit), limit)))
+
+    def expected_tokens(self, width: int) -> float:
+        """What a drafter round of `width` is expected to commit (the bonus token included)."""
+        return expected_committed(self.estimate.rates(), width)
 
     def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
         """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
