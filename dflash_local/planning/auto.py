@@ -3,7 +3,7 @@
 It prices every kind of round from this machine's measured costs (calibration.py) at the
 context the round runs on, and the acceptance seen so far in this generation:
 - a drafter round of the width `BlockPolicy` chooses (widths.py; width 1 is a plain step, and it
-  falls back to plain while speculation would lose, probing now and then);
+  falls back to plain while speculation would lose, probing now and then with a short chain);
 - with trees, that round drafts all it may and verifies the prefix of the tree the `TreeSizer`
   expects to pay most (trees.py), a prompt-lookup copy grafted on where its rows pay;
 - a prompt-lookup round (no drafter pass) when a copy from the text is expected to beat the
@@ -19,7 +19,7 @@ from dflash_local.draft_tree import DraftTree
 from dflash_local.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
 from dflash_local.planning.copies import LookupPolicy
 from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.modes import LOOKUP, SPECULATIVE
+from dflash_local.planning.modes import LOOKUP, PROBE, SPECULATIVE
 from dflash_local.planning.trees import TreeSizer
 from dflash_local.planning.widths import BlockPolicy
 from dflash_local.proposers import (
@@ -58,7 +58,7 @@ class AutoPlanner:
         self._planned = (choice.width, self.policy.expected_tokens(choice.width))
         if choice.width == 1:
             return NoDraft(choice.mode)
-        if self.sizer is None:
+        if self.sizer is None or choice.mode == PROBE:  # a probe is a chain (BlockPolicy._probe)
             return DrafterChain(choice.width, choice.mode)
         self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
         tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
@@ -74,13 +74,13 @@ class AutoPlanner:
         if draft.grafted:
             self.lookup.observe(draft.copy.ngram, len(draft.grafted) + 1,
                                 common_start(draft.kept_ids(path), draft.grafted))
-        if self.sizer is not None and draft.drafter_nodes:
+        if self.sizer is not None and draft.tree.path_probs:
             # a drafter round is judged on its own nodes: a copy grafted on comes after them
             kept = draft.drafter_kept(path)
             self.sizer.observe(draft.tree.path_probs, kept)
             drafter_depth = max(draft.tree.depths[: draft.drafter_nodes + 1])  # grafted nodes after
             self.policy.observe(drafter_depth + 1, kept)
-        else:  # a tree is judged by its depth: the positions a kept path could reach
+        else:  # a chain (a probe) by its depth: the positions a kept path could reach
             self.policy.observe(draft.tree.depth + 1, len(path))
 
     def priced(self, draft: Draft) -> tuple[float, float | None]:
