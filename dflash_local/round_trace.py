@@ -26,7 +26,8 @@ PLAIN_KINDS = ("plain", "plain-fallback")  # the rounds others are measured agai
 
 
 class RoundTrace:
-    """Appends JSON lines to `path` (opened on the first line, flushed by each generation's end)."""
+    """Appends JSON lines to `path` (opened on the first line; each line written as it comes, so
+    a trace can be read while its run goes on)."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -40,10 +41,6 @@ class RoundTrace:
         self._write({key: round(value, 6) if isinstance(value, float) else value
                      for key, value in record.items()})
 
-    def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -52,7 +49,7 @@ class RoundTrace:
     def _write(self, record: dict) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered
         self._file.write(json.dumps(record) + "\n")
 
 
@@ -109,7 +106,8 @@ def summarize(generations: Iterable[dict]) -> dict:
             if plain_s:
                 figures["measured_vs_plain"].append(
                     statistics.median(round_seconds(r) for r in records) / plain_s)
-                figures["net"].append(sum(round_seconds(r) / plain_s - r["committed"] for r in records))
+                figures["net"].append(sum(round_seconds(r) / plain_s - r["committed"]
+                                          for r in records))
             priced = [r["priced_s"] for r in records if r["priced_s"] is not None]
             if plain_priced and priced:
                 figures["priced_vs_plain"].append(statistics.median(priced) / plain_priced)
@@ -148,4 +146,5 @@ def _fold(figures: dict[str, list[float]]) -> dict:
             folded[f"{name}_generations"] = len(figures[name])
     if figures.get("net"):
         folded["net_plain_steps"] = sum(figures["net"])
-    return {key: round(value, 6) if isinstance(value, float) else value for key, value in folded.items()}
+    return {key: round(value, 6) if isinstance(value, float) else value
+            for key, value in folded.items()}

@@ -42,15 +42,12 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else. Ended between
     rounds (finished, or closed at a yield), the state is whole and `resume.keep` gets it;
-    a prefill or a round cut short by an error leaves nothing to keep. `trace`: one line per
-    round, its priced and measured costs (round_trace.py)."""
+    a prefill or a round cut short by an error leaves nothing to keep. `trace`: round_trace.py."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
     rng = np.random.default_rng(params.seed)
-    sources = DraftSources(drafter, runner)
-    if resume.unseen_taps is not None:
-        sources.add_taps(resume.unseen_taps)
+    sources = DraftSources(drafter, runner, resume.unseen_taps)
     start = time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
     rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
@@ -58,9 +55,6 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     produced, decode_start = 1, time.perf_counter()
     finish = _finish([anchor_id], produced, params)[1]
     whole = True  # the runner, the drafter and `taps` agree with `rows`
-    if trace is not None:
-        trace.generation(prompt_tokens=len(prompt_ids), cached_tokens=resume.cached_rows,
-                         prefill_s=round(decode_start - start, 6), max_tokens=params.max_tokens)
     try:
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
@@ -71,27 +65,19 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             resume.keep(list(rows), taps)
         round_index = 0
         while finish is None:
-            whole = False
-            round_index += 1
+            whole, round_index = False, round_index + 1
             sources.add_taps(taps)
-            clock = [time.perf_counter()]  # each step's end, for a trace
-            proposer = planner.plan(len(prompt_ids) + produced, params.max_tokens - produced)  # plan
-            clock.append(time.perf_counter())
-            draft = proposer.propose(sources, anchor_id)  # propose
-            clock.append(time.perf_counter())
-            logits = runner.verify(anchor_id, draft.tree)  # verify
-            clock.append(time.perf_counter())
-            path, next_id = _accept(draft.tree, logits, params, rng)  # accept
-            clock.append(time.perf_counter())
-            taps = runner.commit([0, *path])  # commit
-            clock.append(time.perf_counter())
+            clock, context = [time.perf_counter()], len(prompt_ids) + produced  # each step's end
+            proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
+            draft = _lap(clock, proposer.propose(sources, anchor_id))  # propose
+            logits = _lap(clock, runner.verify(anchor_id, draft.tree))  # verify
+            path, next_id = _lap(clock, _accept(draft.tree, logits, params, rng))  # accept
+            taps = _lap(clock, runner.commit([0, *path]))  # commit
             kept = draft.kept_ids(path)
             rows += [anchor_id, *kept]
             whole = True
             committed, finish = _finish([*kept, next_id], produced + len(path) + 1, params)
-            planner.observe(draft, path, committed)
-            clock.append(time.perf_counter())
-            context = len(prompt_ids) + produced
+            _lap(clock, planner.observe(draft, path, committed))
             produced += len(committed)
             anchor_id = committed[-1]
             accepted = min(len(path), len(committed))
@@ -100,12 +86,9 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
                 draft_depth=draft.tree.depth, accepted=accepted, round_index=round_index,
                 copied=max(0, accepted - draft.drafter_kept(path)), block_size=len(draft.tree.token_ids) + 1,
                 elapsed_s=time.perf_counter() - decode_start, finish_reason=finish)
-            if trace is not None:
-                clock.append(time.perf_counter())
-                trace.round(_round_record(planner, draft, len(path), len(committed), context, clock))
+            if trace is not None:  # the consumer's time since the event is the round's emit_s
+                trace.round(_round_record(planner, draft, path, committed, context, clock))
     finally:
-        if trace is not None:
-            trace.flush()
         if whole and resume.keep is not None:
             sources.add_taps(taps)
             resume.keep(rows, sources.unseen())
@@ -120,13 +103,21 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
 
 
-def _round_record(planner: Planner, draft, kept: int, committed: int, context: int,
+def _lap(clock: list[float], value):
+    """`value`, once its step's end is on the clock."""
+    clock.append(time.perf_counter())
+    return value
+
+
+def _round_record(planner: Planner, draft, path: list[int], committed: list[int], context: int,
                   clock: list[float]) -> dict:
-    """A round as round_trace.py writes it; `clock`: the end of each step, from the plan's start."""
+    """A round as round_trace.py writes it; `clock`: the end of each step, from the plan's start
+    (the last one, now)."""
+    _lap(clock, None)
     priced_s, expected_tokens = planner.priced(draft)
     steps = dict(zip(STEPS, (end - start for start, end in itertools.pairwise(clock))))
-    return {"mode": draft.mode, "rows": len(draft.tree.token_ids) + 1, "kept": kept,
-            "committed": committed, "context": context, "priced_s": priced_s,
+    return {"mode": draft.mode, "rows": len(draft.tree.token_ids) + 1, "kept": len(path),
+            "committed": len(committed), "context": context, "priced_s": priced_s,
             "expected_tokens": expected_tokens, **steps}
 
 

@@ -159,6 +159,9 @@ class LocalEngine(Engine):
             measured.prior if measured else ())
         resume = self._resume(prompt_ids, runner, drafter)
         detokenizer = StreamDetokenizer(self.tokenizer)
+        if self.round_trace is not None:
+            self.round_trace.generation(prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
+                                        cached_tokens=resume.cached_rows if resume else 0)
         # closing: a client that stops reading ends the loop now, and its state is kept now
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
                                           resume, self.round_trace)) as events:
