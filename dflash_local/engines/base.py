@@ -131,7 +131,11 @@ class LocalEngine(Engine):
         measured once (~20-30 s for the embedded pair on two cores), then read from its cache
         file, unless `force`. Kept in `self.calibration`."""
         key = calibration.calibration_key(self.pair, self.compute_threads())
-        self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        trace, self.round_trace = self.round_trace, None  # its own generations are not traced
+        try:
+            self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        finally:
+            self.round_trace = trace
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
