@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
 from dflash_local.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_parser(commands)
     train_cli.add_parser(commands)
     bench_cli.add_parser(commands)
+    _add_trace(commands)
     return parser
 
 
@@ -87,7 +89,36 @@ def _add_generate(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.add_argument("--logprobs", type=int, metavar="N",
                      help="with --json: each token's logprob and its N best alternatives (0-20)")
+    gen.add_argument("--trace", type=Path, metavar="FILE",
+                     help="append each round's priced and measured costs to FILE (JSON lines)")
     gen.set_defaults(handler=run_generate)
+
+
+def _add_trace(commands) -> None:
+    trace = commands.add_parser(
+        "trace", help="summarize a round trace (bench --trace, generate --trace)",
+        description="Each kind of round against the plain steps of the same generation: "
+                    "measured and priced cost ratios, and the plain steps it won or lost.")
+    trace.add_argument("path", type=Path, metavar="TRACE")
+    trace.add_argument("--match", metavar="TEXT", default="",
+                       help="only generations whose label holds TEXT (e.g. 'dflash auto', 'chat/8')")
+    trace.set_defaults(handler=run_trace)
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from dflash_local.round_trace import format_summary, read_trace, summarize
+
+    if not args.path.is_file():
+        raise DFlashError(f"trace {args.path}: no such file")
+    try:
+        generations = [g for g in read_trace(args.path) if args.match in g["generation"]]
+    except (ValueError, KeyError) as exc:  # not JSON lines, or lines not of a trace
+        raise DFlashError(f"trace {args.path}: not a round trace ({exc})") from exc
+    if not generations:
+        raise DFlashError(f"trace {args.path}: no generation's label holds {args.match!r}")
+    print(f"{len(generations)} generations")
+    print(format_summary(summarize(generations)))
+    return 0
 
 
 def _add_models(commands) -> None:
@@ -114,6 +145,11 @@ def run_generate(args: argparse.Namespace) -> int:
     _quiet_frameworks()
     engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
                          draft_window=args.draft_window)
+    if args.trace is not None:
+        from dflash_local.round_trace import RoundTrace
+
+        engine.round_trace = RoundTrace(args.trace)
+        engine.round_trace.label = args.prompt[:60]
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase
             engine.prepare(params.block_size, on_wait=lambda phase: print(
@@ -128,6 +164,8 @@ def run_generate(args: argparse.Namespace) -> int:
                                                              echo=not args.json)
     finally:
         engine.close()
+        if engine.round_trace is not None:
+            engine.round_trace.close()
     block_size = widest_block(params, engine.pair.block_size)
     if args.json:
         report = _report(engine, prompt_ids, token_ids, text, stats, block_size)

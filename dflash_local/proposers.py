@@ -46,10 +46,13 @@ class Draft:
 class DraftSources:
     """The drafter of one generation, with the taps of the rows it has not seen yet."""
 
-    def __init__(self, drafter: Drafter | None, runner: TargetRunner):
+    def __init__(self, drafter: Drafter | None, runner: TargetRunner, unseen_taps: Any = None):
+        """`unseen_taps`: a kept prefix's rows (prefix_cache.py) the drafter has not read yet."""
         self.drafter = drafter
         self._join = runner.join_taps
         self._pending: list[Any] = []
+        if unseen_taps is not None:
+            self.add_taps(unseen_taps)
 
     def add_taps(self, taps: Any) -> None:
         """The committed rows' taps: the drafter reads them with its next block."""

@@ -14,6 +14,7 @@ the target alone would produce: greedy the same tokens, sampling the same distri
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 
@@ -29,11 +30,12 @@ from dflash_local.planning import Planner, make_planner
 from dflash_local.planning.costs import RoundCosts
 from dflash_local.prefix_cache import Resume
 from dflash_local.proposers import Draft, DraftSources
+from dflash_local.round_trace import STEPS, RoundTrace
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None,
-             resume: Resume | None = None) -> Iterator[StepEvent]:
+             resume: Resume | None = None, trace: RoundTrace | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning.make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
@@ -41,14 +43,12 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
     per-generation objects, so nothing is left half-updated for anyone else. Ended between
     rounds (finished, or closed at a yield), the state is whole and `resume.keep` gets it;
-    a prefill or a round cut short by an error leaves nothing to keep."""
+    a prefill or a round cut short by an error leaves nothing to keep. `trace`: round_trace.py."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
     rng = np.random.default_rng(params.seed)
-    sources = DraftSources(drafter, runner)
-    if resume.unseen_taps is not None:
-        sources.add_taps(resume.unseen_taps)
+    sources = DraftSources(drafter, runner, resume.unseen_taps)
     start = time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
     rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
@@ -67,24 +67,26 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             resume.keep(list(rows), taps)
         round_index = 0
         while finish is None:
-            whole = False
-            round_index += 1
+            whole, round_index = False, round_index + 1
             sources.add_taps(taps)
-            proposer = planner.plan(len(prompt_ids) + produced, params.max_tokens - produced)  # plan
-            draft = proposer.propose(sources, anchor_id)  # propose
-            logits = runner.verify(anchor_id, draft.tree)  # verify
-            path, next_id = _accept(draft.tree, logits, params, rng)  # accept
-            taps = runner.commit([0, *path])  # commit
+            clock, context = [time.perf_counter()], len(prompt_ids) + produced  # each step's end
+            proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
+            draft = _lap(clock, proposer.propose(sources, anchor_id))  # propose
+            logits = _lap(clock, runner.verify(anchor_id, draft.tree))  # verify
+            path, next_id = _lap(clock, _accept(draft.tree, logits, params, rng))  # accept
+            taps = _lap(clock, runner.commit([0, *path]))  # commit
             kept = draft.kept_ids(path)
             rows += [anchor_id, *kept]
             whole = True
             committed, finish = _finish([*kept, next_id], produced + len(path) + 1, params)
-            planner.observe(draft, path, committed)
+            _lap(clock, planner.observe(draft, path, committed))
             produced += len(committed)
             anchor_id = committed[-1]
             yield _round_event(draft, path, committed, round_index=round_index,
                                finish_reason=finish, elapsed_s=time.perf_counter() - decode_start,
                                logprobs=_logprobs(logits, [0, *path], committed, params))
+            if trace is not None:  # the consumer's time since the event is the round's emit_s
+                trace.round(_round_record(planner, draft, path, committed, context, clock))
     finally:
         if whole and resume.keep is not None:
             sources.add_taps(taps)
@@ -98,6 +100,24 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
     widest = widest_block(params, drafter.block_size if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
+
+
+def _lap(clock: list[float], value):
+    """`value`, once its step's end is on the clock."""
+    clock.append(time.perf_counter())
+    return value
+
+
+def _round_record(planner: Planner, draft, path: list[int], committed: list[int], context: int,
+                  clock: list[float]) -> dict:
+    """A round as round_trace.py writes it; `clock`: the end of each step, from the plan's start
+    (the last one, now)."""
+    _lap(clock, None)
+    priced_s, expected_tokens = planner.priced(draft)
+    steps = dict(zip(STEPS, (end - start for start, end in itertools.pairwise(clock))))
+    return {"mode": draft.mode, "rows": len(draft.tree.token_ids) + 1, "kept": len(path),
+            "committed": len(committed), "context": context, "priced_s": priced_s,
+            "expected_tokens": expected_tokens, **steps}
 
 
 def _check_room(runner: TargetRunner, prompt_ids: list[int], params: GenerationParams) -> None:

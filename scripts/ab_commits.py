@@ -1,7 +1,8 @@
 """Two checkouts of this repo side by side on one engine: the same prompts, interleaved per prompt.
 
     .venv/bin/python scripts/ab_commits.py OLD_DIR NEW_DIR [--engine mlx|transformers]
-        [--dataset embedded] [--samples 30] [--max-tokens 128] [--out docs/records/NAME.json]
+        [--dataset embedded] [--samples 30] [--only ID,ID] [--repeats N] [--max-tokens 128]
+        [--trace DIR] [--out docs/records/NAME.json]
 
 Each checkout runs in a worker process of its own (PYTHONPATH=DIR), which loads the embedded
 target and NEW_DIR's drafter once (one drafter path: the calibration cache's key names it),
@@ -33,9 +34,14 @@ auto = events.AUTO if hasattr(events, "AUTO") else "auto"
 target, _ = pair_names(None, None, speculative=True)
 engine = load_engine(sys.argv[1], target, sys.argv[2], dtype="auto")
 engine.prepare(auto)
+if len(sys.argv) > 3:  # a round trace, where the checkout has one
+    from dflash_local.round_trace import RoundTrace
+    engine.round_trace = RoundTrace(sys.argv[3])
 print(json.dumps({"ready": engine.name}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
+    if engine.__dict__.get("round_trace") is not None:
+        engine.round_trace.label = request["label"]
     ids = engine.encode_chat([{"role": "user", "content": request["prompt"]}])
     params = events.GenerationParams(max_tokens=request["max_tokens"], block_size=auto)
     stats, tokens = events.GenerationStats(), []
@@ -47,9 +53,10 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, checkout: Path, engine: str, drafter: Path):
+    def __init__(self, checkout: Path, engine: str, drafter: Path, trace: Path | None = None):
         env = {**os.environ, "PYTHONPATH": f"{checkout}:{checkout / 'tui'}", "OMP_WAIT_POLICY": "PASSIVE"}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER, engine, str(drafter)], cwd=checkout, env=env,
+        command = [sys.executable, "-c", WORKER, engine, str(drafter), *([str(trace)] if trace else [])]
+        self.process = subprocess.Popen(command, cwd=checkout, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # loaded and calibrated
 
@@ -59,8 +66,9 @@ class Worker:
             sys.exit(f"a worker stopped (exit {self.process.wait()})")
         return json.loads(line)
 
-    def run(self, prompt: str, max_tokens: int) -> dict:
-        self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens}) + "\n")
+    def run(self, prompt: str, max_tokens: int, label: str = "") -> dict:
+        request = {"prompt": prompt, "max_tokens": max_tokens, "label": label}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return self._read()
 
@@ -78,17 +86,32 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", metavar="ID[,ID]", help="only these prompts of the dataset")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each prompt (each recorded)")
+    parser.add_argument("--trace", type=Path, metavar="DIR",
+                        help="a round trace per side, DIR/old.jsonl and DIR/new.jsonl "
+                             "(checkouts with round_trace.py; `dflash-local trace` sums each up)")
     args = parser.parse_args()
     from dflash_local.bench.datasets import load_prompts
 
     prompts = load_prompts(args.dataset, args.samples)
+    if args.only:
+        wanted = args.only.split(",")
+        prompts = [p for p in prompts if p.prompt_id in wanted]
+        if len(prompts) != len(wanted):
+            sys.exit(f"--only {args.only}: not all among the first {args.samples} of {args.dataset}")
+    prompts = prompts * args.repeats
     drafter = args.new.resolve() / "models" / "smollm2-135m-dflash"
-    workers = {side: Worker(path.resolve(), args.engine, drafter)
+    if args.trace is not None:
+        args.trace.mkdir(parents=True, exist_ok=True)
+    workers = {side: Worker(path.resolve(), args.engine, drafter,
+                            args.trace / f"{side}.jsonl" if args.trace else None)
                for side, path in (("old", args.old), ("new", args.new))}
     totals = {side: {"tokens": 0, "decode_s": 0.0, "taus": []} for side in workers}
     for index, prompt in enumerate(prompts):
         order = ["old", "new"] if index % 2 == 0 else ["new", "old"]
-        runs = {side: workers[side].run(prompt.turns[0], args.max_tokens) for side in order}
+        runs = {side: workers[side].run(prompt.turns[0], args.max_tokens, f"{prompt.prompt_id} | {side}")
+                for side in order}
         if runs["old"]["tokens"] != runs["new"]["tokens"]:
             sys.exit(f"{prompt.prompt_id}: the two checkouts' outputs differ")
         for side, run in runs.items():

@@ -16,6 +16,7 @@ from dflash_local.bench.measure import RunFigures, fastest, histogram
 from dflash_local.bench.report import format_table
 from dflash_local.cli import main
 from dflash_local.events import AUTO, Fixed
+from dflash_local.round_trace import read_trace
 
 
 @pytest.fixture
@@ -102,10 +103,17 @@ def test_bench_mlx_engine_with_its_peer(tmp_path, home):
 def test_bench_repeats_keep_each_methods_fastest_try(tmp_path_factory, home, capsys):
     pair = tiny_pair(tmp_path_factory, "qwen3")
     out = home / "results"
+    trace = home / "rounds.jsonl"
     assert bench(pair, out, "--dataset", "embedded", "--max-samples", "1", "--max-tokens", "8",
-                 "--repeats", "3") == 0
+                 "--repeats", "3", "--trace", str(trace)) == 0
     record, _ = only_record(out)
     assert record["settings"]["repeats"] == 3
+    prompt_id = record["datasets"]["embedded"]["samples"][0]["id"]
+    labels = [generation["generation"] for generation in read_trace(trace)]
+    # the warm-up, then each try in the interleaving order (calibration's own runs are not traced)
+    assert labels == ["warm-up | plain", "warm-up | dflash auto",
+                      *[f"{prompt_id} | {method}" for method in ("plain", "dflash auto")] * 3]
+    assert all(len(g["rounds"]) >= 1 for g in read_trace(trace))
     result = record["datasets"]["embedded"]
     for run in result["samples"][0]["methods"].values():
         assert len(run["decode_s_repeats"]) == 3
@@ -156,6 +164,9 @@ def test_steal_share_from_proc_stat(tmp_path):
 def test_bad_bench_options_are_one_line(capsys):
     assert main(["bench", "--repeats", "0"]) == 2
     assert "--repeats must be >= 1, got" in capsys.readouterr().err
+    assert main(["bench", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
+                 "--trace", "rounds.jsonl"]) == 2
+    assert "--trace times our own loop's rounds: --engine openai" in capsys.readouterr().err
     assert main(["bench", "--temperature", "-1"]) == 2  # before any model loads
     assert "temperature must be in [0, 100], got -1.0" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -12,14 +12,17 @@ import pytest
 from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use_policy
 
 from dflash_local import calibration
+from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import AUTO, GenerationParams, parse_block_size
 from dflash_local.planning import timed_rounds
+from dflash_local.planning.auto import AutoPlanner
 from dflash_local.planning.copies import LookupPolicy
 from dflash_local.planning.costs import RoundCosts, expected_committed
 from dflash_local.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
 from dflash_local.planning.trees import TreeSizer
 from dflash_local.planning.widths import BlockPolicy
+from dflash_local.proposers import Draft, DrafterChain, DrafterTree
 
 # a drafter pass that costs half a plain step: speculation must earn it back (MLX-like)
 COSTS = RoundCosts(tuple([1.0] + [1.5 + 0.05 * (w - 1) for w in range(2, 17)]))
@@ -117,6 +120,30 @@ def test_probes_of_a_dear_width_stay_within_the_budget():
     choices = drive(policy, lambda _: 0, 2000)[50:]
     extra = sum(COSTS.at(c.width) - COSTS.at(1) for c in choices if c.mode == PROBE)
     assert 0 < extra <= 0.012 * len(choices)  # probes of width >= 2 cost 1.5x a plain step here
+
+
+def test_a_probe_under_tree_rounds_is_a_short_chain_priced_as_one():
+    """Auto's tree rounds draft a whole block and a sizer picks the rows after drafting; a probe
+    must cost what its budget priced: the drafter's chain of the probe's width (the cheapest
+    drafter pass), which the tree sizer does not learn from."""
+    verify = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
+    draft = [0.0] + [0.1 + 0.02 * w for w in range(2, 17)]  # a wider drafter pass costs more
+    costs = RoundCosts(tuple(v + d for v, d in zip(verify, draft)), verify)
+    planner = AutoPlanner(costs, [0.05] * 15, widest=16, trees=True)
+    probes = []
+    for _ in range(400):
+        proposer = planner.plan(100, 1000)
+        width = getattr(proposer, "width", 1)
+        assert not isinstance(proposer, DrafterTree), "a probe drafted a whole tree"
+        if isinstance(proposer, DrafterChain):
+            assert proposer.mode == PROBE
+            probes.append(width)
+        tree = DraftTree.chain([5] * (width - 1))
+        planner.observe(Draft(tree, proposer.mode, drafter_nodes=width - 1), [], [1])
+    assert probes and set(probes) == {planner.policy._probe(16)[0]}
+    assert 2 <= probes[0] < 16 and planner.sizer.predicted == planner.sizer.kept == 0
+    extra = sum(costs.at(w) - costs.at(1) for w in probes)  # within the 1% budget, as a chain
+    assert extra <= 0.012 * 400
 
 
 def test_partial_acceptance_settles_on_the_width_it_earns():

@@ -89,6 +89,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prefix-cache-mb", type=int, metavar="N",
                         help="--multi-turn: the cache's budget (default: as serve's)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
+    parser.add_argument("--trace", type=Path, metavar="FILE",
+                        help="append every round's priced and measured costs to FILE (JSON lines, "
+                             "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
     parser.set_defaults(handler=run)
 
 
@@ -172,11 +175,20 @@ def run(args: argparse.Namespace) -> int:
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if args.trace is not None and args.engine in SERVED:
+        raise DFlashError(f"--trace times our own loop's rounds: --engine {args.engine} runs a "
+                          f"server's")
     engine = load_engine(args.engine, target, drafter, **_engine_options(args))
+    if args.trace is not None:
+        from dflash_local.round_trace import RoundTrace
+
+        engine.round_trace = RoundTrace(args.trace)
     try:
         record = run_suite(engine, prompts, settings)
     finally:
         engine.close()
+        if args.trace is not None:
+            engine.round_trace.close()
     json_path, png_path = write_outputs(record, args.out)
     print(format_table(record))
     print(f"record: {json_path}")

@@ -107,7 +107,8 @@ def _run_all(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSetti
     if first is not None:
         log("warm-up...")
         prompt = _prompt(engine, [_user(first.turns[0])], settings)
-        _measure_sample(methods, prompt, _params(engine, settings, 0, WARMUP_TOKENS))
+        _measure_sample(_labelled(engine, methods, "warm-up"), prompt,
+                        _params(engine, settings, 0, WARMUP_TOKENS))
     return {name: _run_dataset(engine, name, items, methods, peers, settings, log)
             for name, items in prompts.items()}
 
@@ -166,7 +167,8 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
                     f"+ {settings.max_tokens} do not fit the context")
                 break
             params = _params(engine, settings, settings.seed + index, settings.max_tokens)
-            figures = _measure_sample(methods, prompt, params, settings.repeats)
+            figures = _measure_sample(_labelled(engine, methods, item.prompt_id), prompt, params,
+                                      settings.repeats)
             for method, run in figures.items():
                 runs[method].append(run)
             samples.append(_sample_record(item, turn, figures))
@@ -195,6 +197,21 @@ def _measure_sample(methods: dict, prompt: Prompt, params: GenerationParams,
         for name, method in methods.items():
             tries[name].append(method(prompt, params))
     return {name: fastest(runs) for name, runs in tries.items()}
+
+
+def _labelled(engine, methods: dict, prompt_id: str) -> dict:
+    """With a round trace (bench --trace), each run names its generation "PROMPT-ID | METHOD"."""
+    trace = getattr(engine, "round_trace", None)  # a served engine has none
+    if trace is None:
+        return methods
+
+    def labelled(name: str, method):
+        def run(prompt: Prompt, params: GenerationParams):
+            trace.label = f"{prompt_id} | {name}"
+            return method(prompt, params)
+        return run
+
+    return {name: labelled(name, method) for name, method in methods.items()}
 
 
 def _sample_record(item: BenchPrompt, turn: int, figures: dict) -> dict:

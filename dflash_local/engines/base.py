@@ -31,6 +31,7 @@ from dflash_local.events import (
 )
 from dflash_local.interfaces import Drafter, TargetRunner
 from dflash_local.prefix_cache import PrefixCache, PrefixStates, Resume
+from dflash_local.round_trace import RoundTrace
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class LocalEngine(Engine):
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
         self._warm_guard = threading.Lock()  # held by a warm-up's chunk (turn_warmup.py)
         self._open_streams = 0
+        self.round_trace: RoundTrace | None = None  # opt-in: every round's costs (round_trace.py)
 
     @abc.abstractmethod
     def make_runner(self, collect_taps: bool) -> TargetRunner:
@@ -143,7 +145,11 @@ class LocalEngine(Engine):
         measured once (~20-30 s for the embedded pair on two cores), then read from its cache
         file, unless `force`. Kept in `self.calibration`."""
         key = calibration.calibration_key(self.pair, self.compute_threads())
-        self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        trace, self.round_trace = self.round_trace, None  # its own generations are not traced
+        try:
+            self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        finally:
+            self.round_trace = trace
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
@@ -183,9 +189,12 @@ class LocalEngine(Engine):
             measured.prior if measured else ())
         resume = self._resume(prompt_ids, runner, drafter)
         detokenizer = StreamDetokenizer(self.tokenizer)
+        if self.round_trace is not None:
+            self.round_trace.generation(prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
+                                        cached_tokens=resume.cached_rows if resume else 0)
         # closing: a client that stops reading ends the loop now, and its state is kept now
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
-                                          resume)) as events:
+                                          resume, self.round_trace)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a copy's: a
                 # client colours exactly what each wrote

@@ -29,6 +29,10 @@ class Planner(Protocol):
     def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
         """The round verified `draft`, kept the nodes of `path` and committed these tokens."""
 
+    def priced(self, draft: Draft) -> tuple[float | None, float | None]:
+        """(seconds, tokens): what the planner expected the round it planned, which ran as
+        `draft`, to cost and to commit (None: it does not price rounds). For a trace."""
+
 
 def make_planner(params: GenerationParams, widest: int, trees: bool, prompt_ids: list[int],
                  costs: RoundCosts | None = None, prior: Sequence[float] = ()) -> Planner:

@@ -3,7 +3,7 @@
 It prices every kind of round from this machine's measured costs (calibration.py) at the
 context the round runs on, and the acceptance seen so far in this generation:
 - a drafter round of the width `BlockPolicy` chooses (widths.py; width 1 is a plain step, and it
-  falls back to plain while speculation would lose, probing now and then);
+  falls back to plain while speculation would lose, probing now and then with a short chain);
 - with trees, that round drafts all it may and verifies the prefix of the tree the `TreeSizer`
   expects to pay most (trees.py), a prompt-lookup copy grafted on where its rows pay;
 - a prompt-lookup round (no drafter pass) when a copy from the text is expected to beat the
@@ -19,7 +19,7 @@ from dflash_local.draft_tree import DraftTree
 from dflash_local.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
 from dflash_local.planning.copies import LookupPolicy
 from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.modes import LOOKUP, SPECULATIVE
+from dflash_local.planning.modes import LOOKUP, PROBE, SPECULATIVE
 from dflash_local.planning.trees import TreeSizer
 from dflash_local.planning.widths import BlockPolicy
 from dflash_local.proposers import (
@@ -43,6 +43,8 @@ class AutoPlanner:
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
+        # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
+        self._planned: tuple[int, float | None] = (1, None)
 
     def plan(self, context: int, remaining: int) -> Proposer:
         self._price(context)
@@ -53,10 +55,12 @@ class AutoPlanner:
             if alone is not None:
                 return LookupChain(alone)
         choice = self.policy.choose(remaining)
+        self._planned = (choice.width, self.policy.expected_tokens(choice.width))
         if choice.width == 1:
             return NoDraft(choice.mode)
-        if self.sizer is None:
+        if self.sizer is None or choice.mode == PROBE:  # a probe is a chain (BlockPolicy._probe)
             return DrafterChain(choice.width, choice.mode)
+        self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
         tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
             drafted.path_probs, limit))
         return tree if copy is None else GraftedCopy(tree, copy, self._graft_length)
@@ -70,14 +74,22 @@ class AutoPlanner:
         if draft.grafted:
             self.lookup.observe(draft.copy.ngram, len(draft.grafted) + 1,
                                 common_start(draft.kept_ids(path), draft.grafted))
-        if self.sizer is not None and draft.drafter_nodes:
+        if self.sizer is not None and draft.tree.path_probs:
             # a drafter round is judged on its own nodes: a copy grafted on comes after them
             kept = draft.drafter_kept(path)
             self.sizer.observe(draft.tree.path_probs, kept)
             drafter_depth = max(draft.tree.depths[: draft.drafter_nodes + 1])  # grafted nodes after
             self.policy.observe(drafter_depth + 1, kept)
-        else:  # a tree is judged by its depth: the positions a kept path could reach
+        else:  # a chain (a probe) by its depth: the positions a kept path could reach
             self.policy.observe(draft.tree.depth + 1, len(path))
+
+    def priced(self, draft: Draft) -> tuple[float, float | None]:
+        """(the calibrated seconds of this round as it ran, at its context; the tokens it was
+        planned to commit, None where a tree's size was settled after planning)."""
+        costs, (drafted_width, expected) = self.policy.costs, self._planned
+        rows = min(len(draft.tree.token_ids) + 1, costs.max_width)
+        draft_s = costs.draft_seconds(drafted_width) if draft.drafter_nodes else 0.0
+        return costs.verify_only[rows - 1] + draft_s, expected
 
     def _price(self, context: int) -> None:
         """Every part that prices rounds prices them at the context the next round runs on."""
@@ -100,6 +112,7 @@ class AutoPlanner:
         width, speed = self.lookup.plan(copy.ngram, len(copy.token_ids), limit)
         if width < 2 or speed <= self.policy.best_tokens_per_s(limit):
             return None
+        self._planned = (1, speed * self.lookup.costs.verify_only[width - 1])
         return LookupDraft(copy.token_ids[: width - 1], copy.ngram)
 
     def _graft_length(self, tree: DraftTree, copy: LookupDraft, drafted_width: int,

@@ -26,3 +26,7 @@ class FixedPlanner:
 
     def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
         """A fixed planner learns nothing."""
+
+    def priced(self, draft: Draft) -> tuple[None, None]:
+        """A fixed planner prices nothing."""
+        return None, None

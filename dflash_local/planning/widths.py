@@ -2,7 +2,7 @@
 
 Pure logic on plain numbers (costs.py has the arithmetic). The auto planner asks `choose` before
 each round and reports the round with `observe`. Width 1 is plain decoding. When no width beats
-it, the policy falls back to plain and probes the best speculative width once every
+it, the policy falls back to plain and probes (a drafter chain of the best width) once every
 `probe_every` plain rounds, doubling that interval (up to `max_probe_every`) after each probe
 that keeps no draft, and never probing so often that the probes' extra cost exceeds
 `probe_budget` of plain decoding: a useless drafter costs about 1% once it has lost.
@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_local.planning.costs import DEFAULT_PRIOR, RoundCosts, speeds_by_width
+from dflash_local.planning.costs import (
+    DEFAULT_PRIOR,
+    RoundCosts,
+    expected_committed,
+    speeds_by_width,
+)
 from dflash_local.planning.modes import FALLBACK, PROBE, SPECULATIVE
 
 
@@ -97,6 +102,10 @@ class BlockPolicy:
         limit = min(limit or self.max_width, self.max_width)
         return float(np.max(speeds_by_width(self.estimate.rates(), self.round_seconds(limit), limit)))
 
+    def expected_tokens(self, width: int) -> float:
+        """What a drafter round of `width` is expected to commit (the bonus token included)."""
+        return expected_committed(self.estimate.rates(), width)
+
     def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
         """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
         limit = min(limit or self.max_width, self.max_width)
@@ -114,13 +123,20 @@ class BlockPolicy:
             return Choice(best, SPECULATIVE)
         self.mode = FALLBACK
         self._plain_rounds += 1
-        probe_width = self.best_width(limit, min_width=2)
-        seconds = self.round_seconds(limit)
-        extra = seconds[probe_width - 1] / seconds[0] - 1.0  # a probe's cost over plain
+        probe_width, extra = self._probe(limit)
         if self._plain_rounds < max(self._interval, extra / self.probe_budget):
             return Choice(1, FALLBACK)
         self._plain_rounds, self._probing = 0, True
         return Choice(probe_width, PROBE)
+
+    def _probe(self, limit: int) -> tuple[int, float]:
+        """(width, its cost over a plain step) of a probe: the drafter's chain of the width
+        priced best, never a whole block's tree (it only asks whether the drafter is back; a
+        tree sized after drafting could verify many more rows than its budget priced)."""
+        seconds = self.costs.seconds[:limit]
+        speeds = speeds_by_width(self.estimate.rates(), seconds, limit)
+        width = 2 + int(np.argmax(speeds[1:]))
+        return width, seconds[width - 1] / seconds[0] - 1.0
 
     def observe(self, width: int, accepted: int) -> None:
         """The round of `width` kept `accepted` of its width-1 drafts (the bonus not counted)."""
