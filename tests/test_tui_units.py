@@ -326,7 +326,7 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
 
     def listed(pair_id: str) -> dict:
         pair = catalog.get(pair_id)
-        return {**pair.to_json(), "fit": pair_fits(pair, budgets, 8192, look_local=False)}
+        return {**pair.to_json(), "fit": pair_fits(pair, budgets, 8192)}
 
     served = listed("qwen3.5-27b")  # vLLM and SGLang only: nothing runs on this Mac
     assert fits_label(served).plain == "n/a"
