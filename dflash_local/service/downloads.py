@@ -8,8 +8,8 @@ remote caller never names an arbitrary repo or a path.
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 from dflash_local.catalog import Catalog, PairSpec, find_local
