@@ -352,6 +352,7 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
     assert download_fit_warning(too_big["fit"]) == too_big["fit"]["mlx"]["label"]
     assert download_fit_warning(small["fit"]) is None
     assert download_fit_warning(served["fit"]) is None and download_fit_warning(None) is None
+    assert download_fit_warning({"fits": False, "label": "does not fit"}) is None  # older service
 
 
 # --- issue 35: titles, search, an older store, attachments, colours on rendered text ---

@@ -87,8 +87,10 @@ def fits_label(pair: dict) -> Text:
 
 def download_fit_warning(fits: dict | None) -> str | None:
     """A download's fit (per engine, worked out as the catalog's) for the engine the picker
-    shows; its label where it does not fit, else None."""
-    chosen = best_fit({"engines": list(fits or {}), "fit": fits})
+    shows; its label where it does not fit, else None (also for an older service's one
+    estimate, not per engine)."""
+    per_engine = {engine: entry for engine, entry in (fits or {}).items() if isinstance(entry, dict)}
+    chosen = best_fit({"engines": list(per_engine), "fit": per_engine})
     estimate = chosen[1].get("fit") if chosen is not None else None
     if estimate is None or estimate["fits"]:
         return None
