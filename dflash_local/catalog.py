@@ -249,18 +249,23 @@ def is_available(model: ModelSpec, cache_dir: str | Path | None = None) -> bool:
 
 def availability(model: ModelSpec, cache_dir: str | Path | None = None) -> str:
     """AVAILABLE, INCOMPLETE (a partial download: "incomplete: resume or delete") or MISSING."""
+    return find_local(model, cache_dir)[0]
+
+
+def find_local(model: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, Path | None]:
+    """The model's availability and, where its files are here, their directory (an embedded
+    target that is not imported yet is AVAILABLE with none): located once for both."""
     try:
-        locate(model, cache_dir=cache_dir)
-        return AVAILABLE
+        return AVAILABLE, locate(model, cache_dir=cache_dir)
     except IncompleteSnapshotError:
-        return INCOMPLETE
+        return INCOMPLETE, None
     except ModelNotFoundError:
         if model.source != "embedded":
-            return MISSING
+            return MISSING, None
     from dflash_local import embedded
 
     try:
         embedded.find_embedded_gguf()
-        return AVAILABLE
+        return AVAILABLE, None
     except CheckpointError:
-        return MISSING
+        return MISSING, None

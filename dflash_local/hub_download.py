@@ -3,7 +3,8 @@ progress and cancel; the pair's compatibility is checked from its config.json fi
 weights are fetched.
 
 Boundary: the thread, its state and its listeners. Names and the hub's errors are hub.py's, the
-memory estimate memory_fit.py's; serving the progress to clients is service/downloads.py's.
+memory estimate the caller's (`fit_of`: service/downloads.py hands in pair_fit.py's, the figure
+the catalog shows); serving the progress to clients is service/downloads.py's.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from dflash_local.drafter.config import (
 )
 from dflash_local.errors import DFlashError, IncompatiblePairError, ModelNotFoundError
 from dflash_local.hub import HUB_ERRORS, WEIGHT_PATTERNS, hub_error, is_repo_id
-from dflash_local.memory_fit import estimate_fit
 from dflash_local.snapshot_manifest import write_manifest
 
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
+# (config.json by role, weights' bytes by role) -> the snapshot's `fit`, from the listing alone
+FitOf = Callable[[dict[str, dict], dict[str, int]], dict]
 PROGRESS_EVERY_S = 0.1  # listeners hear at most ~10 progress events a second
 
 
@@ -63,7 +65,7 @@ class Download:
 
     def __init__(self, repos: list[RepoRef], *, context_tokens: int = 4096,
                  cache_dir: str | Path | None = None, endpoint: str | None = None, label: str = "",
-                 budget_bytes: int | None = None):
+                 fit_of: FitOf | None = None):
         for ref in repos:
             if not is_repo_id(ref.repo):
                 raise ModelNotFoundError(f"{ref.repo!r} is not a hub repo id (owner/name)")
@@ -71,7 +73,7 @@ class Download:
         self.label = label or " + ".join(ref.repo for ref in repos)
         self.repos = tuple(repos)
         self.context_tokens = context_tokens
-        self.budget_bytes = budget_bytes  # what the pair's engine may use (None: memory available now)
+        self.fit_of = fit_of  # None: the snapshot's `fit` stays None
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.endpoint = endpoint
         self._cancel = threading.Event()
@@ -184,11 +186,10 @@ class Download:
         """Disk space is a hard limit; memory (weights + KV cache) is reported in `fit`."""
         # config.json files are in the cache by now (fetched for the compatibility check)
         to_fetch = sum(f.file_size or 0 for f in files if f.will_download and f.filename != "config.json")
-        weights = sum(f.file_size or 0 for f in files if f.filename.endswith(".safetensors"))
-        fit = (estimate_fit(weights, configs["target"], self.context_tokens, self.budget_bytes,
-                            drafter_config=configs.get("drafter"))
-               if "target" in configs else None)
-        self._update(bytes_total=to_fetch, fit=fit.to_json() if fit else None)
+        weights = {role: sum(f.file_size or 0 for f in listed if f.filename.endswith(".safetensors"))
+                   for role, listed in self._listing.items()}
+        fit = self.fit_of(configs, weights) if self.fit_of is not None else None
+        self._update(bytes_total=to_fetch, fit=fit)
         cache = Path(self.cache_dir) if self.cache_dir else _default_cache_dir()
         free = shutil.disk_usage(_existing_parent(cache)).free
         if to_fetch > free:

@@ -9,19 +9,15 @@ bf16 target is not doubled to 32 GB; a checkpoint that names none runs in bfloat
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from typing import Any
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *FLOAT_DTYPES)
 
 
-def checkpoint_dtype(model_dir: str | Path) -> str | None:
-    """The float type a Hugging Face config.json declares (`dtype`, or older `torch_dtype`)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+def checkpoint_dtype(config: dict[str, Any]) -> str | None:
+    """The float type a Hugging Face config.json (as read by drafter/config.py
+    `read_target_config`) declares: `dtype`, or older `torch_dtype`."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     for source in (config, text):
         declared = source.get("dtype") or source.get("torch_dtype")
@@ -30,9 +26,9 @@ def checkpoint_dtype(model_dir: str | Path) -> str | None:
     return None
 
 
-def resolve_dtype(requested: str, *, accelerator: bool, model_dir: str | Path) -> str:
+def resolve_dtype(requested: str, *, accelerator: bool, target_config: dict[str, Any]) -> str:
     if requested != "auto":
         return requested
     if not accelerator:
         return "float32"
-    return checkpoint_dtype(model_dir) or "bfloat16"
+    return checkpoint_dtype(target_config) or "bfloat16"

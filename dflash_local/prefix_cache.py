@@ -131,11 +131,12 @@ class PrefixCache:
     budget: int
     _entries: OrderedDict[int, Entry] = field(default_factory=OrderedDict)
     _next_key: int = 0
+    _nbytes: int = 0  # the entries' bytes, kept as they come and go (evicting must not re-sum)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def nbytes(self) -> int:
-        return sum(entry.kept.nbytes for entry in self._entries.values())
+        return self._nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -173,16 +174,20 @@ class PrefixCache:
         with self._lock:
             for key in [key for key, entry in self._entries.items()
                         if np.array_equal(entry.token_ids, ids)]:
-                del self._entries[key]  # the same rows again: the newer state replaces it
+                self._drop(key)  # the same rows again: the newer state replaces it
             if not kept.whole_only:
                 for key in [key for key, entry in self._entries.items()
                             if self._covers(kept, ids, entry)]:
-                    del self._entries[key]
-            while self._entries and self.nbytes + kept.nbytes > self.budget:
-                self._entries.popitem(last=False)
+                    self._drop(key)
+            while self._entries and self._nbytes + kept.nbytes > self.budget:
+                self._drop(next(iter(self._entries)))  # the least recently used
             self._entries[self._next_key] = Entry(ids, kept)
+            self._nbytes += kept.nbytes
             self._next_key += 1
         return True
+
+    def _drop(self, key: int) -> None:
+        self._nbytes -= self._entries.pop(key).kept.nbytes
 
     @staticmethod
     def _covers(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
@@ -194,3 +199,4 @@ class PrefixCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._nbytes = 0

@@ -62,7 +62,16 @@ def memory_row(raw: dict) -> dict:
             "budget": memory["budget_mib"], "held": memory["cache_mib_max"],
             "within": "yes" if memory["within_budget"] else "NO",
             "reused": _reused_own(memory),
+            "warmed": _warmed(memory),
             "entries": memory["entries_end"], "rss": memory["rss_growth_mib"]}
+
+
+def _warmed(memory: dict) -> str:
+    """The replies whose next turn a warm-up stored; runs made before the memory check warmed
+    next turns warmed none."""
+    if "warmups_stored" not in memory:
+        return "none (not warmed)"
+    return f"{memory['warmups_stored']}/{2 * memory['conversations']}"
 
 
 def _reused_own(memory: dict) -> str:
@@ -147,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         "title": "The prefix cache's memory under 20 interleaved conversations",
         "measured": (
             "20 two-turn conversations interleaved (every first turn, then every second), "
-            "answers of at most 64 tokens, through the default budget and a 256 MiB one: the largest the cache "
+            "answers of at most 64 tokens, through the default budget and a 256 MiB one, each "
+            "reply's next turn warmed after it as the idle service warms it: the largest the cache "
             "held (MiB, the arrays' own bytes), whether that stayed within the budget, how many "
-            "second turns found their own first turn still kept, the entries left, and the process's "
-            "RSS growth."),
+            "second turns found their own first turn still kept, how many warm-ups stored an "
+            "entry, the entries left, and the process's RSS growth."),
         "dataset": "multiturn, cycled with a distinct opening per conversation",
         "row_header": "20 chats", **memory_common,
         "columns": [
@@ -158,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             {"key": "held", "label": "held at most (MiB)", "decimals": 1},
             {"key": "within", "label": "within budget"},
             {"key": "reused", "label": "turn 2 found its turn 1"},
+            {"key": "warmed", "label": "next turns warmed"},
             {"key": "entries", "label": "entries at the end", "decimals": 0},
             {"key": "rss", "label": "RSS growth (MiB)", "decimals": 1}],
         "rows": [memory_row(raw) for raw in raws + more if "memory" in raw],

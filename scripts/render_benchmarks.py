@@ -119,6 +119,7 @@ scripts/setup_peers.sh                 # makes .venv-peers: dflash-mlx, mlx-dspa
 dflash-local bench --engine mlx --peers --peer-python .venv-peers/bin/python
 export DFLASH_PEER_PYTHON=$PWD/.venv-peers/bin/python   # the same, for every run
 dflash-local bench --peers --mac-peers dflash-mlx       # one of the two
+dflash-local bench --peers --mac-peers ""               # none: the in-process peers only
 ```
 
 Without the setting their rows say which to set. Every row of a Mac peer is a process of its own \

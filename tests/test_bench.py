@@ -11,7 +11,7 @@ import pytest
 from fixtures_tiny import tiny_pair
 
 from dflash_local.bench import datasets, noise
-from dflash_local.bench.cli import block_sizes
+from dflash_local.bench.cli import block_sizes, mac_peer_names
 from dflash_local.bench.measure import RunFigures, fastest, histogram
 from dflash_local.bench.report import format_table
 from dflash_local.cli import main
@@ -172,6 +172,9 @@ def test_bad_bench_options_are_one_line(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--mac-peers", "dflash-mlx,vllm-mlx"])
     assert "unknown Mac peer vllm-mlx (known: dflash-mlx, mlx-dspark)" in capsys.readouterr().err
+    assert mac_peer_names("") == () == mac_peer_names(" , ")  # documented: none
+    assert main(["bench", "--mac-peers", "", "--repeats", "0"]) == 2  # parsed: the next check speaks
+    assert "--repeats must be >= 1" in capsys.readouterr().err
 
 
 def one_line_error(capsys) -> str:

@@ -54,6 +54,7 @@ def test_multi_turn_reports_both_ways_and_stays_within_budget(tmp_path_factory, 
     assert memory["within_budget"] and 0 < memory["cache_mib_max"] <= 1.0
     assert memory["entries_end"] == 1  # one chat's entry fits: each new one evicted the last
     assert memory["turn2_reused_own"] == 0  # ...so no second turn found its own first one
+    assert memory["warmups_stored"] == 2 * 3  # every reply's next turn, warmed as the service does
     printed = capsys.readouterr().out
     assert "turn 2" in printed and "interleaved chats" in printed and "after a pause" in printed
 

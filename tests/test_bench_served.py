@@ -59,9 +59,16 @@ def test_bench_measures_our_own_service_over_http(embedded_service, tmp_path, ca
 
 def test_served_bench_options_are_checked_before_anything_loads(capsys):
     assert main(["bench", "--engine", "openai"]) == 2
-    assert "--base-url goes with --engine openai, and it needs one" in capsys.readouterr().err
+    assert "--engine openai needs --base-url URL, the server to measure (got none)" in capsys.readouterr().err
+    assert main(["bench", "--engine", "openai", "--base-url", ""]) == 2
+    assert "needs --base-url URL, the server to measure (got an empty one)" in capsys.readouterr().err
     assert main(["bench", "--engine", "mlx", "--base-url", "http://127.0.0.1:9"]) == 2
-    assert "got --engine mlx, --base-url http://127.0.0.1:9" in capsys.readouterr().err
+    assert ("--base-url 'http://127.0.0.1:9' goes with --engine openai only; --engine mlx runs "
+            "the pair here") in capsys.readouterr().err
+    assert main(["bench", "--engine", "vllm", "--base-url", "http://127.0.0.1:9"]) == 2
+    assert "--engine vllm starts its own server" in capsys.readouterr().err
+    assert main(["bench", "--engine", "transformers", "--api-key", "k"]) == 2
+    assert "--api-key go with --engine openai only (got --engine transformers)" in capsys.readouterr().err
     assert main(["bench", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
                  "--lookup", "both"]) == 2
     assert "--lookup and --tree are the server's own settings" in capsys.readouterr().err

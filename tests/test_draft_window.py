@@ -138,6 +138,53 @@ def test_a_load_window_past_the_context_is_refused_before_any_weight_loads(pair_
         load(engine_name, no_weights, drafter, draft_window=0)
 
 
+def test_the_load_check_uses_the_context_requests_are_checked_against(pair_dirs, tmp_path):
+    """A config.json without max_position_embeddings: Transformers' default for the family
+    (Llama's 2048) is the engine's context, at load as per request."""
+    from transformers import LlamaConfig
+
+    target, drafter = pair_dirs
+    no_context = tmp_path / "target"
+    no_context.mkdir()
+    config = json.loads((target / "config.json").read_text())
+    del config["max_position_embeddings"]
+    config["model_type"] = "llama"
+    (no_context / "config.json").write_text(json.dumps(config))
+    context = LlamaConfig().max_position_embeddings
+    with pytest.raises(InvalidRequestError,
+                       match=f"draft_window {context + 1} > the target's context of {context} tokens"):
+        load("transformers", no_context, drafter, draft_window=context + 1)
+
+
+def test_the_transformers_engine_reads_the_targets_config_once(pair_dirs, monkeypatch):
+    """Ours once (every check reads that dict), Transformers' once (the model loads with it)."""
+    from transformers import PreTrainedConfig
+
+    from dflash_local.drafter import config as drafter_config
+    from dflash_local.engines import torch_engine
+
+    reads: list[str] = []
+    ours = drafter_config.read_target_config
+    theirs = PreTrainedConfig._dict_from_json_file.__func__
+
+    def read_ours(path):
+        reads.append("ours")
+        return ours(path)
+
+    def read_theirs(cls, json_file):
+        if Path(json_file).name == "config.json":
+            reads.append("transformers")
+        return theirs(cls, json_file)
+
+    monkeypatch.setattr(drafter_config, "read_target_config", read_ours)
+    monkeypatch.setattr(torch_engine, "read_target_config", read_ours)
+    monkeypatch.setattr(PreTrainedConfig, "_dict_from_json_file", classmethod(read_theirs))
+    engine = load("transformers", *pair_dirs)
+    assert sorted(reads) == ["ours", "transformers"]
+    assert engine.capabilities.max_context == json.loads(
+        (pair_dirs[0] / "config.json").read_text())["max_position_embeddings"]
+
+
 @pytest.mark.parametrize("command", ["generate", "serve", "bench"])
 def test_the_command_line_refuses_a_zero_window(command):
     argv = [sys.executable, "-m", "dflash_local.cli", command, "--draft-window", "0"]

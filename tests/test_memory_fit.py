@@ -98,14 +98,14 @@ def test_every_engine_a_pair_names_is_shown_runnable_or_with_its_reason():
     budgets = {engine: budget_for(engine, MAC, memory)
                for engine in ("mlx", "transformers", "vllm", "sglang")}
     for pair in load_catalog().pairs:
-        fits = pair_fits(pair, budgets, 8192, look_local=False)
+        fits = pair_fits(pair, budgets, 8192)
         assert set(fits) == set(pair.engines)
         for engine, entry in fits.items():
             if engine in ("vllm", "sglang"):
                 assert entry["label"].startswith("cannot run here: needs a CUDA GPU")
             else:
                 assert entry["runs_here"] and entry["label"]
-    hybrid = pair_fits(load_catalog().get("qwen3.5-9b-mlx-4bit"), budgets, 8192, look_local=False)
+    hybrid = pair_fits(load_catalog().get("qwen3.5-9b-mlx-4bit"), budgets, 8192)
     fit = hybrid["mlx"]["fit"]
     assert fit["basis"] == "catalog architecture" and fit["state_bytes"] == 103_022_592
     assert fit["budget_bytes"] == 22 * 2**30 and hybrid["mlx"]["device"] == "Metal GPU (unified memory)"

@@ -3,8 +3,6 @@ checkpoint's own float type on a GPU."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dflash_local.precision import checkpoint_dtype, resolve_dtype
@@ -18,16 +16,14 @@ from dflash_local.precision import checkpoint_dtype, resolve_dtype
     ({"dtype": "float32"}, True, "float32"),
     ({"quantization": {"bits": 4}}, True, "bfloat16"),  # says nothing: a half type on a GPU
 ])
-def test_auto_resolves_by_device_and_checkpoint(tmp_path, config, accelerator, expected):
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert resolve_dtype("auto", accelerator=accelerator, model_dir=tmp_path) == expected
-    assert resolve_dtype("float16", accelerator=accelerator, model_dir=tmp_path) == "float16"
+def test_auto_resolves_by_device_and_checkpoint(config, accelerator, expected):
+    assert resolve_dtype("auto", accelerator=accelerator, target_config=config) == expected
+    assert resolve_dtype("float16", accelerator=accelerator, target_config=config) == "float16"
 
 
-def test_an_unreadable_config_declares_nothing(tmp_path):
-    assert checkpoint_dtype(tmp_path) is None
-    (tmp_path / "config.json").write_text("{not json")
-    assert checkpoint_dtype(tmp_path) is None
+@pytest.mark.parametrize("config", [{"dtype": "int8"}, {"text_config": "not a table"}, {}])
+def test_a_config_without_a_float_type_declares_nothing(config):
+    assert checkpoint_dtype(config) is None
 
 
 def test_engines_take_auto_and_report_what_they_resolved(tmp_path_factory):

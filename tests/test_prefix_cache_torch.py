@@ -185,6 +185,26 @@ def test_lru_evicts_whole_entries_to_stay_within_the_budget():
     assert not cache.store([1], _kept(101)) and cache.nbytes <= 100
 
 
+def test_the_running_total_is_the_sum_of_the_entries_kept():
+    cache = PrefixCache(budget=100)
+
+    def summed() -> int:
+        return sum(entry.kept.nbytes for entry in cache._entries.values())
+
+    steps = [([1, 2, 3], _kept(30)), ([1, 2, 3], _kept(25)),  # replaced
+             ([1, 2, 3, 4], _kept(35)),  # covers the one before: dropped
+             ([5, 6], _kept(20, whole_only=True)), ([7], _kept(40)),  # evicts the oldest
+             ([8], _kept(100)), ([9], _kept(101))]  # evicts all; too large: not kept
+    for ids, kept in steps:
+        cache.store(ids, kept)
+        assert cache.nbytes == summed() <= cache.budget, ids
+    assert cache.nbytes == 100 and len(cache) == 1
+    cache.clear()
+    assert cache.nbytes == 0 == summed()
+    cache.store([1], _kept(10))
+    assert cache.nbytes == 10 == summed()
+
+
 def test_lookup_picks_the_longest_prefix_and_leaves_a_row_to_compute():
     cache = PrefixCache(budget=1000)
     cache.store([1, 2, 3, 4, 5], _kept(1))

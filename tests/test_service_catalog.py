@@ -131,6 +131,36 @@ def test_management_endpoints_with_no_pair_loaded(tmp_path):
                                                             "loading": None}
 
 
+def test_a_listing_locates_and_sizes_each_model_once(tmp_path, monkeypatch):
+    from collections import Counter
+
+    from dflash_local import catalog as catalog_module
+    from dflash_local import pair_fit
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import BackgroundServer
+    from dflash_local.service.state import ServiceState
+
+    located, sized = Counter(), Counter()
+    real_locate, real_disk_bytes = catalog_module.locate, pair_fit.disk_bytes
+
+    def counted_locate(model, *args, **kwargs):
+        located[model] += 1
+        return real_locate(model, *args, **kwargs)
+
+    def counted_disk_bytes(local_dir):
+        sized[local_dir] += 1
+        return real_disk_bytes(local_dir)
+
+    monkeypatch.setattr(catalog_module, "locate", counted_locate)
+    monkeypatch.setattr(pair_fit, "disk_bytes", counted_disk_bytes)
+    with BackgroundServer(create_app(ServiceState(hub_cache_dir=tmp_path))) as server:
+        pairs = httpx.get(server.url + "/dflash/catalog", timeout=60).json()["pairs"]
+    models = {model for pair in load_catalog().pairs for model in (pair.target, pair.drafter)}
+    assert set(located) == models and set(located.values()) == {1}
+    assert sized and set(sized.values()) == {1}  # the embedded pair's files, here
+    assert pairs[0]["available"]["drafter"] is True
+
+
 def test_the_loaded_pair_shows_its_own_fit(tmp_path):
     """Its files, in the dtype it runs in (float32 on a CPU), at the catalog's context."""
     import json

@@ -40,8 +40,10 @@ def closed_port_url() -> str:
 
 def test_download_fills_the_cache_with_progress(pair, tmp_path):
     events = []
+    listed = []  # what the download hands its fit: the configs and weights' bytes by role
     with LocalHub({TARGET: pair[0], DRAFTER: pair[1]}) as hub:
-        download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url, context_tokens=512)
+        download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url, context_tokens=512,
+                            fit_of=lambda configs, weights: listed.append((configs, weights)) or {})
         download.subscribe(events.append)
         assert download.start().wait(120)
     final = download.snapshot()
@@ -56,11 +58,10 @@ def test_download_fills_the_cache_with_progress(pair, tmp_path):
             assert (snapshot / name).read_bytes() == (source / name).read_bytes()
     # the cache now answers offline, and says the snapshot is complete
     assert resolve_model(TARGET, local_only=True, cache_dir=tmp_path) == Path(final["paths"]["target"])
-    fit = final["fit"]
-    config = json.loads((pair[0] / "config.json").read_text())
-    assert fit["kv_bytes"] == 2 * 6 * 2 * 16 * 512 * 4  # layers, kv heads, head_dim, ctx, float32
-    assert fit["kv_bytes"] == kv_cache_bytes(config, 512)
-    assert fit["weights_bytes"] > 1_000_000 and fit["fits"] is True
+    [(configs, weights)] = listed
+    for role, source in (("target", pair[0]), ("drafter", pair[1])):
+        assert configs[role] == json.loads((source / "config.json").read_text())
+        assert weights[role] == (source / "model.safetensors").stat().st_size
 
 
 def test_cancel_mid_file_leaves_no_partial_blob(pair, tmp_path):
@@ -228,10 +229,17 @@ def test_service_downloads_then_loads_a_pair(pair, tmp_path):
             events = follow_events(server.url + started.json()["events"])
             assert events[-1]["status"] == "done", events[-1]
             assert events[-1]["bytes_done"] == events[-1]["bytes_total"] > 0
-            # the fit is worked against what the pair's engine may use here, drafter KV included
-            fit = events[-1]["fit"]
+            # the download's fit is the catalog's (pair_fit.py), worked from the hub's listing
+            fit = events[-1]["fit"]["transformers"]
             assert fit["budget_bytes"] == engine_budgets()["transformers"].budget_bytes
-            assert fit["drafter_kv_bytes"] > 0 and fit["label"].startswith("fits")
+            assert fit["fit"]["drafter_kv_bytes"] > 0 and fit["label"].startswith("fits")
+            assert fit["fit"]["kv_bytes"] == kv_cache_bytes(json.loads((pair[0] / "config.json").read_text()), 4096)
+            listed = httpx.get(server.url + "/dflash/catalog", params={"context_tokens": 4096},
+                               timeout=60).json()["pairs"]
+            catalog_fit = next(p for p in listed if p["id"] == "tiny")["fit"]["transformers"]["fit"]
+            for part in ("weights_bytes", "kv_bytes", "drafter_kv_bytes", "state_bytes",
+                         "working_bytes", "total_bytes", "basis"):
+                assert fit["fit"][part] == catalog_fit[part], part
             assert tiny_available(server) == {"target": True, "drafter": True}
             loaded = httpx.post(server.url + "/dflash/load", json={"pair": "tiny"}, timeout=120)
             assert loaded.status_code == 200, loaded.text

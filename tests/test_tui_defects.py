@@ -260,6 +260,8 @@ def test_a_reply_cut_at_max_tokens_says_so(home):
                             cached_tokens=4)
         view = await streamed_reply(app, pilot, chunks, "done", usage)
         assert "max tokens reached" in view.header
+        meta = app.store.message(view.message_id).meta  # kept once, with the figures
+        assert meta["stats"]["finish_reason"] == "length" and "finish_reason" not in meta
         figures = figures_text(app.chat_screen.query_one(SpeedPanel).snapshot).plain
         assert "max tokens reached" in figures and "4/5 prompt tokens cached" in figures
         assert "ms to first token" in figures and "-" not in figures.split("ms to first")[0][-9:]

@@ -139,7 +139,7 @@ async def listed_catalog(pilot) -> None:
     budgets = {engine: budget_for(engine, mac, memory)
                for engine in ("mlx", "transformers", "vllm", "sglang")}
     pairs = [{**pair.to_json(), "available": {"target": index == 0, "drafter": index == 0},
-              "loaded": index == 0, "fit": pair_fits(pair, budgets, 8192, look_local=False)}
+              "loaded": index == 0, "fit": pair_fits(pair, budgets, 8192)}
              for index, pair in enumerate(load_catalog().pairs)]
     picker = PickerScreen()
     await pilot.app.push_screen(picker)

@@ -312,7 +312,12 @@ def test_the_picker_marks_dflash2_drafters_only():
 
 
 def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
-    from dflash_chat.screens.picker import engines_label, fit_details, fits_label
+    from dflash_chat.screens.picker import (
+        download_fit_warning,
+        engines_label,
+        fit_details,
+        fits_label,
+    )
 
     from dflash_local.catalog import load_catalog
     from dflash_local.engines.selection import PlatformInfo
@@ -326,7 +331,7 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
 
     def listed(pair_id: str) -> dict:
         pair = catalog.get(pair_id)
-        return {**pair.to_json(), "fit": pair_fits(pair, budgets, 8192, look_local=False)}
+        return {**pair.to_json(), "fit": pair_fits(pair, budgets, 8192)}
 
     served = listed("qwen3.5-27b")  # vLLM and SGLang only: nothing runs on this Mac
     assert fits_label(served).plain == "n/a"
@@ -343,6 +348,11 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
     assert "does not fit: needs" in fit_details(too_big)[0] and "has 10.7 GB" in fit_details(too_big)[0]
     assert fits_label(listed("gemma-4-31b-it-mlx-4bit")).plain == "no"
     assert fits_label({"engines": ["mlx"]}).plain == "?"  # an older service: no estimate
+    # a download's fit is the same per-engine figure: its warning is the label the picker shows
+    assert download_fit_warning(too_big["fit"]) == too_big["fit"]["mlx"]["label"]
+    assert download_fit_warning(small["fit"]) is None
+    assert download_fit_warning(served["fit"]) is None and download_fit_warning(None) is None
+    assert download_fit_warning({"fits": False, "label": "does not fit"}) is None  # older service
 
 
 # --- issue 35: titles, search, an older store, attachments, colours on rendered text ---

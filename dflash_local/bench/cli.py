@@ -68,7 +68,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--mac-peers", type=mac_peer_names, default=MAC_PEERS,
                         metavar="NAME[,NAME]",
                         help=f"which Mac peers --peers runs, each with its own defaults and "
-                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both)")
+                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both; "
+                             f"\"\": none, the in-process peers only)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -100,6 +101,7 @@ def block_sizes(text: str) -> tuple[BlockSize, ...]:
 
 
 def mac_peer_names(text: str) -> tuple[str, ...]:
+    """The named Mac peers; "" names none (--peers then runs the in-process peers only)."""
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     unknown = [name for name in names if name not in MAC_PEERS]
     if unknown:
@@ -109,14 +111,27 @@ def mac_peer_names(text: str) -> tuple[str, ...]:
 
 
 def _check_served_options(args: argparse.Namespace) -> None:
-    if (args.engine == "openai") != bool(args.base_url):
-        raise DFlashError(f"--base-url goes with --engine openai, and it needs one (got "
-                          f"--engine {args.engine}, --base-url {args.base_url})")
+    if args.engine == "openai" and not args.base_url:
+        raise DFlashError(f"--engine openai needs --base-url URL, the server to measure "
+                          f"(got {'an empty one' if args.base_url == '' else 'none'})")
+    if args.engine != "openai" and args.base_url is not None:
+        raise DFlashError(f"--base-url {args.base_url!r} goes with --engine openai only; "
+                          f"--engine {args.engine} {_engine_source(args.engine)}")
     if args.engine in SERVED and (args.lookup != "on" or args.tree != "on"):
         raise DFlashError(f"--lookup and --tree are the server's own settings with --engine "
                           f"{args.engine} (got --lookup {args.lookup}, --tree {args.tree})")
-    if args.engine != "openai" and (args.plain_base_url or args.api_key):
-        raise DFlashError("--plain-base-url and --api-key go with --engine openai")
+    given = [flag for flag, value in (("--plain-base-url", args.plain_base_url),
+                                      ("--api-key", args.api_key)) if value is not None]
+    if args.engine != "openai" and given:
+        raise DFlashError(f"{' and '.join(given)} go with --engine openai only "
+                          f"(got --engine {args.engine})")
+
+
+def _engine_source(engine: str) -> str:
+    """Where an engine other than openai gets its pair: what --base-url would contradict."""
+    if engine in SERVED:
+        return "starts its own server (--target, --drafter)"
+    return "runs the pair here (--target, --drafter)"
 
 
 def _engine_options(args: argparse.Namespace) -> dict:

@@ -133,13 +133,15 @@ def measure_memory(engine, items: list[BenchPrompt], params: GenerationParams,
                    conversations: int, budget: int, thinking: bool | None,
                    log: Callable[[str], None]) -> dict:
     """`conversations` two-turn chats interleaved (every first turn, then every second) through
-    a cache of `budget` bytes: its size after every turn, never above the budget."""
+    a cache of `budget` bytes, each reply's next turn warmed after it as the idle service warms
+    it (engines/turn_warmup.py): the cache's size after every turn and warm-up, never above the
+    budget."""
     import psutil
 
     kept, engine.prefix_cache = engine.prefix_cache, PrefixCache(budget)
     process = psutil.Process()
     rss_start = process.memory_info().rss
-    held, own, talks, first_prompts = [], [], [], []
+    held, own, talks, first_prompts, warmed = [], [], [], [], 0
     try:
         for turn in range(2):
             for index in range(conversations):
@@ -148,9 +150,13 @@ def measure_memory(engine, items: list[BenchPrompt], params: GenerationParams,
                     talks.append([{"role": "user", "content": f"(chat {index}) {item.turns[0]}"}])
                 else:
                     talks[index].append({"role": "user", "content": item.turns[1]})
-                figures = run_turn(engine, engine.encode_chat(talks[index], thinking=thinking), params)
-                talks[index].append({"role": "assistant", "content": figures.text})
+                prompt_ids = engine.encode_chat(talks[index], thinking=thinking)
+                figures = run_turn(engine, prompt_ids, params)
                 held.append(engine.prefix_cache.nbytes)
+                warmed += engine.warm_next_turn(talks[index], figures.text, prompt_ids, params,
+                                                thinking, lambda: False)
+                held.append(engine.prefix_cache.nbytes)
+                talks[index].append({"role": "assistant", "content": figures.text})
                 if turn == 0:
                     first_prompts.append(figures.prompt_tokens)
                 else:  # its own first turn was still kept (not evicted)
@@ -160,7 +166,7 @@ def measure_memory(engine, items: list[BenchPrompt], params: GenerationParams,
         return {"conversations": conversations, "budget_mib": round(budget / MIB, 1),
                 "cache_mib_max": round(max(held) / MIB, 1),
                 "within_budget": max(held) <= budget,
-                "entries_end": len(engine.prefix_cache),
+                "entries_end": len(engine.prefix_cache), "warmups_stored": warmed,
                 "turn2_reused_own": sum(own),
                 "rss_growth_mib": round((process.memory_info().rss - rss_start) / MIB, 1)}
     finally:
@@ -187,7 +193,8 @@ def format_multiturn(record: dict) -> str:
     if memory:
         lines.append(f"  memory: {memory['conversations']} interleaved chats, cache at most "
                      f"{memory['cache_mib_max']} MiB of a {memory['budget_mib']} MiB budget; "
-                     f"{memory['turn2_reused_own']} second turns found their first turn kept")
+                     f"{memory['turn2_reused_own']} second turns found their first turn kept; "
+                     f"{memory.get('warmups_stored', 0)} warm-ups stored an entry")
     return "\n".join(lines)
 
 

@@ -350,11 +350,12 @@ def check_compatible(
     return reasons
 
 
-def load_checked_drafter_config(drafter_path: str | Path, target_path: str | Path) -> DrafterConfig:
+def load_checked_drafter_config(drafter_path: str | Path, target_path: str | Path,
+                                target: TargetInfo | None = None) -> DrafterConfig:
     """The drafter's config, or IncompatiblePairError with every reason it cannot run with
-    this target."""
+    this target. `target`: its info already read (load_target_info), else it is read here."""
     config = load_drafter_config(drafter_path)
-    reasons = check_compatible(config, load_target_info(target_path))
+    reasons = check_compatible(config, target or load_target_info(target_path))
     if reasons:
         raise IncompatiblePairError(reasons)
     return config

@@ -11,6 +11,7 @@ import abc
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -154,9 +155,9 @@ class LocalEngine(Engine):
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
                     tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
-        check_texts(messages)  # before any tokenizer sees them
+        check_texts(messages)  # once, before any tokenizer sees them
         check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
-        return chat_prompt_ids(self.tokenizer, messages, thinking, tools, assistant_prefix)
+        return _prompt_ids_of_checked(self.tokenizer, messages, thinking, tools, assistant_prefix)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
@@ -259,6 +260,14 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     tool call's opener) follows the generation prompt. An assistant message that only calls
     tools may have no content (None or "")."""
     check_texts(messages)
+    return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix,
+                                   generation_prompt)
+
+
+def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | None = None,
+                            tools: list[dict] | None = None, assistant_prefix: str = "",
+                            generation_prompt: bool = True) -> list[int]:
+    """chat_prompt_ids of messages whose texts `check_texts` has already passed."""
     specials = special_token_texts(tokenizer)
     if not any(special in content_of(message) for message in messages for special in specials):
         return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
@@ -301,11 +310,21 @@ def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[
     return ids if len(ids) > len(prompt_ids) else None
 
 
-def special_token_texts(tokenizer) -> set[str]:
-    """The texts the tokenizer would turn into special (control) tokens."""
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    return ({token.content for token in added.values() if getattr(token, "special", False)}
-            | set(getattr(tokenizer, "all_special_tokens", ()))) - {""}
+# tokenizer -> (its size, its special texts): worked out once, not per request
+_SPECIAL_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def special_token_texts(tokenizer) -> frozenset[str]:
+    """The texts the tokenizer would turn into special (control) tokens; kept per tokenizer,
+    worked out again only when tokens were added to it since."""
+    size = len(tokenizer)
+    kept = _SPECIAL_TEXTS.get(tokenizer)
+    if kept is None or kept[0] != size:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        texts = ({token.content for token in added.values() if getattr(token, "special", False)}
+                 | set(getattr(tokenizer, "all_special_tokens", ()))) - {""}
+        kept = _SPECIAL_TEXTS[tokenizer] = (size, frozenset(texts))
+    return kept[1]
 
 
 def unicode_problem(text: str) -> str | None:

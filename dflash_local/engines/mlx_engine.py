@@ -180,12 +180,6 @@ def verifies_trees(model, adapter: TargetAdapter) -> bool:
     return not any(adapter.is_recurrent(layer) for layer in layers) and adapter.can_verify_trees(model)
 
 
-def _check_pair(drafter_path: Path | None, target_path: Path):
-    if drafter_path is None:
-        return None
-    return load_checked_drafter_config(drafter_path, target_path)
-
-
 def _cast_floating(model, dtype: mx.Dtype) -> None:
     """Cast floating weights, except those mlx-lm keeps as they are (Qwen3.5's A_log)."""
     keep_as_is = getattr(model, "cast_predicate", None)  # mlx-lm's own optional hook
@@ -221,17 +215,19 @@ class MLXEngine(LocalEngine):
                  drafter_name: str | None = None, dtype: str = "float32",
                  draft_window: int | None = None, draft_vocab: bool = True,
                  prefix_cache: bool = True, prefix_cache_mb: int | None = None):
-        dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, model_dir=target_path)
+        raw_config = read_target_config(target_path)  # once: every check below reads it
+        dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, target_config=raw_config)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
-        raw_config = read_target_config(target_path)  # once: every check below reads it
         # the context the engine declares (a config without one: 32768), checked against once
-        max_context = load_target_info(target_path, raw_config).max_position_embeddings or 32768
+        target_info = load_target_info(target_path, raw_config)
+        max_context = target_info.max_position_embeddings or 32768
         check_draft_window(draft_window, max_context)  # before any weight loads
         self.adapter = adapter_for(model_type_of(raw_config))
-        drafter_config = _check_pair(drafter_path, target_path)
+        drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
+                          if drafter_path else None)
         # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)

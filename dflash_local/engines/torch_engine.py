@@ -27,7 +27,11 @@ from dflash_local.accel.torch_linear import (
     pack_linears,
 )
 from dflash_local.draft_tree import DraftTree
-from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
+from dflash_local.drafter.config import (
+    load_checked_drafter_config,
+    load_target_info,
+    read_target_config,
+)
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
@@ -190,11 +194,19 @@ def supports_tree(config) -> bool:
     return not getattr(text, "sliding_window", None)
 
 
-def _load_target(target_path: Path, dtype: torch.dtype, device: str):
-    """Tokenizer and model; a partial or corrupt directory is a CheckpointError, not a traceback."""
+def context_of(config) -> int:
+    """The context the engine declares: the language model's (multimodal: its text config's);
+    a config without one, 32768."""
+    text_config = config.get_text_config(decoder=True)
+    return int(getattr(text_config, "max_position_embeddings", 0) or 32768)
+
+
+def _load_target(target_path: Path, config, dtype: torch.dtype, device: str):
+    """Tokenizer and model (of `config`, already read and checked); a partial or corrupt
+    directory is a CheckpointError, not a traceback."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(target_path)
-        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(target_path, config=config)
+        model = AutoModelForCausalLM.from_pretrained(target_path, config=config, dtype=dtype)
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot load target from {target_path}: {first_line}") from None
@@ -209,19 +221,23 @@ class TorchEngine(LocalEngine):
                  draft_window: int | None = None, pack_cpu_linears: bool = True,
                  draft_vocab: bool = True, prefix_cache: bool = True,
                  prefix_cache_mb: int | None = None):
-        dtype = resolve_dtype(dtype, accelerator=device != "cpu", model_dir=target_path)
+        raw_config = read_target_config(target_path)  # once: every check below reads it
+        dtype = resolve_dtype(dtype, accelerator=device != "cpu", target_config=raw_config)
         if dtype not in DTYPES:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-        torch_rollback.check_target(target_path)  # config.json only: before any weight loads
-        context = load_target_info(target_path).max_position_embeddings or None
-        check_draft_window(draft_window, context)  # before any weight loads
+        # the config the model loads with, refused from it alone before any weight loads
+        config = torch_rollback.checked_config(target_path, raw_config)
+        max_context = context_of(config)  # what every request is checked against too
+        check_draft_window(draft_window, max_context)
         torch_dtype = DTYPES[dtype]
-        drafter_config = load_checked_drafter_config(drafter_path, target_path) if drafter_path else None
+        drafter_config = (load_checked_drafter_config(drafter_path, target_path,
+                                                      load_target_info(target_path, raw_config))
+                          if drafter_path else None)
         draft_ids = None
         if drafter_config is not None:
             # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
-        tokenizer, self.model = _load_target(target_path, torch_dtype, device)
+        tokenizer, self.model = _load_target(target_path, config, torch_dtype, device)
         self.accelerations: list[Installed] = [torch_attention.install(self.model)]
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
         # pack_cpu_linears=False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
@@ -239,8 +255,6 @@ class TorchEngine(LocalEngine):
                 self.drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
             self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         self.draft_window = draft_window
-        text_config = self.model.config.get_text_config(decoder=True)  # multimodal: the LM's
-        max_context = int(getattr(text_config, "max_position_embeddings", 0) or 32768)
         pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
                               dtype, drafter_config.block_size if drafter_config else 1,
                               draft_vocab_size=len(draft_ids) if draft_ids else None)

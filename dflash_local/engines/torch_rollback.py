@@ -9,16 +9,17 @@ rows one by one, keeping the recurrent state after each row and the conv inputs.
 then restores the state before the r rejected rows; `crop(0)` after a forward that keeps every
 row drops the record (bounded memory: a window, a conv kernel).
 
-`check_target` decides from config.json alone, before any weight loads, whether every layer of
-the target rolls back on the installed Transformers.
+`checked_config` decides from the config alone, before any weight loads, whether every layer of
+the target rolls back on the installed Transformers, and hands the config on to the model's load.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import transformers
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedConfig
 from transformers.cache_utils import (
     DYNAMIC_LAYER_TYPE_MAPPING,
     Cache,
@@ -27,7 +28,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from dflash_local.drafter.config import model_type_of, read_target_config
+from dflash_local.drafter.config import model_type_of
 from dflash_local.engines.architectures import TORCH_RECURRENT_MODEL_TYPES, refuse
 
 # layer kinds (Transformers' names) by how they roll back: cropped as they are; sliding windows
@@ -47,23 +48,30 @@ def sliding_rollback_available() -> bool:
     return hasattr(DynamicSlidingWindowLayer, "activate_past_recording")
 
 
-def layer_types_of(target_path: str | Path, model_type: str) -> list[str]:
-    """Each decoder layer's cache kind, as DynamicCache would build it: config only, no weights."""
+def transformers_config(target_path: str | Path, model_type: str) -> PreTrainedConfig:
+    """The target's config as Transformers builds it (defaults filled in): config only, no weights."""
     try:
-        config = AutoConfig.from_pretrained(target_path)
+        return AutoConfig.from_pretrained(target_path)
     except (ValueError, KeyError, OSError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise refuse(model_type, "transformers",
                      f"transformers {transformers.__version__} cannot read its config: {first_line}")
-    return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
 
 
-def check_target(target_path: str | Path) -> None:
-    """Refuse, naming the architecture, the layer kind and this Transformers' version, a target
-    with a layer whose cache cannot be rolled back after a partly rejected block."""
-    model_type = model_type_of(read_target_config(target_path))
+def checked_config(target_path: str | Path, raw_config: dict[str, Any]) -> PreTrainedConfig:
+    """The target's Transformers config; refused, naming the architecture, the layer kind and
+    this Transformers' version, when a layer's cache cannot be rolled back after a partly
+    rejected block. `raw_config`: its config.json as drafter/config.py `read_target_config` read it."""
+    model_type = model_type_of(raw_config)
+    config = transformers_config(target_path, model_type)
+    layer_types = get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
+    _check_layer_kinds(model_type, list(layer_types))
+    return config
+
+
+def _check_layer_kinds(model_type: str, layer_types: list[str]) -> None:
     version = transformers.__version__
-    for kind in dict.fromkeys(layer_types_of(target_path, model_type)):
+    for kind in dict.fromkeys(layer_types):
         if DYNAMIC_LAYER_TYPE_MAPPING.get(kind) is None:
             raise refuse(model_type, "transformers",
                          f"transformers {version} has no cache for its {kind!r} layers")

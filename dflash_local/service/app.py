@@ -19,11 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from dflash_local import __version__
-from dflash_local.catalog import AVAILABLE, INCOMPLETE, availability
+from dflash_local.catalog import AVAILABLE, INCOMPLETE, ModelSpec, find_local
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.memory_budget import engine_budgets
-from dflash_local.pair_fit import loaded_fit, pair_fits
+from dflash_local.pair_fit import ModelFiles, loaded_fit, pair_fits
 from dflash_local.service import anthropic_messages, chat, jobs, responses, responses_api
 from dflash_local.service.anthropic_messages import MESSAGES_PATH, AnthropicErrors
 from dflash_local.service.anthropic_schemas import MessagesRequest
@@ -175,15 +175,24 @@ async def _sse(snapshots: AsyncIterator[dict]) -> AsyncIterator[bytes]:
 
 def _catalog_listing(state: ServiceState, budgets: dict, context_tokens: int) -> list[dict]:
     loaded = state.loaded
+    found: dict[ModelSpec, tuple[str, ModelFiles]] = {}
+
+    def on_disk(model: ModelSpec) -> tuple[str, ModelFiles]:
+        """Located, read and sized once per model per listing (pairs share targets)."""
+        if model not in found:
+            where, directory = find_local(model, state.hub_cache_dir)
+            found[model] = (where, ModelFiles.read(directory))
+        return found[model]
+
     listing = []
     for pair in state.catalog.pairs:
-        fits = pair_fits(pair, budgets, context_tokens, state.hub_cache_dir)
+        located = {"target": on_disk(pair.target), "drafter": on_disk(pair.drafter)}
+        fits = pair_fits(pair, budgets, context_tokens, located["target"][1], located["drafter"][1])
         is_loaded = loaded is not None and loaded.pair_id == pair.id
         own = _loaded_fit(loaded, budgets, context_tokens) if is_loaded else None
         if own is not None:  # the loaded pair's own figure: its files, in the dtype it runs in
             fits[loaded.engine.pair.engine] = own
-        local = {role: availability(model, state.hub_cache_dir)
-                 for role, model in (("target", pair.target), ("drafter", pair.drafter))}
+        local = {role: where for role, (where, _) in located.items()}
         listing.append({**pair.to_json(), "fit": fits, "loaded": is_loaded,
                         "available": {role: where == AVAILABLE for role, where in local.items()},
                         # a partial download: "incomplete: resume or delete"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
-from dflash_local.catalog import Catalog
+from dflash_local.catalog import Catalog, PairSpec, find_local
 from dflash_local.errors import InvalidRequestError
 from dflash_local.hub_download import TERMINAL_STATUSES, Download, RepoRef
 from dflash_local.memory_budget import engine_budgets
+from dflash_local.pair_fit import ModelFiles, pair_fits
 from dflash_local.service.errors import NotFoundError
 from dflash_local.service.validation import redact_paths
 
@@ -42,7 +44,8 @@ class DownloadManager:
                 return download
         self._forget_old()
         download = Download(refs, context_tokens=context_tokens, cache_dir=self.cache_dir,
-                            endpoint=self.endpoint, label=pair_id, budget_bytes=_budget(pair))
+                            endpoint=self.endpoint, label=pair_id,
+                            fit_of=partial(_listed_fit, pair, context_tokens, self.cache_dir))
         self._downloads[download.id] = download
         return download.start()
 
@@ -96,8 +99,14 @@ async def follow(download: Download) -> AsyncIterator[dict]:
         unsubscribe()
 
 
-def _budget(pair) -> int | None:
-    """What the first engine of the pair that runs here may use; None: none runs here."""
-    budgets = engine_budgets(pair.engines)
-    return next((budgets[engine].budget_bytes for engine in pair.engines
-                 if budgets[engine].runs_here), None)
+def _listed_fit(pair: PairSpec, context_tokens: int, cache_dir, configs: dict[str, dict],
+                weights: dict[str, int]) -> dict:
+    """The pair's fit per engine from what the download listed (a role it does not fetch, a
+    shipped drafter: its files here), worked out as the catalog works it (pair_fit.py)."""
+    files = {}
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if role in configs:
+            files[role] = ModelFiles(configs[role], weights.get(role) or None)
+        else:
+            files[role] = ModelFiles.read(find_local(model, cache_dir)[1])
+    return pair_fits(pair, engine_budgets(pair.engines), context_tokens, files["target"], files["drafter"])

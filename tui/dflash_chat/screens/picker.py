@@ -60,7 +60,8 @@ def size_label(size_gb: float | None, complete: bool) -> str:
 
 
 def best_fit(pair: dict) -> tuple[str, dict] | None:
-    """The engine the estimate is shown for: the loaded one, else the first that runs here."""
+    """The engine the estimate is shown for, with its entry: the first of the pair's engines
+    (in the catalog's order) that runs here; None: none does, or the service gave no fit."""
     fits = pair.get("fit") or {}
     runnable = [engine for engine in pair["engines"] if (fits.get(engine) or {}).get("runs_here")]
     if not runnable:
@@ -82,6 +83,18 @@ def fits_label(pair: dict) -> Text:
     if fit["fits"]:
         return Text("size", style="yellow")
     return Text("no", style="red")
+
+
+def download_fit_warning(fits: dict | None) -> str | None:
+    """A download's fit (per engine, worked out as the catalog's) for the engine the picker
+    shows; its label where it does not fit, else None (also for an older service's one
+    estimate, not per engine)."""
+    per_engine = {engine: entry for engine, entry in (fits or {}).items() if isinstance(entry, dict)}
+    chosen = best_fit({"engines": list(per_engine), "fit": per_engine})
+    estimate = chosen[1].get("fit") if chosen is not None else None
+    if estimate is None or estimate["fits"]:
+        return None
+    return chosen[1]["label"]
 
 
 def engines_label(pair: dict) -> Text:
@@ -336,9 +349,8 @@ class PickerScreen(Screen):
             line += f" {snap['bytes_done'] / 1e9:.2f}/{snap['bytes_total'] / 1e9:.2f} GB"
         if snap.get("repo"):
             line += f" ({snap['repo']})"
-        fit = snap.get("fit") or {}
-        if fit and not fit.get("fits"):
-            line += f" | warning: {fit.get('label') or 'it may not fit in memory'}"
+        if (warning := download_fit_warning(snap.get("fit"))) is not None:
+            line += f" | warning: {warning}"
         if snap["status"] in ("failed", "cancelled"):  # no bar left pulsing at "--%"
             bar.display = False
             line += f": {snap['error']}" if snap.get("error") else ""

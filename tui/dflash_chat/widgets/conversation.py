@@ -216,8 +216,7 @@ class Conversation(VerticalScroll):
         if reply.stats.tokens:
             if reply.stats.final is None:  # stopped: the figures it had (no service totals)
                 reply.stats.finish(reply.stats.totals())
-            reply.meta["stats"] = reply.stats.totals()
-            reply.meta["finish_reason"] = reply.stats.finish_reason
+            reply.meta["stats"] = reply.stats.totals()  # finish_reason included
         if message.error:
             reply.meta["error"] = message.error
         following = self.scroll_y >= self.max_scroll_y - 1

@@ -135,7 +135,7 @@ def describe(message: Message) -> str:
         if meta.get("speculative", True):
             parts.append(f"tau {stats.get('tau', 0.0):.2f}")
         parts.append(f"{stats.get('decode_tokens_per_s', 0.0):.1f} tok/s")
-    if meta.get("finish_reason") == "length":
+    if stats.get("finish_reason") == "length":
         parts.append("max tokens reached")
     if message.status not in ("done", "streaming"):
         parts.append(message.status + (f": {meta['error']}" if meta.get("error") else ""))
