@@ -23,7 +23,7 @@ import re
 
 from dflash_local.detokenize import HARMONY_MARKERS
 from dflash_local.service.tool_formats import Schemas, parse_harmony
-from dflash_local.service.tool_stream import ParsedCall, parsed_calls
+from dflash_local.service.tool_stream import ParsedCall, ReplySplitter, parsed_calls
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
@@ -37,8 +37,9 @@ RECIPIENT = re.compile(r"\bto=\S")
 REASONING, CONTENT, CALL = "reasoning", "content", "call"
 
 
-class HarmonySplitter:
-    """Fed the reply's text as it comes; ToolCallSplitter's interface, plus the reasoning."""
+class HarmonySplitter(ReplySplitter):
+    """ToolCallSplitter's interface (feed: content and calls), plus the reasoning
+    (take_reasoning); an unfinished header at the end goes out as text too."""
 
     def __init__(self, schemas: Schemas):
         self.schemas = schemas  # the request's tools ({}: none, every call is text)
@@ -49,15 +50,6 @@ class HarmonySplitter:
         self._call_markup = ""  # an open call's header, kept to go out as text if it fails
         self._reasoning: list[str] = []
         self.calls_made = 0
-
-    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
-        """(content safe to emit, calls completed) after `text`; reasoning: take_reasoning()."""
-        self._pending += text
-        return self._scan(final=False)
-
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        """The reply ended: what is held goes out, an unfinished call or header as text."""
-        return self._scan(final=True)
 
     def take_reasoning(self) -> str:
         reasoning = "".join(self._reasoning)

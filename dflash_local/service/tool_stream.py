@@ -21,14 +21,10 @@ class ParsedCall:
     arguments: str  # the arguments object as JSON text, as OpenAI's `function.arguments`
 
 
-class ToolCallSplitter:
-    def __init__(self, tool_format: ToolFormat, schemas: Schemas):
-        self.format = tool_format
-        self.schemas = schemas  # the request's tools: a call to any other name is text
-        self._pending = ""  # not yet out: a possible opener's start, or a call's markup
-        self._opener: str | None = None  # the opener `_pending` starts with, inside a call
-        self._at_start = True  # nothing but whitespace out yet
-        self.calls_made = 0
+class ReplySplitter:
+    """Fed a reply's text as it comes: `_scan` says what may go out so far, or all at the end."""
+
+    _pending: str
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         """(text safe to emit, calls completed) after `text`."""
@@ -36,8 +32,21 @@ class ToolCallSplitter:
         return self._scan(final=False)
 
     def finish(self) -> tuple[str, list[ParsedCall]]:
-        """The reply ended: what is held goes out, an unclosed call as text."""
+        """The reply ended: what is held goes out, an unfinished call as text."""
         return self._scan(final=True)
+
+    def _scan(self, final: bool) -> tuple[str, list[ParsedCall]]:
+        raise NotImplementedError
+
+
+class ToolCallSplitter(ReplySplitter):
+    def __init__(self, tool_format: ToolFormat, schemas: Schemas):
+        self.format = tool_format
+        self.schemas = schemas  # the request's tools: a call to any other name is text
+        self._pending = ""  # not yet out: a possible opener's start, or a call's markup
+        self._opener: str | None = None  # the opener `_pending` starts with, inside a call
+        self._at_start = True  # nothing but whitespace out yet
+        self.calls_made = 0
 
     def _scan(self, final: bool) -> tuple[str, list[ParsedCall]]:
         out: list[str] = []
