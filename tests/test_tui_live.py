@@ -143,6 +143,7 @@ def test_prompt_gets_a_streamed_reply_and_the_speed_panel(service, home):
             assert view.text
             stored = app.store.message(view.message_id)
             assert stored.status == "done" and stored.content == view.text
+            assert view.reasoning_view is None and "reasoning" not in stored.meta  # none sent
             snapshot = app.chat_screen.query_one(SpeedPanel).snapshot
             assert snapshot.final and snapshot.speculative and snapshot.tokens == 32
             assert snapshot.tau >= 1.0 and snapshot.drafted > 0

@@ -112,8 +112,9 @@ def _json_object(data: str) -> dict:
 
 
 def _chunk(choice: dict, dflash: dict) -> StreamChunk:
+    delta = choice.get("delta") or {}
     return StreamChunk(
-        text=(choice.get("delta") or {}).get("content") or "",
+        text=delta.get("content") or "", reasoning=delta.get("reasoning_content") or "",
         token_ids=tuple(dflash.get("token_ids", ())), drafted=dflash.get("drafted", 0),
         draft_depth=dflash.get("draft_depth", 0),
         accepted=dflash.get("accepted", 0), round=dflash.get("round", 0),

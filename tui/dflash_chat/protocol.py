@@ -32,6 +32,7 @@ class StreamChunk:
     """One streamed step: its text delta and what the round committed."""
 
     text: str
+    reasoning: str = ""  # a harmony target's analysis channel (`delta.reasoning_content`)
     token_ids: tuple[int, ...] = ()
     drafted: int = 0
     draft_depth: int = 0  # a tree's longest path (= drafted for a chain): the most it could keep

@@ -76,7 +76,7 @@ class Message:
     role: str  # "user" | "assistant"
     content: str
     status: str  # one of STATUSES
-    meta: dict = field(default_factory=dict)  # speculative, stats, per-round acceptance, error
+    meta: dict = field(default_factory=dict)  # speculative, stats, per-round acceptance, reasoning, error
 
 
 class ChatStore:

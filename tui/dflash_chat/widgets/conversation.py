@@ -198,6 +198,10 @@ class Conversation(VerticalScroll):
                   for c in message.chunks]
         reply.meta["rounds"].extend(rounds)
         following = self.scroll_y >= self.max_scroll_y - 1  # unless the user scrolled up
+        reasoning = "".join(c.reasoning for c in message.chunks)
+        if reasoning:  # kept with the message, never sent back (the service wants content)
+            reply.meta["reasoning"] = reply.meta.get("reasoning", "") + reasoning
+            await reply.view.append_reasoning(reasoning)
         await reply.view.append("".join(c.text for c in message.chunks), rounds)
         if following:
             self.call_after_refresh(self.scroll_end, animate=False)

@@ -7,6 +7,11 @@ a reply streams, every PAINT_EVERY_S over what the stream has rendered so far.
 The service sends one text delta per round, with how many of its characters the accepted
 drafts made (and of those, a prompt-lookup copy); from other servers the split between the
 drafts and the target's own token is estimated by the token counts.
+
+A reasoning model's reasoning (a harmony target's analysis channel) streams into a dimmed
+"Reasoning" block above the answer, open while it streams and collapsed once the answer begins
+or the reply ends (its title toggles it: click, or Enter when focused). A reply without
+reasoning has no block.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from weakref import WeakKeyDictionary
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.storage import Message
@@ -27,6 +33,7 @@ from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.draft_colours import colour_markdown
 
 __all__ = ["MessageView", "code_blocks", "describe"]
+REASONING_TITLE = "Reasoning"
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -61,6 +68,7 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message.id
         self.role = message.role
         self.text = message.content
+        self.reasoning: str = message.meta.get("reasoning", "")
         self.meta = message.meta
         self.rounds: list[list[int]] = [list(r) for r in message.meta.get("rounds", [])]
         self._stream: MarkdownStream | None = None
@@ -71,11 +79,21 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(self.header, classes="header", markup=False)
+        if self.reasoning:
+            yield reasoning_block(self.reasoning, collapsed=True)
         yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
 
     @property
     def body(self) -> Markdown:
         return self.query_one(".body", Markdown)
+
+    @property
+    def reasoning_view(self) -> Collapsible | None:
+        """The "Reasoning" block, None while the reply has no reasoning."""
+        try:
+            return self.query_one(".reasoning", Collapsible)
+        except NoMatches:
+            return None
 
     def watch_header(self, header: str) -> None:
         if self.is_mounted:
@@ -107,13 +125,31 @@ class MessageView(Vertical, can_focus=True):
         if self.show_accepted:
             colour_markdown(self.body, self.text, self.rounds, self._painted)
 
+    async def append_reasoning(self, text: str) -> None:
+        """More reasoning: the block appears (open, unless the answer has begun) and grows."""
+        self.reasoning += text
+        block = self.reasoning_view
+        if block is None:
+            await self.mount(reasoning_block(self.reasoning, collapsed=bool(self.text)),
+                             before=self.body)
+        else:
+            block.query_one(".reasoning-text", Static).update(self.reasoning)
+
+    def collapse_reasoning(self) -> None:
+        block = self.reasoning_view
+        if block is not None:
+            block.collapsed = True
+
     async def append(self, text: str, rounds: list[list[int]]) -> None:
+        if text and not self.text:  # the answer begins: the reasoning steps aside
+            self.collapse_reasoning()
         self.text += text
         self.rounds.extend(rounds)
         if self._stream is not None:
             await self._stream.write(text)
 
     async def finish_stream(self) -> None:
+        self.collapse_reasoning()
         if self._painter is not None:
             self._painter.stop()
             self._painter = None
@@ -122,6 +158,11 @@ class MessageView(Vertical, can_focus=True):
             self._stream = None
         if self.show_accepted:  # one full render, which the handler above paints
             await self.body.update(self.text)
+
+
+def reasoning_block(text: str, collapsed: bool) -> Collapsible:
+    return Collapsible(Static(text, classes="reasoning-text", markup=False),
+                       title=REASONING_TITLE, collapsed=collapsed, classes="reasoning")
 
 
 def describe(message: Message) -> str:
