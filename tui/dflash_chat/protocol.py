@@ -32,7 +32,6 @@ class StreamChunk:
     """One streamed step: its text delta and what the round committed."""
 
     text: str
-    reasoning: str = ""  # a harmony target's analysis channel (`delta.reasoning_content`)
     token_ids: tuple[int, ...] = ()
     drafted: int = 0
     draft_depth: int = 0  # a tree's longest path (= drafted for a chain): the most it could keep
@@ -43,6 +42,7 @@ class StreamChunk:
     accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
     copied_chars: int | None = None  # of accepted_chars, the last ones a prompt-lookup copy made
     mode: str = MODE_SPECULATIVE
+    reasoning: str = ""  # a harmony target's analysis channel (`delta.reasoning_content`)
     received_at: float = field(default_factory=time.monotonic)
 
 
