@@ -91,7 +91,9 @@ class Job:
         self.rounds = 0  # speculative rounds run (the prefill is not a round)
         self.rounds_at_cancel: int | None = None
         self.prompt_ids: list[int] | None = None  # a local engine's, once templated
-        self.reply = ""  # the text the client got (stop strings applied)
+        # the text the client got (stop strings applied), a piece per round: joined once, when
+        # the next turn is warmed (appending to one string copies the whole reply every round)
+        self.reply_parts: list[str] = []
         self._loop = loop
         self._cancel = threading.Event()
         self._handoff: deque = deque()  # items put by the worker, not yet in outbox
@@ -297,7 +299,8 @@ class GenerationWorker:
         if job.outcome != "finished" or job.prompt_ids is None or request.tools:
             return  # a reply with tool calls is written back otherwise than its text
         try:
-            if self.engine.warm_next_turn(request.messages, job.reply, job.prompt_ids,
+            if self.engine.warm_next_turn(request.messages, "".join(job.reply_parts),
+                                          job.prompt_ids,
                                           request.params, request.thinking,
                                           lambda: self._closed or not self._queue.empty()):
                 self.warmed += 1
@@ -351,7 +354,7 @@ class GenerationWorker:
                 reasoning = ""
                 if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
                     text, reasoning, deltas, finish = split_calls(tools.splitter, text, finish)
-                job.reply += text
+                job.reply_parts.append(text)
                 job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
                               stop_sequence=stops.matched if hit_stop and finish == "stop" else None,
                               reasoning=reasoning))
