@@ -200,6 +200,28 @@ def start_service(target: Path, drafter: Path | None, app_options: dict | None =
     return state, BackgroundServer(create_app(state, **(app_options or {}))).start()
 
 
+LONG_PROMPT = "Tell me a long story."  # make_pair's tiny pair runs past 900 tokens on it
+EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
+
+
+def serve_module(tmp_path_factory, pair: tuple[Path, Path | None] | None = None, **state_options):
+    """A module fixture's body: `yield from` it. A real service on a tiny pair (make_pair's
+    unless `pair` = (target, drafter)), yielded as (state, server), stopped after the module."""
+    target, drafter = pair or make_pair(tmp_path_factory.mktemp("pair"))
+    state, server = start_service(target, drafter, hub_cache_dir=tmp_path_factory.mktemp("hub"),
+                                  **state_options)
+    try:
+        yield state, server
+    finally:
+        server.stop()
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
 def assert_openai_error(response, status: int, code: str | None = None) -> dict:
     """An OpenAI-style error body with the expected status (and code), never a traceback."""
     assert response.status_code == status, (response.status_code, response.text)

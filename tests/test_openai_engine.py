@@ -315,12 +315,9 @@ def test_a_wrong_key_or_no_server_is_engine_unavailable():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    from service_support import make_pair, start_service
+    from service_support import serve_module
 
-    state, server = start_service(*make_pair(tmp_path_factory.mktemp("pair")),
-                                  hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield state, server
-    server.stop()
+    yield from serve_module(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

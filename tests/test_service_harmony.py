@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from agent_tiny import AGENT_TOOLS, ANSWER, CALL_ARGUMENTS, TOOL_RESULT, first_turn
 from harmony_tiny import (
@@ -18,20 +17,18 @@ from harmony_tiny import (
     greeting,
     harmony_pair,
 )
-from service_support import start_service
+from service_support import openai_client, serve_module
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     pair = harmony_pair(tmp_path_factory)
-    state, server = start_service(pair.target, pair.drafter, hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield state, server
-    server.stop()
+    yield from serve_module(tmp_path_factory, (pair.target, pair.drafter))
 
 
 @pytest.fixture(scope="module")
 def client(service):
-    return openai.OpenAI(base_url=service[1].url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(service[1])
 
 
 def ask(client, messages, **extra):

@@ -5,27 +5,21 @@ entries of its own tokens, stop strings dropping the tokens they cut, bad values
 from __future__ import annotations
 
 import pytest
-from service_support import make_pair, start_service
+from service_support import EOS_PROMPT, LONG_PROMPT, openai_client, serve_module
 
-PROMPT = "Tell me a long story."  # the tiny pair runs past 900 tokens on it
-EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
+PROMPT = LONG_PROMPT
 TOP = 3
 TOLERANCE = 1e-4  # a multi-row verify and a one-row step round differently (test_logprobs.py)
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    state, server = start_service(*make_pair(tmp_path_factory.mktemp("pair")),
-                                  hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield state, server
-    server.stop()
+    yield from serve_module(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def client(service):
-    import openai
-
-    return openai.OpenAI(base_url=service[1].url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(service[1])
 
 
 @pytest.fixture(scope="module")

@@ -9,22 +9,18 @@ import anthropic
 import httpx
 import openai
 import pytest
-from service_support import make_pair, start_service
+from service_support import EOS_PROMPT, LONG_PROMPT, serve_module
 
 from dflash_local.service.anthropic_schemas import MessagesRequest
 
 KEY = "s3cret"
 SYSTEM = "Be brief."
-LONG_PROMPT = "Tell me a long story."  # the tiny pair runs past 900 tokens on it
-EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    pair = make_pair(tmp_path_factory.mktemp("pair"))
-    _state, server = start_service(*pair, api_key=KEY, hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield server
-    server.stop()
+    for _state, server in serve_module(tmp_path_factory, api_key=KEY):
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,17 @@ import json
 import httpx
 import openai
 import pytest
-from service_support import assert_openai_error, make_pair, start_service
+from service_support import EOS_PROMPT, LONG_PROMPT, assert_openai_error, serve_module
 
 from dflash_local.service.responses_api_schemas import ResponsesRequest
 
 SYSTEM = "Be brief."
-LONG_PROMPT = "Tell me a long story."  # the tiny pair runs past 900 tokens on it
-EOS_PROMPT = "Count slowly."  # ...and ends its turn after 7 tokens on this one
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    pair = make_pair(tmp_path_factory.mktemp("pair"))
-    _state, server = start_service(*pair, hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield server
-    server.stop()
+    for _state, server in serve_module(tmp_path_factory):
+        yield server
 
 
 @pytest.fixture(scope="module")

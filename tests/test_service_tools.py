@@ -6,23 +6,20 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from agent_tiny import AGENT_TOOLS, ANSWER, CALL_ARGUMENTS, TOOL_RESULT, agent_pair, first_turn
-from service_support import assert_openai_error, start_service
+from service_support import assert_openai_error, openai_client, serve_module
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     pair = agent_pair(tmp_path_factory)
-    state, server = start_service(pair.target, pair.drafter, hub_cache_dir=tmp_path_factory.mktemp("hub"))
-    yield state, server
-    server.stop()
+    yield from serve_module(tmp_path_factory, (pair.target, pair.drafter))
 
 
 @pytest.fixture(scope="module")
 def client(service):
-    return openai.OpenAI(base_url=service[1].url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(service[1])
 
 
 def ask(client, messages, **extra):
