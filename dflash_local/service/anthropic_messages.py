@@ -51,10 +51,13 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str | N
 
 def anthropic_usage(usage: dict) -> dict:
     """Anthropic counts the prompt's cached tokens apart from `input_tokens`."""
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
-            "dflash": usage["dflash"]}
+    return {**token_counts(usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
+                           usage["completion_tokens"]), "dflash": usage["dflash"]}
+
+
+def token_counts(prompt_tokens: int, cached: int, output_tokens: int) -> dict:
+    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def event(payload: dict) -> bytes:
@@ -82,9 +85,7 @@ class MessagesEncoder:
         events = []
         if not self.started:  # the first chunk is the prefill's: it knows the prompt's size
             self.started = True
-            cached = chunk.event.cached_tokens
-            usage = {"input_tokens": chunk.event.prompt_tokens - cached, "output_tokens": 0,
-                     "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+            usage = token_counts(chunk.event.prompt_tokens, chunk.event.cached_tokens, 0)
             events.append({"type": "message_start", "message": self.message([], None, None, usage)})
         if chunk.text:
             events += self._text(chunk.text)
