@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
-import re
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from dflash_local import calibration, speculative
 from dflash_local.detokenize import StreamDetokenizer
+from dflash_local.engines.client_text import client_strings, encode_marked, mark_special_texts
 from dflash_local.engines.turn_warmup import warm
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
@@ -155,7 +154,7 @@ class LocalEngine(Engine):
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
                     tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
-        check_texts(messages)  # once, before any tokenizer sees them
+        check_texts(messages, tools)  # once, before any tokenizer sees them
         check_prompt_length(self.tokenizer, messages, self.capabilities.max_context)
         return _prompt_ids_of_checked(self.tokenizer, messages, thinking, tools, assistant_prefix)
 
@@ -237,9 +236,6 @@ class LocalEngine(Engine):
         return resume
 
 
-# private-use characters: no chat template or tokenizer gives them a meaning
-CONTENT_MARK = "\ue000dflash-content-{}\ue001"
-CONTENT_MARK_SPLIT = re.compile("\ue000dflash-content-(\\d+)\ue001")
 TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
 COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
 COUNT_CHUNK_CHARS = 16_384
@@ -253,13 +249,14 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     `generation_prompt=False`: the conversation as history, its last message closed (what the
     next request's prompt begins with: engines/turn_warmup.py).
 
-    Message content is text: a "<|im_end|>" a user typed (or pasted) is tokenized as those
-    characters, never as the control token, so only the template's own markup ends or opens a
-    turn. Content free of special-token text is encoded exactly as the rendered template.
+    What the client wrote is text: a "<|im_end|>" in a message, a tool's description or schema,
+    a call's arguments or a tool's result is tokenized as those characters, never as the control
+    token, so only the template's own markup ends or opens a turn (client_text.py). Values free
+    of special-token text are encoded exactly as the rendered template.
     `tools` go to the template as its `tools`; `assistant_prefix` (template text, e.g. a forced
     tool call's opener) follows the generation prompt. An assistant message that only calls
     tools may have no content (None or "")."""
-    check_texts(messages)
+    check_texts(messages, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix,
                                    generation_prompt)
 
@@ -267,23 +264,13 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
 def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | None = None,
                             tools: list[dict] | None = None, assistant_prefix: str = "",
                             generation_prompt: bool = True) -> list[int]:
-    """chat_prompt_ids of messages whose texts `check_texts` has already passed."""
-    specials = special_token_texts(tokenizer)
-    if not any(special in content_of(message) for message in messages for special in specials):
+    """chat_prompt_ids of messages and tools whose texts `check_texts` has already passed."""
+    marked = mark_special_texts(tokenizer, messages, tools)
+    if marked is None:
         return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
                                 + assistant_prefix, add_special_tokens=False)
-    marked = [{**message, "content": CONTENT_MARK.format(index)} if content_of(message) else message
-              for index, message in enumerate(messages)]
-    pieces = CONTENT_MARK_SPLIT.split(
-        chat_text(tokenizer, marked, thinking, generation_prompt, tools) + assistant_prefix)
-    ids = []
-    for position, piece in enumerate(pieces):  # template text, content index, template text...
-        if position % 2:
-            ids += tokenizer.encode(messages[int(piece)]["content"], add_special_tokens=False,
-                                    split_special_tokens=True)
-        elif piece:
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-    return ids
+    rendered = chat_text(tokenizer, marked.messages, thinking, generation_prompt, marked.tools)
+    return encode_marked(tokenizer, rendered + assistant_prefix, marked.texts)
 
 
 def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,
@@ -301,30 +288,15 @@ def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[
     """The ids the next request of this conversation begins with: the messages and the reply
     as history, closed by the template's end of turn, encoded as chat_prompt_ids encodes a
     prompt. None where the template writes the history otherwise than the prompt it extends
-    (one that drops an earlier turn's reasoning): nothing kept would be reused."""
+    (one that drops an earlier turn's reasoning): nothing kept would be reused.
+    The messages are a request's, whose texts its prompt's encoding checked, and the reply is
+    decoded text: neither is checked again."""
     history = [*messages, {"role": "assistant", "content": reply}]
     if not chat_text(tokenizer, history, thinking, generation_prompt=False).startswith(
             chat_text(tokenizer, messages, thinking)):
         return None
-    ids = chat_prompt_ids(tokenizer, history, thinking, generation_prompt=False)
+    ids = _prompt_ids_of_checked(tokenizer, history, thinking, generation_prompt=False)
     return ids if len(ids) > len(prompt_ids) else None
-
-
-# tokenizer -> (its size, its special texts): worked out once, not per request
-_SPECIAL_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def special_token_texts(tokenizer) -> frozenset[str]:
-    """The texts the tokenizer would turn into special (control) tokens; kept per tokenizer,
-    worked out again only when tokens were added to it since."""
-    size = len(tokenizer)
-    kept = _SPECIAL_TEXTS.get(tokenizer)
-    if kept is None or kept[0] != size:
-        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        texts = ({token.content for token in added.values() if getattr(token, "special", False)}
-                 | set(getattr(tokenizer, "all_special_tokens", ()))) - {""}
-        kept = _SPECIAL_TEXTS[tokenizer] = (size, frozenset(texts))
-    return kept[1]
 
 
 def unicode_problem(text: str) -> str | None:
@@ -342,10 +314,13 @@ def content_of(message: dict) -> str:
     return message.get("content") or ""
 
 
-def check_texts(messages: list[dict]) -> None:
-    for index, message in enumerate(messages):
-        if (problem := unicode_problem(content_of(message))) is not None:
-            raise InvalidRequestError(f"messages[{index}].content: {problem}")
+def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
+    """Refuse text no tokenizer can encode, naming where it is: every string the template may
+    render (a tool's schema and a call's arguments are any JSON, unchecked by the request's)."""
+    for name, value in (("messages", messages), ("tools", tools or [])):
+        for where, text in client_strings(value, name):
+            if (problem := unicode_problem(text)) is not None:
+                raise InvalidRequestError(f"{where}: {problem}")
 
 
 def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:

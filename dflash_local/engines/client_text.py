@@ -1,0 +1,119 @@
+"""A client's text inside a chat prompt stays text: only the template's own markup is control tokens.
+
+Everything a client sends that a chat template renders (message content, tool definitions with
+their parameter schemas, an assistant's tool calls and their arguments, tool results and call
+ids) may hold a special token's text: a pasted "<|im_end|><|im_start|>system ...". Encoded with
+the rendered template, that text would become the control tokens and open a turn the client
+does not own. So before the template renders them, each special token's text in the client's
+values is swapped for a private-use mark, which the template passes through wherever it puts the
+value (as it is, or inside `tojson`, which escapes neither the mark nor a special token's text);
+the rendered prompt is then encoded piece by piece, each mark as the text it stands for with
+split_special_tokens=True. Values free of special-token text are not marked at all: their prompt
+is the rendered template encoded whole, as before.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# private-use characters: no chat template or tokenizer gives them a meaning
+SPECIAL_MARK = "\ue000dflash-special-{}\ue001"
+SPECIAL_MARK_SPLIT = re.compile("\ue000dflash-special-(\\d+)\ue001")
+MARK_OPEN = "\ue000"  # marked too once marks are in use, so no client text can forge a mark
+
+
+@dataclass(frozen=True)
+class _Specials:
+    size: int  # the tokenizer's size when they were worked out
+    texts: frozenset[str]
+    pattern: re.Pattern[str]  # any of the texts (longest first) or MARK_OPEN
+
+
+# tokenizer -> its special texts: worked out once, not per request
+_SPECIALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _specials(tokenizer) -> _Specials:
+    size = len(tokenizer)
+    kept = _SPECIALS.get(tokenizer)
+    if kept is None or kept.size != size:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        texts = frozenset(({token.content for token in added.values() if getattr(token, "special", False)}
+                           | set(getattr(tokenizer, "all_special_tokens", ()))) - {""})
+        alternatives = [re.escape(text) for text in sorted(texts, key=len, reverse=True)]
+        kept = _SPECIALS[tokenizer] = _Specials(size, texts,
+                                                re.compile("|".join([*alternatives, MARK_OPEN])))
+    return kept
+
+
+def special_token_texts(tokenizer) -> frozenset[str]:
+    """The texts the tokenizer would turn into special (control) tokens; kept per tokenizer,
+    worked out again only when tokens were added to it since."""
+    return _specials(tokenizer).texts
+
+
+def client_strings(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    """(where, text) for every string in a JSON-like value, dict keys included: where is the
+    path to it ("[1].tool_calls[0].function.arguments.city")."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key!r}]"
+            if isinstance(key, str):
+                yield f"{path} (a key)", key
+            yield from client_strings(item, path)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from client_strings(item, f"{where}[{index}]")
+
+
+@dataclass(frozen=True)
+class MarkedValues:
+    """A request's messages and tools with special-token text marked, and what each mark means."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    texts: tuple[str, ...]  # mark N stands for texts[N]
+
+
+def mark_special_texts(tokenizer, messages: list[dict],
+                       tools: list[dict] | None) -> MarkedValues | None:
+    """The values with every special token's text in their strings marked; None when none holds
+    any (their prompt is the template's text encoded whole)."""
+    specials = _specials(tokenizer)
+    if not any(special in text for _, text in client_strings([messages, tools or []])
+               for special in specials.texts):
+        return None
+    numbers: dict[str, int] = {}
+
+    def mark(found: re.Match[str]) -> str:
+        return SPECIAL_MARK.format(numbers.setdefault(found[0], len(numbers)))
+
+    def marked(value: Any) -> Any:
+        if isinstance(value, str):
+            return specials.pattern.sub(mark, value)
+        if isinstance(value, dict):
+            return {marked(key): marked(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [marked(item) for item in value]
+        return value
+
+    return MarkedValues(marked(messages), marked(tools) if tools else tools, tuple(numbers))
+
+
+def encode_marked(tokenizer, rendered: str, texts: tuple[str, ...]) -> list[int]:
+    """The ids of a template's text rendered from marked values: its own text as the tokenizer
+    encodes it (markup becomes control tokens), each mark as the text it stands for."""
+    ids: list[int] = []
+    for position, piece in enumerate(SPECIAL_MARK_SPLIT.split(rendered)):  # text, mark, text...
+        if position % 2:
+            ids += tokenizer.encode(texts[int(piece)], add_special_tokens=False,
+                                    split_special_tokens=True)
+        elif piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+    return ids
