@@ -16,10 +16,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dflash_local.service.schemas import (
+    MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
     DFlashOptions,
     StrictModel,
     Text,
+    at_most,
     check_stop_strings,
     template_tool,
 )
@@ -27,6 +30,8 @@ from dflash_local.service.validation import shown_value
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # Anthropic's rule for a tool's name
 CUSTOM_TOOL_TYPES = (None, "custom")  # the others are Anthropic's server tools (web search, bash...)
+# a user's tool_result blocks are template messages each: a message's blocks are capped too
+MAX_CONTENT_BLOCKS = 1_000
 
 
 class TextBlock(StrictModel):
@@ -63,7 +68,7 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Fi
 
 class AnthropicMessage(StrictModel):
     role: Literal["user", "assistant"]
-    content: Text | list[Block]
+    content: Text | Annotated[list[Block], at_most(MAX_CONTENT_BLOCKS, "content blocks per message")]
 
     @field_validator("content")
     @classmethod
@@ -126,9 +131,10 @@ class ThinkingConfig(StrictModel):
 class MessagesRequest(DFlashOptions):
     model: Text
     max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
-    messages: list[AnthropicMessage] = Field(min_length=1)
+    messages: Annotated[list[AnthropicMessage], at_most(MAX_MESSAGES, "messages per request"),
+                        Field(min_length=1)]
     system: Text | list[TextBlock] | None = None
-    tools: list[AnthropicTool] | None = None
+    tools: Annotated[list[AnthropicTool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: ToolChoice | None = None
     stop_sequences: list[Text] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)

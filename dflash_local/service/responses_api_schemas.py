@@ -15,11 +15,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from dflash_local.service.schemas import (
+    MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
     DFlashOptions,
     FunctionCall,
     StrictModel,
     Text,
+    at_most,
     template_tool,
 )
 from dflash_local.service.validation import shown_value
@@ -116,9 +119,9 @@ class NamedFunction(StrictModel):
 
 class ResponsesRequest(DFlashOptions):
     model: Text | None = None
-    input: Text | list[InputItem]
+    input: Text | Annotated[list[InputItem], at_most(MAX_MESSAGES, "input items per request")]
     instructions: Text | None = None
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)

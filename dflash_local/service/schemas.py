@@ -14,12 +14,14 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from dflash_local.engines.base import unicode_problem
 from dflash_local.events import MAX_TOP_LOGPROBS
@@ -27,6 +29,11 @@ from dflash_local.service.unsupported import UnsupportedMessageFields, Unsupport
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
+# A request's counts, far past what a real conversation sends (a long agent session has hundreds
+# to a few thousand messages, an agent with many MCP servers a few hundred tools), yet refused
+# before one item is validated: 10^6 empty messages would hold the worker in the template.
+MAX_MESSAGES = 10_000
+MAX_TOOLS = 1_000
 MAX_STOP_CHARS = 1_000  # a stop string longer than any reply we would write cannot match
 # a fixed width, or "auto": the calibrated policy picks each round's width (1 = plain fallback)
 BlockSize = Annotated[int, Field(ge=1, le=256)] | Literal["auto"]
@@ -39,6 +46,23 @@ def check_unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(check_unicode)]
+
+
+def check_count(values: list, limit: int, what: str) -> None:
+    """A list's count within its cap; the error (type "too_many") names the count and the cap."""
+    if len(values) > limit:
+        raise PydanticCustomError("too_many", "at most {limit} {what}, got {count}",
+                                  {"limit": limit, "what": what, "count": len(values)})
+
+
+def at_most(limit: int, what: str) -> BeforeValidator:
+    """A list field's cap, checked before its items are validated."""
+    def check(value: Any) -> Any:
+        if isinstance(value, list):
+            check_count(value, limit, what)
+        return value
+
+    return BeforeValidator(check)
 
 
 class StrictModel(BaseModel):
@@ -184,8 +208,7 @@ class DFlashOptions(StrictModel):
 
 
 def check_stop_strings(stops: list[str]) -> None:
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    check_count(stops, MAX_STOP_STRINGS, "stop strings per request")
     for index, text in enumerate(stops):
         if not 1 <= len(text) <= MAX_STOP_CHARS:
             raise ValueError(f"stop string {index} has {len(text)} characters: each must have "
@@ -194,7 +217,8 @@ def check_stop_strings(stops: list[str]) -> None:
 
 class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     model: Text | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages per request"),
+                        Field(min_length=1)]
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
@@ -209,7 +233,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     # thinking on/off: vLLM's chat_template_kwargs.enable_thinking, or our own field
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: bool | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")

@@ -82,7 +82,9 @@ def _field_message(path: tuple[str, ...], group: list[dict]) -> str:
     text = reasons[0] + "".join(f", or {reason.removeprefix('Input should be ')}"
                                 for reason in reasons[1:])
     error = group[0]
-    if error.get("type") != "missing" and (path or not isinstance(error.get("input"), dict)):
+    # a count's error names the count: the list itself would add nothing
+    if error.get("type") not in ("missing", "too_many") and (
+            path or not isinstance(error.get("input"), dict)):
         text += f" (got {shown_value(error.get('input'))})"
     return f"{'.'.join(path)}: {text}" if path else text
 
