@@ -72,10 +72,18 @@ def test_an_engine_checks_the_texts_once_per_request(pair, monkeypatch):
     engine = TorchEngine(*pair)
     checked = []
     real_check = base.check_texts
-    monkeypatch.setattr(base, "check_texts",
-                        lambda messages, tools=None: checked.append(messages) or real_check(messages, tools))
-    engine.encode_chat(CONVERSATION)
+    def spy(messages, tools=None):
+        checked.append(messages)
+        real_check(messages, tools)
+
+    monkeypatch.setattr(base, "check_texts", spy)
+    prompt = engine.encode_chat(CONVERSATION)
     assert checked == [CONVERSATION]
+    # the next turn's history (the worker's warm-up) is the checked request's: not checked again
+    history = base.next_turn_ids(engine.tokenizer, CONVERSATION, "Bye!", prompt)
+    assert checked == [CONVERSATION]
+    reply = {"role": "assistant", "content": "Bye!"}
+    assert history == chat_prompt_ids(engine.tokenizer, [*CONVERSATION, reply], generation_prompt=False)
     with pytest.raises(InvalidRequestError, match=r"messages\[0\]\.content: character 1"):
         engine.encode_chat([{"role": "user", "content": "a\ud800b"}])
 
