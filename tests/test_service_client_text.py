@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 
 import anthropic
+import httpx
 import pytest
 from agent_tiny import QUESTION, SYSTEM, WEATHER_TOOL, agent_pair
-from service_support import openai_client, serve_module
+from service_support import assert_openai_error, openai_client, serve_module
 from test_client_text import QWEN_HOSTILE, controls_in
 
 FUNCTION = WEATHER_TOOL["function"]
@@ -84,3 +85,17 @@ def test_a_hostile_text_reaches_the_prompt_as_text(served, api, monkeypatch):
         values["messages"], tools=values["tools"], tokenize=False, add_generation_prompt=True),
         add_special_tokens=False)
     assert controls_in(tokenizer, whole) != controls_in(tokenizer, benign)
+
+
+def test_a_lone_surrogate_in_a_tool_schema_is_refused_by_where_it_is(served):
+    """The schema is any JSON, unchecked by the request's types: the prompt's check names it."""
+    request = chat_request("")
+    request["tools"][0]["function"]["parameters"] = {
+        "type": "object", "properties": {"city": {"type": "string", "description": "city@"}}}
+    body = json.dumps(request).replace("city@", "city\\ud800")  # JSON's escape, a lone surrogate
+    response = httpx.post(served[1].url + "/v1/chat/completions", content=body,
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    error = assert_openai_error(response, 400, "invalid_request")
+    assert error["message"].startswith(
+        "tools[0].function.parameters.properties.city.description: character 4 is a lone "
+        "surrogate"), error
