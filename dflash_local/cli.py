@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
+from dflash_local.cli_reply import Reply, ReplyEcho, ReplyText
 from dflash_local.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
+from dflash_local.detokenize import speaks_harmony
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
     AUTO,
@@ -59,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_generate(commands) -> None:
-    gen = commands.add_parser("generate", help="generate a completion for one prompt")
+    gen = commands.add_parser(
+        "generate", help="generate a completion for one prompt",
+        description="Generate a completion for one prompt. The text streams to stdout; a "
+                    "reasoning model's reasoning (a harmony target's analysis channel, gpt-oss) "
+                    "streams to stderr, dimmed on a terminal, so stdout holds the answer alone "
+                    "(--json: its text, and the reasoning as reasoning_content).")
     gen.add_argument("prompt", metavar="PROMPT")
     gen.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
     gen.add_argument("--target", metavar="DIR|REPO",
@@ -160,15 +167,16 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             messages = [{"role": "user", "content": args.prompt}]
             prompt_ids = engine.encode_chat(messages, thinking=False if args.no_thinking else None)
-        token_ids, text, stats, logprobs = stream_completion(engine, prompt_ids, params,
-                                                             echo=not args.json)
+        harmony = speaks_harmony(engine.tokenizer)  # its text keeps harmony's markers
+        token_ids, reply, stats, logprobs = stream_completion(engine, prompt_ids, params,
+                                                              echo=not args.json, harmony=harmony)
     finally:
         engine.close()
         if engine.round_trace is not None:
             engine.round_trace.close()
     block_size = widest_block(params, engine.pair.block_size)
     if args.json:
-        report = _report(engine, prompt_ids, token_ids, text, stats, block_size)
+        report = _report(engine, prompt_ids, token_ids, reply, stats, block_size)
         if params.logprobs is not None:  # per token: its logprob, then [id, logprob] best first
             report["logprobs"] = [{"logprob": entry.logprob,
                                    "top": list(zip(entry.top_ids, entry.top_logprobs))}
@@ -183,35 +191,34 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, echo: bool):
-    """Run one generation; with echo, each text delta goes to stdout as it comes. Returns the
-    token ids, the text, the totals and each token's TokenLogprob (where params ask)."""
+def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, echo: bool,
+                      harmony: bool = False):
+    """Run one generation; with echo, the reply prints as it comes (cli_reply.py). Returns the
+    token ids, the Reply (answer and reasoning), the totals and each token's TokenLogprob
+    (where params ask)."""
     token_ids: list[int] = []
     logprobs: list = []
-    pieces: list[str] = []
+    reply = ReplyText(harmony, ReplyEcho() if echo else None)
     stats = GenerationStats()
     try:
         for event in engine.stream(prompt_ids, params):
             stats.add(event)
             token_ids.extend(event.token_ids)
             logprobs.extend(event.logprobs)
-            pieces.append(event.text)
-            if echo:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+            reply.add(event.text)
     finally:
-        if echo:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-    return token_ids, "".join(pieces), stats, logprobs
+        whole = reply.end()
+    return token_ids, whole, stats, logprobs
 
 
-def _report(engine, prompt_ids, token_ids, text, stats: GenerationStats, block_size: int) -> dict:
+def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
+            block_size: int) -> dict:
     pair = engine.pair
     return {
         "prompt_token_ids": list(prompt_ids),
         "token_ids": token_ids,
-        "text": text,
+        "text": reply.text,
+        "reasoning_content": reply.reasoning,
         "accepted_per_round": stats.accepted_per_round,
         "tau": stats.tau,
         "tokens_per_second": stats.decode_tokens_per_s,

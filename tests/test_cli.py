@@ -1,9 +1,11 @@
-"""`dflash-local generate` as a user runs it (a subprocess), and engine loading."""
+"""`dflash-local generate` as a user runs it (a subprocess), on a tiny pair and on a tiny harmony
+(gpt-oss format) target, and engine loading."""
 
 from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -12,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from fixtures_tiny import collect, tiny_engine, tiny_pair
+from harmony_tiny import GREETING, HELLO, PLAIN_REPLY, REASONING, harmony_pair
 
 from dflash_local import engines
+from dflash_local.cli_reply import DIM, NORMAL
 from dflash_local.errors import EngineUnavailableError
 from dflash_local.events import GenerationParams
 
@@ -121,6 +125,59 @@ def test_text_streams_to_stdout(pair, cli_env):
     expected = plain_tokens(pair, engine.encode_chat([{"role": "user", "content": PROMPT}]), 12)
     assert result.stdout == engine.decode(expected) + "\n"
     assert "tau" in result.stderr  # the stats line goes to stderr, never into the text
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    return harmony_pair(tmp_path_factory)
+
+
+def test_a_harmony_reply_prints_its_answer_on_stdout_and_its_reasoning_on_stderr(harmony, cli_env):
+    flags = ("generate", "--target", str(harmony.target), "--drafter", str(harmony.drafter),
+             "--block-size", "4", "--max-tokens", "64", GREETING)  # fixed: no calibration line
+    result = cli(cli_env, *flags)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == HELLO + "\n"  # the final channel alone, no markers
+    assert result.stderr.startswith(REASONING + "\n") and "tau" in result.stderr
+    reader, writer = pty.openpty()  # stderr on a terminal: the reasoning is dimmed
+    try:
+        run = subprocess.run([sys.executable, "-m", "dflash_local.cli", *flags], env=cli_env,
+                             stdout=subprocess.PIPE, stderr=writer, timeout=180, cwd=REPO,
+                             check=False)
+        os.close(writer)
+        terminal = read_terminal(reader)
+    finally:
+        os.close(reader)
+    assert run.returncode == 0 and run.stdout.decode() == HELLO + "\n"
+    assert terminal.startswith(f"{DIM}{REASONING}{NORMAL}\r\n"), terminal
+
+
+def read_terminal(reader: int) -> str:
+    """All a pty got once its writers are gone (Linux then answers EIO)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(reader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def test_a_harmony_replys_json_carries_its_reasoning_beside_the_text(harmony, pair, cli_env):
+    result = cli(cli_env, "generate", "--json", "--target", str(harmony.target), "--drafter",
+                 str(harmony.drafter), "--max-tokens", "64", GREETING)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["text"], report["reasoning_content"]) == (HELLO, REASONING)
+    engine = tiny_engine(harmony)
+    assert report["token_ids"] == plain_tokens(harmony, report["prompt_token_ids"], 64)
+    assert engine.tokenizer.decode(report["token_ids"]) == PLAIN_REPLY  # every channel's tokens
+    plain = cli(cli_env, "generate", "--json", "--target", str(pair.target), "--max-tokens", "4",
+                "--no-speculative", PROMPT)
+    assert json.loads(plain.stdout)["reasoning_content"] is None  # no reasoning channel
 
 
 def assert_one_line_error(result, *fragments):

@@ -1,5 +1,6 @@
 """dflash-chat shows a reasoning model's reasoning: a real service serving harmony_tiny's target
-(analysis then final), driven through the real app by Pilot. Waits are for conditions."""
+(analysis then final), driven through the real app by Pilot; export, search, copy and the race
+each put it where it belongs. Waits are for conditions."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import asyncio
 
 import pytest
 from dflash_chat.app import DFlashChatApp, Options
+from dflash_chat.protocol import StreamChunk
+from dflash_chat.screens.race import RaceScreen
+from dflash_chat.screens.search import SearchScreen
 from dflash_chat.settings import Settings
 from dflash_chat.widgets.prompt_input import PromptInput
+from dflash_chat.widgets.race_lane import RaceLane
+from dflash_chat.widgets.reasoning import reasoning_block_in
 from dflash_chat.widgets.speed_panel import SpeedPanel
 from harmony_tiny import GREETING, HELLO, REASONING, harmony_pair
 from service_support import start_service
-from textual.widgets import Static
+from textual.widgets import Input, OptionList, Static
 from textual.widgets._collapsible import CollapsibleTitle
-from tui_support import until
+from tui_support import run_offline, until
 
 SIZE = (120, 40)
 
@@ -115,3 +121,102 @@ def test_reasoning_streams_open_until_the_answer_begins(home):
             await pilot.pause()
             assert plain.reasoning_view is None and thinking.text == plain.text == "Hello"
     asyncio.run(scenario())
+
+
+def said(app) -> str:
+    return "\n".join(str(note.message) for note in app._notifications)
+
+
+def test_export_search_and_copy_see_the_reasoning_where_it_belongs(service_url, home):
+    async def scenario():
+        app = make_app(service_url)
+        async with app.run_test(size=SIZE) as pilot:
+            view = await greet(pilot, app)
+            chat_id = app.chat_screen.conversation.chat_id
+            await pilot.press("ctrl+y")
+            assert app.clipboard == HELLO and "not its reasoning" in said(app)
+            await pilot.press("f9")  # the reasoning, collapsed, before the answer
+            exported = (home / "exports" / f"chat-{chat_id}.md").read_text()
+            details = exported.index("<details><summary>Reasoning</summary>")
+            assert details < exported.index(REASONING) < exported.index("</details>")
+            assert exported.index("</details>") < exported.index(HELLO)
+            await app.chat_screen.open_chat(None)  # the hit has a chat to open
+            await pilot.press("ctrl+f")
+            search = app.screen
+            assert isinstance(search, SearchScreen)
+            hits = search.query_one(OptionList)
+            def hit() -> str:
+                return str(hits.get_option_at_index(0).prompt) if hits.option_count == 1 else ""
+
+            search.query_one(Input).value = "greet"
+            await until(pilot, lambda: "in the reasoning: [Greet] back." in hit(), "reasoning hit")
+            search.query_one(Input).value = "there"
+            await until(pilot, lambda: "Hello [there]!" in hit(), "answer hit")
+            assert "in the reasoning" not in hit()
+            await pilot.press("enter")
+            await until(pilot, lambda: app.chat_screen.conversation.chat_id == chat_id, "opened")
+            assert app.chat_screen.conversation.last_view("assistant").reasoning == view.reasoning
+    asyncio.run(scenario())
+
+
+def test_copy_code_takes_the_answers_code_not_the_reasonings(home):
+    async def scenario(app, pilot):
+        store = app.store
+        chat = store.create_chat("Code")
+        store.add_message(chat.id, "user", "Print hi?")
+        store.add_message(chat.id, "assistant", "Use:\n```py\nprint('hi')\n```\n", meta={
+            "reasoning": "Maybe:\n```py\nsys.stdout.write('hi')\n```\nNo, simpler."})
+        store.add_message(chat.id, "user", "And without code?")
+        store.add_message(chat.id, "assistant", "Say hi.", meta={
+            "reasoning": "Code would be:\n```py\nprint('hi')\n```\nbut words do."})
+        await app.chat_screen.open_chat(chat.id)
+        await pilot.pause()
+        await pilot.press("ctrl+b")  # the last reply: code only in its reasoning
+        assert "No code block in that message" in said(app) and app.clipboard == ""
+        first = app.chat_screen.conversation.views()[1]
+        first.focus()
+        await pilot.press("ctrl+b")
+        assert app.clipboard == "print('hi')\n"
+        await pilot.press("ctrl+y")
+        assert app.clipboard == first.text
+    run_offline(scenario, SIZE)
+
+
+def test_race_lanes_show_each_runs_reasoning_above_its_answer(service_url, home):
+    async def scenario():
+        app = make_app(service_url)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, app.service_ready.is_set, "service ready", timeout=180)
+            await pilot.press("f4")
+            race = app.screen
+            assert isinstance(race, RaceScreen)
+            race.query_one("#race-prompt").value = GREETING
+            await pilot.press("enter")
+            await until(pilot, lambda: race.verdict is not None, "race verdict", timeout=180)
+            await pilot.pause()
+            assert race.verdict.identical
+            for lane in race.query(RaceLane):
+                block = reasoning_block_in(lane)
+                assert (lane.text, lane.reasoning) == (HELLO, REASONING), lane.id
+                assert block.collapsed and block.title == "Reasoning"
+                assert str(block.query_one(".reasoning-text", Static).content) == REASONING
+                assert block.region.y < lane.query_one(".body").region.y  # above the answer
+    asyncio.run(scenario())
+
+
+def test_a_new_race_drops_the_last_ones_reasoning(home):
+    async def scenario(app, pilot):
+        race = RaceScreen(prompt="hi")
+        await app.push_screen(race)
+        runs = ([StreamChunk("", (1,), reasoning="Think."), StreamChunk("Hi.", (2,))],
+                [StreamChunk("Hello.", (3,))])
+        for chunks in runs:
+            race.post_message(RaceScreen.LaneStarted("plain"))
+            race.post_message(RaceScreen.LaneChunks("plain", chunks))
+            await pilot.pause()
+            lane = race.query_one("#lane-plain", RaceLane)
+            assert lane.text == "".join(chunk.text for chunk in chunks)
+            shown = reasoning_block_in(lane)
+            assert (shown is not None) == (chunks is runs[0]) and lane.reasoning == (
+                "Think." if shown else "")
+    run_offline(scenario, SIZE)

@@ -471,3 +471,31 @@ def test_the_picker_says_a_partial_download_is_incomplete():
     partial = {"target": "incomplete: resume or delete"}
     assert downloaded_label({"target": False, "drafter": True}, partial).plain == partial["target"]
     assert downloaded_label({"target": True, "drafter": True}, {}).plain == "yes"
+
+
+def test_a_store_whose_search_predates_reasoning_is_indexed_again_with_it(tmp_path):
+    import sqlite3
+
+    from dflash_chat.storage import SCHEMA
+
+    path = tmp_path / "chats.db"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA)
+    old.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+    old.execute("CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', "
+                "content_rowid='id')")  # the index an app without reasoning search built
+    old.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+                "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
+    old.execute("INSERT INTO chats (id, title, created, updated) VALUES (1, 'Old', 0, 0)")
+    old.execute("INSERT INTO messages (chat_id, role, content, meta, created) VALUES "
+                "(1, 'assistant', 'Hello there!', '{\"reasoning\": \"Greet back.\"}', 0)")
+    old.commit()
+    old.close()
+    store = ChatStore(path)
+    assert [(hit.snippet, hit.in_reasoning) for hit in store.search("greet")] == [
+        ("[Greet] back.", True)]
+    assert [(hit.snippet, hit.in_reasoning) for hit in store.search("hello")] == [
+        ("[Hello] there!", False)]
+    reply = store.add_message(1, "assistant", "Bye.", meta={"reasoning": "Wave goodbye."})
+    store.update_message(reply.id, "Bye.", "done", {"reasoning": "Nod."})  # the index follows
+    assert store.search("wave") == [] and store.search("nod")[0].in_reasoning

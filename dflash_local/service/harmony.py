@@ -123,6 +123,15 @@ class HarmonySplitter(ReplySplitter):
         (self._reasoning if self._route == REASONING else out).append(text)
 
 
+def split_reply(text: str) -> tuple[str, str]:
+    """A whole reply's (content, reasoning), as the service sends them to a request without
+    tools (a call is content, as the model wrote it): what a chat client keeps of it."""
+    splitter = HarmonySplitter({})
+    content, _ = splitter.feed(text)
+    rest, _ = splitter.finish()
+    return content + rest, splitter.take_reasoning()
+
+
 def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
     hits = [(text.find(marker), marker) for marker in markers if marker in text]
     return min(hits) if hits else (-1, None)

@@ -15,9 +15,11 @@ import torch
 from tqdm import tqdm
 from transformers import StaticCache
 
+from dflash_local.detokenize import speaks_harmony
 from dflash_local.engines.base import chat_prompt_ids, end_of_turn_ids
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
+from dflash_local.service.harmony import split_reply
 from dflash_local.train.chat_prompts import follow_up_conversations, templated_chat_prompts
 
 DATA_INFO = "regen.json"  # which target layers the taps of this directory's shards come from
@@ -197,18 +199,29 @@ def answers_in(out_dir: Path, prompts: set[tuple[int, ...]]) -> dict[tuple[int, 
 
 def follow_up_prompts(tokenizer, data_dir: Path) -> list[list[dict]]:
     """chat_prompts.follow_up_conversations() for the templated chat requests that data_dir holds
-    answers to. An answer goes back as text, as a chat client sends it, and as the target wrote
-    it: cut at the first run's --max-new-tokens where it ran longer (a user asking on after a cut
-    answer is a conversation too)."""
+    answers to. An answer goes back as a chat client sends it (answer_text), and as the target
+    wrote it: cut at the first run's --max-new-tokens where it ran longer (a user asking on after
+    a cut answer is a conversation too; one cut before any answer, inside a harmony target's
+    reasoning, is not)."""
     requests = {tuple(encode_prompt(tokenizer, request)): request
                 for request in templated_chat_prompts()}
-    answers = {requests[key]: tokenizer.decode(ids, skip_special_tokens=True).strip()
+    answers = {requests[key]: answer_text(tokenizer, ids)
                for key, ids in answers_in(data_dir, set(requests)).items()}
     conversations = follow_up_conversations(answers)
     if not conversations:
         raise DFlashError(f"--chat-followups: {data_dir} holds no answers to the --chat-prompts "
                           "requests; regenerate those into it first (--chat-prompts)")
     return conversations
+
+
+def answer_text(tokenizer, response_ids: list[int]) -> str:
+    """A response as a chat client keeps it to send back: a harmony target's (gpt-oss) content
+    as the service splits it, without the analysis channel and the format's markers (decoded
+    without special tokens, those would glue "analysis...assistantfinal..." into one text);
+    any other target's text without special tokens."""
+    if speaks_harmony(tokenizer):
+        return split_reply(tokenizer.decode(response_ids, skip_special_tokens=False))[0].strip()
+    return tokenizer.decode(response_ids, skip_special_tokens=True).strip()
 
 
 def prompt_key(sequence: dict) -> tuple[int, ...]:

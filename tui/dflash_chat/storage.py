@@ -32,21 +32,39 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 """
-# search over past chats: an external-content FTS5 index of the messages, kept by triggers
+# a reply's reasoning, which its meta keeps, as a column the search can index (added by
+# _migrate to every store, new or older)
+REASONING_COLUMN = ("reasoning TEXT GENERATED ALWAYS AS (json_extract(meta, '$.reasoning')) "
+                    "VIRTUAL")
+# search over past chats: an external-content FTS5 index of the messages' content and
+# reasoning, kept by triggers
 SEARCH_SCHEMA = """
-CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, reasoning, content='messages',
+                                             content_rowid='id');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    INSERT INTO messages_fts(rowid, content, reasoning) VALUES (new.id, new.content, new.reasoning);
 END;
 CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
+        VALUES ('delete', old.id, old.content, old.reasoning);
 END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, meta ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
+        VALUES ('delete', old.id, old.content, old.reasoning);
+    INSERT INTO messages_fts(rowid, content, reasoning) VALUES (new.id, new.content, new.reasoning);
 END;
 INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
 """
+# an index an older app built (content alone): dropped, then built again with the reasoning
+OLD_SEARCH_DROP = """
+DROP TRIGGER IF EXISTS messages_fts_insert;
+DROP TRIGGER IF EXISTS messages_fts_delete;
+DROP TRIGGER IF EXISTS messages_fts_update;
+DROP TABLE messages_fts;
+"""
+MATCH_OPEN, MATCH_CLOSE = "\x02", "\x03"  # snippet marks, shown as [ ]: no text holds them
+# blank lines inside: Markdown in the reasoning still renders where the block opens
+REASONING_DETAILS = "<details><summary>Reasoning</summary>\n\n{}\n\n</details>\n\n"
 TITLE_CHARS = 60
 SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
@@ -67,6 +85,7 @@ class Chat:
 class SearchHit:
     chat: Chat
     snippet: str  # the matching message, the match in [brackets]
+    in_reasoning: bool = False  # the match is in a reply's reasoning, not in its answer
 
 
 @dataclass(frozen=True)
@@ -94,13 +113,21 @@ class ChatStore:
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='streaming'")
 
     def _migrate(self) -> None:
-        """Bring a store an older app wrote up to this schema (columns added, search built)."""
-        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(chats)")}
-        if "settings" not in columns:
+        """Bring a store an older app wrote up to this schema (columns added, the search built, or
+        built again to cover the reasoning)."""
+        if "settings" not in self._columns("chats"):
             self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+        if "reasoning" not in self._columns("messages"):
+            self._db.execute(f"ALTER TABLE messages ADD COLUMN {REASONING_COLUMN}")
         tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
-        if "messages_fts" not in tables:
+        if "messages_fts" in tables and "reasoning" not in self._columns("messages_fts"):
+            self._db.executescript(f"BEGIN; {OLD_SEARCH_DROP} {SEARCH_SCHEMA} COMMIT;")
+        elif "messages_fts" not in tables:
             self._db.executescript(f"BEGIN; {SEARCH_SCHEMA} COMMIT;")
+
+    def _columns(self, table: str) -> set[str]:
+        """A table's columns, generated ones included (table_info leaves those out)."""
+        return {row["name"] for row in self._db.execute(f"PRAGMA table_xinfo({table})")}
 
     def close(self) -> None:
         self._db.close()
@@ -139,15 +166,17 @@ class ChatStore:
         if not words:
             return []
         match = " ".join(f'"{word}"*' for word in words)  # quoted: no FTS5 syntax from users
-        rows = self._db.execute(  # the chat with each hit: one query, typed for every key
-            "SELECT c.*, snippet(messages_fts, 0, '[', ']', '…', 8) AS snip "
+        rows = self._db.execute(  # the chat with each hit, and a snippet of either column
+            "SELECT c.*, snippet(messages_fts, 0, :open, :close, '…', 8) AS answer_snip, "
+            "snippet(messages_fts, 1, :open, :close, '…', 8) AS reasoning_snip "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-            "JOIN chats c ON c.id = m.chat_id "
-            "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (match, limit * 4)).fetchall()
+            "JOIN chats c ON c.id = m.chat_id WHERE messages_fts MATCH :match "
+            "ORDER BY rank LIMIT :rows", {"open": MATCH_OPEN, "close": MATCH_CLOSE,
+                                          "match": match, "rows": limit * 4}).fetchall()
         hits: dict[int, SearchHit] = {}
         for row in rows:
             if row["id"] not in hits and len(hits) < limit:
-                hits[row["id"]] = SearchHit(_chat(row), row["snip"])
+                hits[row["id"]] = _search_hit(row)
         return list(hits.values())
 
     def rename_chat(self, chat_id: int, title: str) -> None:
@@ -221,7 +250,8 @@ def chat_title(prompt: str) -> str:
 
 
 def export_markdown(chat: Chat, messages: list[Message]) -> str:
-    """A chat as a Markdown document: title, system prompt, then each turn."""
+    """A chat as a Markdown document: title, system prompt, then each turn; a reply's reasoning
+    comes before its answer, in a collapsed `<details>` block titled "Reasoning"."""
     parts = [f"# {chat.title}\n"]
     if chat.system_prompt:
         parts.append(f"> System: {chat.system_prompt}\n")
@@ -229,7 +259,9 @@ def export_markdown(chat: Chat, messages: list[Message]) -> str:
         heading = "You" if message.role == "user" else "Assistant"
         if message.status not in ("done", "streaming"):
             heading += f" ({message.status})"
-        parts.append(f"## {heading}\n\n{message.content}\n")
+        reasoning = message.meta.get("reasoning", "").strip()
+        details = REASONING_DETAILS.format(reasoning) if reasoning else ""
+        parts.append(f"## {heading}\n\n{details}{message.content}\n")
     return "\n".join(parts)
 
 
@@ -249,6 +281,14 @@ class _Transaction:
 def _chat(row: sqlite3.Row) -> Chat:
     return Chat(row["id"], row["title"], row["system_prompt"], row["updated"], row["created"],
                 json.loads(row["settings"]))
+
+
+def _search_hit(row: sqlite3.Row) -> SearchHit:
+    """The answer's snippet where a word matched there, else the reasoning's."""
+    in_reasoning = MATCH_OPEN not in row["answer_snip"]
+    snippet = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
+    snippet = snippet.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
+    return SearchHit(_chat(row), snippet, in_reasoning)
 
 
 def _message(row: sqlite3.Row) -> Message:

@@ -240,14 +240,16 @@ class ChatScreen(Screen):
         return self.conversation.last_view("assistant")
 
     def action_copy_message(self) -> None:
+        """The reply's answer; its reasoning stays out (what a user pastes on is the answer)."""
         view = self._selected_view()
         if view is not None:
             self.app.copy_to_clipboard(view.text)
-            self.notify(f"Copied {len(view.text)} characters")
+            left_out = ", not its reasoning" if view.reasoning else ""
+            self.notify(f"Copied {len(view.text)} characters{left_out}")
 
     def action_copy_code(self) -> None:
         view = self._selected_view()
-        blocks = code_blocks(view.text) if view is not None else []
+        blocks = code_blocks(view.text) if view is not None else []  # the answer's alone
         if not blocks:
             self.notify("No code block in that message", severity="warning")
             return

@@ -130,7 +130,8 @@ class RaceScreen(Screen):
         for chunk in message.chunks:
             stats.add(chunk)
         lane = self.query_one(f"#lane-{message.lane}", RaceLane)
-        await lane.append("".join(chunk.text for chunk in message.chunks))
+        await lane.append("".join(chunk.text for chunk in message.chunks),
+                          "".join(chunk.reasoning for chunk in message.chunks))
         lane.snapshot = stats.snapshot()
 
     async def on_race_screen_lane_ended(self, message: LaneEnded) -> None:

@@ -1,5 +1,6 @@
-"""Search past chats (Ctrl+F): every word typed, as a word prefix, over all messages (SQLite
-FTS5). Enter on a hit opens its chat."""
+"""Search past chats (Ctrl+F): every word typed, as a word prefix, over all messages and the
+replies' reasoning (SQLite FTS5); a hit found in the reasoning says so. Enter on a hit opens
+its chat."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from dflash_chat.storage import SearchHit
 def hit_label(hit: SearchHit) -> Text:
     label = Text(hit.chat.title, style="bold")
     label.append(f"  {datetime.fromtimestamp(hit.chat.created):%Y-%m-%d %H:%M}", style="dim")
-    label.append("\n" + " ".join(hit.snippet.split()))
+    label.append("\n")
+    if hit.in_reasoning:  # where the chat keeps it collapsed
+        label.append("in the reasoning: ", style="italic")
+    label.append(" ".join(hit.snippet.split()))
     return label
 
 

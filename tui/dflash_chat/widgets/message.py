@@ -9,9 +9,7 @@ drafts made (and of those, a prompt-lookup copy); from other servers the split b
 drafts and the target's own token is estimated by the token counts.
 
 A reasoning model's reasoning (a harmony target's analysis channel) streams into a dimmed
-"Reasoning" block above the answer, open while it streams and collapsed once the answer begins
-or the reply ends (its title toggles it: click, or Enter when focused). A reply without
-reasoning has no block.
+"Reasoning" block above the answer (reasoning.py); the reply's end collapses it too.
 """
 
 from __future__ import annotations
@@ -22,18 +20,22 @@ from weakref import WeakKeyDictionary
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Collapsible, Markdown, Static
+from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.storage import Message
 from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.draft_colours import colour_markdown
+from dflash_chat.widgets.reasoning import (
+    ReasoningBlock,
+    collapse_reasoning,
+    reasoning_block_in,
+    show_reasoning,
+)
 
 __all__ = ["MessageView", "code_blocks", "describe"]
-REASONING_TITLE = "Reasoning"
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -80,7 +82,7 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Static(self.header, classes="header", markup=False)
         if self.reasoning:
-            yield reasoning_block(self.reasoning, collapsed=True)
+            yield ReasoningBlock(self.reasoning, collapsed=True)
         yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
 
     @property
@@ -88,12 +90,9 @@ class MessageView(Vertical, can_focus=True):
         return self.query_one(".body", Markdown)
 
     @property
-    def reasoning_view(self) -> Collapsible | None:
+    def reasoning_view(self) -> ReasoningBlock | None:
         """The "Reasoning" block, None while the reply has no reasoning."""
-        try:
-            return self.query_one(".reasoning", Collapsible)
-        except NoMatches:
-            return None
+        return reasoning_block_in(self)
 
     def watch_header(self, header: str) -> None:
         if self.is_mounted:
@@ -128,28 +127,18 @@ class MessageView(Vertical, can_focus=True):
     async def append_reasoning(self, text: str) -> None:
         """More reasoning: the block appears (open, unless the answer has begun) and grows."""
         self.reasoning += text
-        block = self.reasoning_view
-        if block is None:
-            await self.mount(reasoning_block(self.reasoning, collapsed=bool(self.text)),
-                             before=self.body)
-        else:
-            block.query_one(".reasoning-text", Static).update(self.reasoning)
-
-    def collapse_reasoning(self) -> None:
-        block = self.reasoning_view
-        if block is not None:
-            block.collapsed = True
+        await show_reasoning(self, self.reasoning, before=self.body, answer_begun=bool(self.text))
 
     async def append(self, text: str, rounds: list[list[int]]) -> None:
         if text and not self.text:  # the answer begins: the reasoning steps aside
-            self.collapse_reasoning()
+            collapse_reasoning(self)
         self.text += text
         self.rounds.extend(rounds)
         if self._stream is not None:
             await self._stream.write(text)
 
     async def finish_stream(self) -> None:
-        self.collapse_reasoning()
+        collapse_reasoning(self)
         if self._painter is not None:
             self._painter.stop()
             self._painter = None
@@ -158,11 +147,6 @@ class MessageView(Vertical, can_focus=True):
             self._stream = None
         if self.show_accepted:  # one full render, which the handler above paints
             await self.body.update(self.text)
-
-
-def reasoning_block(text: str, collapsed: bool) -> Collapsible:
-    return Collapsible(Static(text, classes="reasoning-text", markup=False),
-                       title=REASONING_TITLE, collapsed=collapsed, classes="reasoning")
 
 
 def describe(message: Message) -> str:

@@ -1,4 +1,5 @@
-"""One lane of the race: its reply streaming in, and its figures below."""
+"""One lane of the race: its reply streaming in, and its figures below. A reasoning model's
+reasoning shows above the answer as in the chat (reasoning.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.stats import SpeedSnapshot
 from dflash_chat.widgets import widget_css
+from dflash_chat.widgets.reasoning import collapse_reasoning, reasoning_block_in, show_reasoning
 
 
 def lane_figures(snap: SpeedSnapshot) -> str:
@@ -28,6 +30,8 @@ class RaceLane(Vertical):
     def __init__(self, title: str, **kwargs):
         super().__init__(**kwargs)
         self.title = title
+        self.text = ""  # the answer so far
+        self.reasoning = ""
         self._stream: MarkdownStream | None = None
 
     def compose(self) -> ComposeResult:
@@ -38,19 +42,34 @@ class RaceLane(Vertical):
 
     async def reset(self) -> None:
         await self.finish()
+        self.text = self.reasoning = ""
+        block = reasoning_block_in(self)
+        if block is not None:
+            await block.remove()
         await self.query_one(".body", Markdown).update("")
         self.snapshot = None
         self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
 
-    async def append(self, text: str) -> None:
-        if self._stream is not None:
-            scroll = self.query_one(VerticalScroll)
-            following = scroll.scroll_y >= scroll.max_scroll_y - 1
+    async def append(self, text: str, reasoning: str = "") -> None:
+        """More of the reply: its reasoning (which comes before the answer) and its answer."""
+        if self._stream is None:
+            return
+        scroll = self.query_one(VerticalScroll)
+        following = scroll.scroll_y >= scroll.max_scroll_y - 1
+        body = self.query_one(".body", Markdown)
+        if reasoning:
+            self.reasoning += reasoning
+            await show_reasoning(scroll, self.reasoning, before=body, answer_begun=bool(self.text))
+        if text:
+            if not self.text:  # the answer begins: the reasoning steps aside
+                collapse_reasoning(self)
+            self.text += text
             await self._stream.write(text)
-            if following:
-                scroll.call_after_refresh(scroll.scroll_end, animate=False)
+        if following:
+            scroll.call_after_refresh(scroll.scroll_end, animate=False)
 
     async def finish(self) -> None:
+        collapse_reasoning(self)
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
