@@ -128,7 +128,12 @@ first loads the OpenBLAS binding the bench computes on, at the bench's thread co
 imported, then runs the peer through its own Python API on our prompt token ids, greedy: once with \
 its own defaults (dflash-mlx: its offline runtime defaults, the drafter in its stored dtype; \
 mlx-dspark: the drafter quantized to 4 bits, its kernels and its calibrated cap) and once with the \
-drafter in float32. τ is the tokens each round committed as the peer reports them. mlx-dspark \
+drafter in float32. τ is the tokens each round committed as the peer reports them. A peer's \
+reply keeps the first max-tokens tokens, the count plain decoding stops at: mlx-dspark 0.20.3's \
+drafter rounds commit their whole accepted block even past `max_new_tokens` (its loop checks the \
+budget only before a round; its lookup rounds are clamped to it, its drafter rounds are not), so \
+it returns up to its cap more; the driver cuts them off, with their share of the rounds, and logs \
+how many. mlx-dspark \
 calibrates on its first use of a pair (about 11 minutes on a 2-core machine; the bench says \
 "calibrating (first use)") and caches it under `calibration/peers/` in dflash-local's data dir.
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 from fixtures_tiny import tiny_engine, tiny_pair
 
-from dflash_local.bench import peer_process
+from dflash_local.bench import peer_backends, peer_process
 from dflash_local.bench.peers import process_peers
 from dflash_local.cli import main
 from dflash_local.events import GenerationParams
@@ -102,6 +102,37 @@ def test_the_setting_is_the_flag_then_the_environment_never_a_guess(monkeypatch)
 def test_a_peer_is_measured_greedy_only():
     with pytest.raises(peer_process.PeerProcessError, match="greedy only"):
         peer_process.generate(None, [1], GenerationParams(temperature=0.7))
+
+
+class _ScriptedPeer:
+    """A peer process that answers generate with one reply (the driver's own reply_figures)."""
+
+    def __init__(self, reply: dict):
+        self.reply, self.lines = reply, []
+
+    def request(self, op: str, **fields) -> dict:
+        return {"ok": True, **self.reply}
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_tokens_a_peer_commits_past_max_tokens_are_cut_off_with_their_rounds():
+    # mlx-dspark 0.20.3 on embedded/0 (64 tokens): its last round commits 3 from 63 tokens -> 66
+    request = {"prompt_ids": [1, 2, 3], "max_tokens": 64}
+    reply = peer_backends.reply_figures(request, list(range(66)), 0.0, 0.5, 2.5, [2] * 31 + [3])
+    assert reply["token_ids"] == list(range(64)) and reply["tokens_past_max"] == 2
+    assert reply["committed_per_round"] == [2] * 31 + [1]  # 63 after the prefill's token
+    process = _ScriptedPeer(reply)
+    figures = peer_process.generate(process, request["prompt_ids"], GenerationParams(max_tokens=64))
+    assert figures.token_ids == list(range(64)) and figures.completion_tokens == 64
+    assert figures.tau == 63 / 32
+    assert process.lines == ["peer returned 2 tokens past max_tokens 64: cut off"]
+    within = peer_backends.reply_figures(request, list(range(40)), 0.0, 0.5, 2.5, [3] * 13)
+    assert within["token_ids"] == list(range(40)) and within["tokens_past_max"] == 0
+    assert within["committed_per_round"] == [3] * 13
+    assert peer_process.generate(_ScriptedPeer(within), [1], GenerationParams()).token_ids == \
+        list(range(40))
 
 
 PEER_PYTHON = os.environ.get("DFLASH_TEST_PEER_PYTHON")

@@ -9,6 +9,8 @@ the loaded drafter's floating weights to float32 and does not quantize it.
 
 The prompt is our token ids (the peers' prompt-ids entry points), greedy. Timings: prefill = up
 to the first generated token, decode = from it to the last, as bench/measure.py defines them.
+A reply holds at most max_tokens ids: mlx-dspark's last round can commit past its
+max_new_tokens, and those tokens (and their share of the rounds) are cut off and counted.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class DflashMlx:
         end = time.perf_counter()
         # its per-round events come only with its profiling on: a round's tokens share a count
         committed = list(Counter(cycles[1:]).values())
-        return _figures(request, token_ids, start, first or end, end, committed)
+        return reply_figures(request, token_ids, start, first or end, end, committed)
 
 
 class MlxDspark:
@@ -113,14 +115,31 @@ class MlxDspark:
             seed=request.get("seed"))
         end = time.perf_counter()
         first = start + result.prefill_seconds  # its prefill ends with the first token
-        return _figures(request, list(result.token_ids), start, first, end,
+        return reply_figures(request, list(result.token_ids), start, first, end,
                         [int(n) for n in result.accept_lengths])
 
 
-def _figures(request: dict, token_ids: list[int], start: float, first: float, end: float,
+def reply_figures(request: dict, token_ids: list[int], start: float, first: float, end: float,
              committed: list[int]) -> dict:
-    return {"token_ids": token_ids, "prompt_tokens": len(request["prompt_ids"]),
-            "prefill_s": first - start, "decode_s": end - first, "committed_per_round": committed}
+    # mlx-dspark's drafter rounds commit a whole accepted block even past max_new_tokens (its
+    # loop checks the budget only before a round): keep what was asked for, as a caller
+    # honouring max_tokens would, and say how many came past it
+    kept = token_ids[:int(request["max_tokens"])]
+    return {"token_ids": kept, "prompt_tokens": len(request["prompt_ids"]),
+            "prefill_s": first - start, "decode_s": end - first,
+            "committed_per_round": rounds_within(committed, len(kept) - 1),
+            "tokens_past_max": len(token_ids) - len(kept)}
+
+
+def rounds_within(committed: list[int], decoded: int) -> list[int]:
+    """The rounds' committed counts cut to the first `decoded` tokens after the prefill's."""
+    rounds: list[int] = []
+    for count in committed:
+        if decoded <= 0:
+            break
+        rounds.append(min(count, decoded))
+        decoded -= rounds[-1]
+    return rounds
 
 
 BACKENDS = {"dflash-mlx": DflashMlx, "mlx-dspark": MlxDspark}

@@ -8,7 +8,9 @@ Protocol: one JSON object a line. Requests carry "op":
   load      {peer, target, drafter, drafter_dtype ("default" | "float32"), cache_dir}: replies
             {name, version, settings}
   generate  {prompt_ids, max_tokens, block_size (null: the peer's own), seed}: replies
-            {token_ids, prompt_tokens, prefill_s, decode_s, committed_per_round}
+            {token_ids, prompt_tokens, prefill_s, decode_s, committed_per_round,
+            tokens_past_max}: at most max_tokens ids; tokens_past_max, how many more the peer
+            returned (cut off, with the rounds that made them)
 Every reply has "ok"; a failure is {"ok": false, "error": "..."}. Before a reply the driver may
 send {"status": "..."} lines (mlx-dspark calibrating on first use). Anything a peer library prints
 goes to stderr: stdout carries the protocol only. EOF on stdin ends the process.

@@ -131,6 +131,9 @@ def generate(process: PeerProcess, prompt_ids: list[int], params: GenerationPara
     reply = process.request("generate", prompt_ids=list(prompt_ids), max_tokens=params.max_tokens,
                             block_size=None, seed=params.seed)
     ids = [int(token) for token in reply["token_ids"]]
+    if reply.get("tokens_past_max"):
+        process.log(f"peer returned {reply['tokens_past_max']} tokens past max_tokens "
+                    f"{params.max_tokens}: cut off")
     return RunFigures(prompt_tokens=reply["prompt_tokens"], completion_tokens=len(ids),
                       prefill_s=reply["prefill_s"], decode_s=reply["decode_s"],
                       committed_per_round=list(reply["committed_per_round"]), token_ids=ids)
