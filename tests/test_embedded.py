@@ -187,3 +187,23 @@ def test_second_import_is_a_no_op(embedded_target_dir: Path, monkeypatch):
     dtype = embedded.read_import_marker(embedded_target_dir)["dtype"]
     assert embedded.import_embedded(embedded_target_dir, dtype=dtype) == embedded_target_dir
     assert marker_path.stat().st_mtime_ns == before
+
+
+def test_engines_stop_on_every_end_id_the_target_lists(embedded_target_dir: Path, hf_target,
+                                                       tmp_path: Path, caplog):
+    """SmolLM2's generation config ends a reply on <|endoftext|> (0) as well as <|im_end|> (2);
+    0 is also its unknown token, which the tokenizer's own markers leave out. Transformers'
+    generate and mlx-lm stop on both, so ours must too, or a reply could run past where the
+    target alone stops."""
+    from dflash_local.engines import load_engine
+    from dflash_local.engines.base import end_of_turn_ids, generation_config_eos
+
+    _, tokenizer = hf_target
+    assert 0 not in end_of_turn_ids(tokenizer)  # the markers alone miss it
+    engine = load_engine("transformers", str(embedded_target_dir), None)
+    assert set(engine.eos_token_ids) == {0, 2} == set(hf_target[0].generation_config.eos_token_id)
+    # a broken generation config costs its extra ids, never the load
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert generation_config_eos(tmp_path) == []
+    assert "unreadable" in caplog.text
+    assert generation_config_eos(tmp_path / "missing") == []

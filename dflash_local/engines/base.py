@@ -8,9 +8,10 @@ Both yield the same StepEvents, so the service, the TUI and the benchmark never 
 from __future__ import annotations
 
 import abc
+import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,7 +110,7 @@ class LocalEngine(Engine):
         self.tokenizer = tokenizer
         self.pair = pair
         self.capabilities = capabilities
-        self.eos_token_ids = end_of_turn_ids(tokenizer)
+        self.eos_token_ids = end_of_turn_ids(tokenizer, generation_config_eos(pair.target_path))
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
         # recent conversations' states (prefix_cache.py); None: every prompt computed whole
@@ -344,12 +345,34 @@ def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> No
                     f"characters alone: far past the target's context of {max_context} tokens")
 
 
-def end_of_turn_ids(tokenizer) -> list[int]:
-    """The ids that end an assistant turn: the tokenizer's eos and the chat-template end markers
-    it knows (never its unknown-token id): where a generation stops, served or regenerated."""
+def generation_config_eos(target_dir: Path | None) -> list[int]:
+    """The eos ids a target's generation_config.json lists (one id or a list; [] without one)."""
+    path = target_dir / "generation_config.json" if target_dir is not None else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("%s is unreadable (%s): stopping on the tokenizer's end tokens only", path, exc)
+        return []
+    return eos_id_list(eos)
+
+
+def eos_id_list(eos) -> list[int]:
+    """A generation config's eos_token_id (None, one id or a list) as a list of ids."""
+    eos = eos if isinstance(eos, list) else [eos]
+    return [token_id for token_id in eos if isinstance(token_id, int) and not isinstance(token_id, bool)]
+
+
+def end_of_turn_ids(tokenizer, generation_eos: Sequence[int] = ()) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's eos, the target's own generation
+    config's (`generation_eos`: what its authors stop on, e.g. SmolLM2's <|endoftext|>, which is
+    also its unknown token) and the chat-template end markers the tokenizer knows (never its
+    unknown-token id otherwise): where a generation stops, served or regenerated."""
     ids = []
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
+    ids += [int(token_id) for token_id in generation_eos if int(token_id) not in ids]
     # harmony (gpt-oss): <|return|> ends a reply, <|call|> a turn that calls a tool
     for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|return|>",
                   "<|call|>"):

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from transformers import StaticCache
 
 from dflash_local.detokenize import speaks_harmony
-from dflash_local.engines.base import chat_prompt_ids, end_of_turn_ids
+from dflash_local.engines.base import chat_prompt_ids, end_of_turn_ids, eos_id_list
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError
 from dflash_local.service.harmony import split_reply
@@ -94,7 +94,8 @@ def regenerate(model, tokenizer, prompts: list[Prompt], tap_ids: tuple[int, ...]
                shard_batches: int = 2, max_minutes: float | None = None) -> Path:
     """Write shards `regen-XXXXX.pt` under out_dir. Prompts already in a shard there are skipped,
     so a killed run resumes, and a longer prompt list adds to the same directory."""
-    eos_ids = set(end_of_turn_ids(tokenizer))
+    generation = getattr(model, "generation_config", None)  # the target's own stop ids
+    eos_ids = set(end_of_turn_ids(tokenizer, eos_id_list(getattr(generation, "eos_token_id", None))))
     if not eos_ids:  # before anything is written or hooked
         raise DFlashError("the target's tokenizer names no end-of-turn token: a regenerated "
                           "response would never end")
