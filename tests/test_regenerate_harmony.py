@@ -11,6 +11,17 @@ from dflash_local.errors import DFlashError
 from dflash_local.train import chat_prompts, regenerate
 
 
+@pytest.fixture(scope="module")
+def harmony_target(tmp_path_factory):
+    """The tiny harmony target's (tokenizer, model), loaded once for the module."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pair = harmony_pair(tmp_path_factory)
+    tokenizer = AutoTokenizer.from_pretrained(pair.target)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32)
+
+
 @pytest.fixture
 def one_request(monkeypatch):
     """The templated chat requests cut to the one the tiny target knows (it writes noise for
@@ -19,13 +30,8 @@ def one_request(monkeypatch):
     monkeypatch.setattr(regenerate, "templated_chat_prompts", lambda: [GREETING])
 
 
-def test_a_harmony_answer_goes_back_as_its_final_channel(tmp_path_factory, tmp_path, one_request):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    pair = harmony_pair(tmp_path_factory)
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
-    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32)
+def test_a_harmony_answer_goes_back_as_its_final_channel(harmony_target, tmp_path, one_request):
+    tokenizer, model = harmony_target
     data = tmp_path / "chat"
     regenerate.regenerate(model, tokenizer, [GREETING], (1, 3), data, max_new_tokens=64)
     prompt = tuple(regenerate.encode_prompt(tokenizer, GREETING))
@@ -40,14 +46,9 @@ def test_a_harmony_answer_goes_back_as_its_final_channel(tmp_path_factory, tmp_p
     assert f"<|channel|>final<|message|>{HELLO}<|end|>" in sent and REASONING not in sent
 
 
-def test_an_answer_cut_inside_its_reasoning_has_nothing_to_go_on_from(tmp_path_factory, tmp_path,
+def test_an_answer_cut_inside_its_reasoning_has_nothing_to_go_on_from(harmony_target, tmp_path,
                                                                        one_request):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    pair = harmony_pair(tmp_path_factory)
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
-    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32)
+    tokenizer, model = harmony_target
     data = tmp_path / "chat"
     regenerate.regenerate(model, tokenizer, [GREETING], (1, 3), data, max_new_tokens=6)
     prompt = tuple(regenerate.encode_prompt(tokenizer, GREETING))
