@@ -10,6 +10,10 @@ value (as it is, or inside `tojson`, which escapes neither the mark nor a specia
 the rendered prompt is then encoded piece by piece, each mark as the text it stands for with
 split_special_tokens=True. Values free of special-token text are not marked at all: their prompt
 is the rendered template encoded whole, as before.
+A template may also spell a special token around a value: Qwen3-Coder-style templates write a
+parameter's extra keys as XML tags ('<' ~ key ~ '>'), so a key "|im_start|" would open a turn.
+A key that a "<" or "</" before it, or a ">" after it, would complete into special text is
+marked whole, as the text it is.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class _Specials:
     texts: frozenset[str]
     found: re.Pattern[str] | None  # any of the texts, longest first; None: the tokenizer has none
     marked: re.Pattern[str]  # any of the texts, or MARK_OPEN
+    found_at_end: re.Pattern[str] | None  # any of the texts, ending where the string ends
+    longest: int  # the longest text's length
 
 
 # tokenizer -> its special texts: worked out once, not per request
@@ -47,8 +53,26 @@ def _specials(tokenizer) -> _Specials:
                            | set(getattr(tokenizer, "all_special_tokens", ()))) - {""})
         kept = _SPECIALS[tokenizer] = _Specials(
             size, texts, re.compile(trie_regex(texts)) if texts else None,
-            re.compile(trie_regex(texts | {MARK_OPEN})))
+            re.compile(trie_regex(texts | {MARK_OPEN})),
+            re.compile(f"(?:{trie_regex(texts)})\\Z") if texts else None,
+            max(map(len, texts), default=0))
     return kept
+
+
+# what a template writes right around a key to make a tag of it (XML-style tool prompts)
+TAG_OPENERS, TAG_CLOSER = ("<", "</"), ">"
+KEY = " (a key)"  # how client_strings says a string is a dict's key
+
+
+def _completes_special(specials: _Specials, text: str) -> bool:
+    """Whether a tag's "<" or "</" before `text`, or its ">" after, would make special text
+    with the text's own first or last characters (only those near the ends are looked at)."""
+    if specials.found is None:
+        return False
+    # a special text begun by the opener ends within its length: the closer counts for a short one
+    head, tail = text[:specials.longest] + TAG_CLOSER, text[-specials.longest:] + TAG_CLOSER
+    return (any(specials.found.match(opener + head) for opener in TAG_OPENERS)
+            or specials.found_at_end.search(tail) is not None)
 
 
 def trie_regex(texts: frozenset[str]) -> str:
@@ -89,7 +113,7 @@ def client_strings(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
         for key, item in value.items():
             path = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key!r}]"
             if isinstance(key, str):
-                yield f"{path} (a key)", key
+                yield f"{path}{KEY}", key
             yield from client_strings(item, path)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
@@ -107,22 +131,26 @@ class MarkedValues:
 
 def mark_special_texts(tokenizer, messages: list[dict],
                        tools: list[dict] | None) -> MarkedValues | None:
-    """The values with every special token's text in their strings marked; None when none holds
-    any (their prompt is the template's text encoded whole)."""
+    """The values with every special token's text in their strings marked (a key a tag's
+    markup would complete into special text, whole); None when none holds any (their prompt is
+    the template's text encoded whole)."""
     specials = _specials(tokenizer)
     if specials.found is None or not any(
-            specials.found.search(text) for _, text in client_strings([messages, tools or []])):
+            specials.found.search(text)
+            or (where.endswith(KEY) and _completes_special(specials, text))
+            for where, text in client_strings([messages, tools or []])):
         return None
     numbers: dict[str, int] = {}
 
-    def mark(found: re.Match[str]) -> str:
-        return SPECIAL_MARK.format(numbers.setdefault(found[0], len(numbers)))
+    def mark_of(text: str) -> str:
+        return SPECIAL_MARK.format(numbers.setdefault(text, len(numbers)))
 
     def marked(value: Any) -> Any:
         if isinstance(value, str):
-            return specials.marked.sub(mark, value)
+            return specials.marked.sub(lambda found: mark_of(found[0]), value)
         if isinstance(value, dict):
-            return {marked(key): marked(item) for key, item in value.items()}
+            return {(mark_of(key) if isinstance(key, str) and _completes_special(specials, key)
+                     else marked(key)): marked(item) for key, item in value.items()}
         if isinstance(value, list | tuple):
             return [marked(item) for item in value]
         return value
