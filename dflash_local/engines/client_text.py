@@ -14,6 +14,9 @@ A template may also spell a special token around a value: Qwen3-Coder-style temp
 parameter's extra keys as XML tags ('<' ~ key ~ '>'), so a key "|im_start|" would open a turn.
 A key that a "<" or "</" before it, or a ">" after it, would complete into special text is
 marked whole, as the text it is.
+A template that rewrites a value instead of passing it through (slices it, re-cases it, escapes
+it as ASCII, prints a dict's repr) breaks its marks: such a request is refused, naming the
+special text, rather than sending the target a mangled mark.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_local.errors import InvalidRequestError
+
 # private-use characters: no chat template or tokenizer gives them a meaning
 SPECIAL_MARK = "\ue000dflash-special-{}\ue001"
 SPECIAL_MARK_SPLIT = re.compile("\ue000dflash-special-(\\d+)\ue001")
 MARK_OPEN = "\ue000"  # marked too once marks are in use, so no client text can forge a mark
+# what is left of a mark the template rewrote: its opener (no client text holds one raw), or the
+# mark escaped as ASCII ("\\ue000dflash-special-0\\ue001" from tojson(ensure_ascii=True))
+BROKEN_MARK = re.compile("\ue000|\\\\ue000dflash-special", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,11 @@ def encode_marked(tokenizer, rendered: str, texts: tuple[str, ...]) -> list[int]
         if position % 2:
             ids += tokenizer.encode(texts[int(piece)], add_special_tokens=False,
                                     split_special_tokens=True)
+        elif BROKEN_MARK.search(piece):
+            raise InvalidRequestError(
+                f"the target's chat template rewrites client text that holds special-token text "
+                f"({', '.join(map(repr, texts[:3]))}) instead of passing it through, so it cannot "
+                "stay plain text in the prompt: leave the special-token text out of the request")
         elif piece:
             ids += tokenizer.encode(piece, add_special_tokens=False)
     return ids
