@@ -107,8 +107,8 @@ def test_a_peer_is_measured_greedy_only():
 class _ScriptedPeer:
     """A peer process that answers generate with one reply (the driver's own reply_figures)."""
 
-    def __init__(self, reply: dict):
-        self.reply, self.lines = reply, []
+    def __init__(self, reply: dict, name: str = ""):
+        self.reply, self.lines, self.name = reply, [], name
 
     def request(self, op: str, **fields) -> dict:
         return {"ok": True, **self.reply}
@@ -123,11 +123,12 @@ def test_tokens_a_peer_commits_past_max_tokens_are_cut_off_with_their_rounds():
     reply = peer_backends.reply_figures(request, list(range(66)), 0.0, 0.5, 2.5, [2] * 31 + [3])
     assert reply["token_ids"] == list(range(64)) and reply["tokens_past_max"] == 2
     assert reply["committed_per_round"] == [2] * 31 + [1]  # 63 after the prefill's token
-    process = _ScriptedPeer(reply)
+    process = _ScriptedPeer(reply, peer_process.row_name("mlx-dspark", "0.20.3", "float32"))
     figures = peer_process.generate(process, request["prompt_ids"], GenerationParams(max_tokens=64))
     assert figures.token_ids == list(range(64)) and figures.completion_tokens == 64
     assert figures.tau == 63 / 32
-    assert process.lines == ["peer returned 2 tokens past max_tokens 64: cut off"]
+    cut = "mlx-dspark 0.20.3, drafter float32 returned 2 tokens past max_tokens 64: cut off"
+    assert process.lines == [cut]  # it names the row whose figures were cut
     within = peer_backends.reply_figures(request, list(range(40)), 0.0, 0.5, 2.5, [3] * 13)
     assert within["token_ids"] == list(range(40)) and within["tokens_past_max"] == 0
     assert within["committed_per_round"] == [3] * 13

@@ -65,6 +65,7 @@ class PeerProcess:
                                    f"{PEER_PYTHON_ENV}; scripts/setup_peers.sh makes one)")
         self.log = log
         self.blas: dict = {}  # the binding the process reports it computes on
+        self.name = ""  # the peer row it runs, once loaded (row_name): what its log lines name
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process; close() closes it
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -119,6 +120,7 @@ def start_peer(python: str, peer: str, drafter_dtype: str, target: str, drafter:
         process.blas = process.request("hello", blas=blas)["blas"]
         loaded = process.request("load", peer=peer, target=target, drafter=drafter,
                                  drafter_dtype=drafter_dtype, cache_dir=str(peer_cache_dir()))
+        process.name = row_name(peer, loaded.get("version"), drafter_dtype)
     except BaseException:
         process.close()
         raise
@@ -132,8 +134,8 @@ def generate(process: PeerProcess, prompt_ids: list[int], params: GenerationPara
                             block_size=None, seed=params.seed)
     ids = [int(token) for token in reply["token_ids"]]
     if reply.get("tokens_past_max"):
-        process.log(f"peer returned {reply['tokens_past_max']} tokens past max_tokens "
-                    f"{params.max_tokens}: cut off")
+        process.log(f"{process.name or 'peer'} returned {reply['tokens_past_max']} tokens past "
+                    f"max_tokens {params.max_tokens}: cut off")
     return RunFigures(prompt_tokens=reply["prompt_tokens"], completion_tokens=len(ids),
                       prefill_s=reply["prefill_s"], decode_s=reply["decode_s"],
                       committed_per_round=list(reply["committed_per_round"]), token_ids=ids)
