@@ -55,10 +55,11 @@ class AutoPlanner:
             if alone is not None:
                 return LookupChain(alone)
         choice = self.policy.choose(remaining)
-        self._planned = (choice.width, self.policy.expected_tokens(choice.width))
         if choice.width == 1:
+            self._planned = (1, 1.0)  # a plain step commits its one token
             return NoDraft(choice.mode)
         if self.sizer is None or choice.mode == PROBE:  # a probe is a chain (BlockPolicy._probe)
+            self._planned = (choice.width, self.policy.expected_tokens(choice.width))
             return DrafterChain(choice.width, choice.mode)
         self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
         tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
