@@ -106,10 +106,13 @@ class BlockPolicy:
         """What a drafter round of `width` is expected to commit (the bonus token included)."""
         return expected_committed(self.estimate.rates(), width)
 
-    def best_width(self, limit: int | None = None, min_width: int = 1) -> int:
-        """argmax of expected tokens/s over widths min_width..limit (ties: the narrower)."""
+    def best_width(self, limit: int | None = None, min_width: int = 1,
+                   seconds: tuple[float, ...] | None = None) -> int:
+        """argmax of expected tokens/s over widths min_width..limit (ties: the narrower), each
+        width priced at `seconds` (None: round_seconds)."""
         limit = min(limit or self.max_width, self.max_width)
-        speed = speeds_by_width(self.estimate.rates(), self.round_seconds(limit), limit)
+        seconds = self.round_seconds(limit) if seconds is None else seconds
+        speed = speeds_by_width(self.estimate.rates(), seconds, limit)
         return min_width + int(np.argmax(speed[min_width - 1 :]))
 
     def choose(self, remaining: int) -> Choice:
@@ -134,8 +137,7 @@ class BlockPolicy:
         priced best, never a whole block's tree (it only asks whether the drafter is back; a
         tree sized after drafting could verify many more rows than its budget priced)."""
         seconds = self.costs.seconds[:limit]
-        speeds = speeds_by_width(self.estimate.rates(), seconds, limit)
-        width = 2 + int(np.argmax(speeds[1:]))
+        width = self.best_width(limit, min_width=2, seconds=seconds)
         return width, seconds[width - 1] / seconds[0] - 1.0
 
     def observe(self, width: int, accepted: int) -> None:
