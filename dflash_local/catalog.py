@@ -242,19 +242,10 @@ def locate(model: ModelSpec, local_only: bool = True, prepare: bool = False,
                          cache_dir=cache_dir)
 
 
-def is_available(model: ModelSpec, cache_dir: str | Path | None = None) -> bool:
-    """True when the model can be loaded without a download (the embedded one: importable)."""
-    return availability(model, cache_dir) == AVAILABLE
-
-
-def availability(model: ModelSpec, cache_dir: str | Path | None = None) -> str:
-    """AVAILABLE, INCOMPLETE (a partial download: "incomplete: resume or delete") or MISSING."""
-    return find_local(model, cache_dir)[0]
-
-
 def find_local(model: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, Path | None]:
-    """The model's availability and, where its files are here, their directory (an embedded
-    target that is not imported yet is AVAILABLE with none): located once for both."""
+    """The model's availability, AVAILABLE (loads without a download), INCOMPLETE (a partial
+    download: "incomplete: resume or delete") or MISSING, and, where its files are here, their
+    directory (an embedded target that is not imported yet is AVAILABLE with none)."""
     try:
         return AVAILABLE, locate(model, cache_dir=cache_dir)
     except IncompleteSnapshotError:

@@ -80,17 +80,17 @@ def pair_fits(pair: PairSpec, budgets: dict[str, EngineBudget], context_tokens: 
 def loaded_fit(target_dir: Path | None, drafter_dir: Path | None, dtype: str,
                budget: EngineBudget, context_tokens: int) -> dict:
     """The loaded pair's own figure: its local directories, in the dtype it runs in."""
-    target_config = _read_config(target_dir)
-    if target_dir is None or target_config is None:
+    target = ModelFiles.read(target_dir)
+    if target.config is None:
         return {**budget.to_json(), "fit": None, "label": "served by another process: no estimate"}
+    drafter = ModelFiles.read(drafter_dir)
     run_bytes = DTYPE_BYTES.get(dtype, 4)
     bare = ModelSpec(repo=str(target_dir), source="hub")
-    weights = held_bytes(bare, disk_bytes(target_dir), target_config, run_bytes) or 0
-    drafter_config = _read_config(drafter_dir)
+    weights = held_bytes(bare, target.stored_bytes, target.config, run_bytes) or 0
     if drafter_dir is not None:
-        weights += held_bytes(bare, disk_bytes(drafter_dir), drafter_config, run_bytes) or 0
-    estimate = estimate_fit(weights, target_config, context_tokens, budget.budget_bytes,
-                            drafter_config=drafter_config, dtype_bytes=run_bytes)
+        weights += held_bytes(bare, drafter.stored_bytes, drafter.config, run_bytes) or 0
+    estimate = estimate_fit(weights, target.config, context_tokens, budget.budget_bytes,
+                            drafter_config=drafter.config, dtype_bytes=run_bytes)
     return {**budget.to_json(), "fit": estimate.to_json(), "notes": [], "label": estimate.label()}
 
 
@@ -123,16 +123,12 @@ def _checkpoint_float_bytes(model: ModelSpec, config: dict | None) -> int:
     return config_dtype_bytes(config or {})  # 2 (bf16) where the config says nothing
 
 
-def disk_bytes(local_dir: Path | None) -> int | None:
-    if local_dir is None:
-        return None
+def disk_bytes(local_dir: Path) -> int | None:
     files = list(local_dir.glob("*.safetensors"))
     return sum(path.stat().st_size for path in files) if files else None
 
 
-def _read_config(local_dir: Path | None) -> dict | None:
-    if local_dir is None:
-        return None
+def _read_config(local_dir: Path) -> dict | None:
     try:
         return json.loads((local_dir / "config.json").read_text())
     except (OSError, ValueError):

@@ -92,6 +92,8 @@ def main() -> int:
                         help="a round trace per side, DIR/old.jsonl and DIR/new.jsonl "
                              "(checkouts with round_trace.py; `dflash-local trace` sums each up)")
     args = parser.parse_args()
+    if args.repeats < 1:  # before two checkouts load: 0 would end in a division by zero
+        sys.exit(f"--repeats must be >= 1, got {args.repeats}")
     from dflash_local.bench.datasets import load_prompts
 
     prompts = load_prompts(args.dataset, args.samples)

@@ -70,3 +70,22 @@ def embedded_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DFLASH_LOCAL_HOME", str(home))
         return import_embedded()
+
+
+# --- a real service on a tiny random pair, one per test module, and the openai SDK on it ---
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """service_support.serve_module's (state, server) on make_pair's pair, stopped after the
+    module. A module that needs another pair or other settings defines its own `served`."""
+    from service_support import serve_module
+
+    yield from serve_module(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gpt(served):
+    """The official openai SDK on `served`."""
+    from service_support import openai_client
+
+    return openai_client(served[1])

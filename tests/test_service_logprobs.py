@@ -5,7 +5,7 @@ entries of its own tokens, stop strings dropping the tokens they cut, bad values
 from __future__ import annotations
 
 import pytest
-from service_support import EOS_PROMPT, LONG_PROMPT, openai_client, serve_module
+from service_support import EOS_PROMPT, LONG_PROMPT
 
 PROMPT = LONG_PROMPT
 TOP = 3
@@ -13,18 +13,8 @@ TOLERANCE = 1e-4  # a multi-row verify and a one-row step round differently (tes
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    yield from serve_module(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    return openai_client(service[1])
-
-
-@pytest.fixture(scope="module")
-def tokenizer(service):
-    return service[0].loaded.engine.tokenizer
+def tokenizer(served):
+    return served[0].loaded.engine.tokenizer
 
 
 def messages(prompt: str) -> list[dict]:
@@ -70,9 +60,9 @@ def check_entry(entry, tokenizer, token_id=None):
 
 
 @pytest.mark.parametrize("block_size", [8, "auto"])  # forced acceptances: test_logprobs.py
-def test_speculative_logprobs_equal_plain_streamed_and_not(client, tokenizer, block_size):
-    plain = reply(client, max_tokens=40, extra_body={"speculative": False})
-    spec = reply(client, max_tokens=40, extra_body={"block_size": block_size})
+def test_speculative_logprobs_equal_plain_streamed_and_not(gpt, tokenizer, block_size):
+    plain = reply(gpt, max_tokens=40, extra_body={"speculative": False})
+    spec = reply(gpt, max_tokens=40, extra_body={"block_size": block_size})
     assert spec.message.content == plain.message.content and plain.finish_reason == "length"
     assert len(plain.logprobs.content) == 40  # one per token: none was an end-of-turn token
     # the random tiny target writes stray bytes of multi-byte characters: its tokens' bytes are
@@ -85,7 +75,7 @@ def test_speculative_logprobs_equal_plain_streamed_and_not(client, tokenizer, bl
     assert any("\ufffd" in entry.token for entry in plain.logprobs.content)
     assert_close(as_tuples(spec.logprobs.content), as_tuples(plain.logprobs.content))
 
-    chunks = chunks_of(client, max_tokens=40, extra_body={"block_size": block_size})
+    chunks = chunks_of(gpt, max_tokens=40, extra_body={"block_size": block_size})
     assert "".join(c.choices[0].delta.content for c in chunks) == plain.message.content
     assert_close([t for c in chunks for t in as_tuples(c.choices[0].logprobs.content)],
                  as_tuples(plain.logprobs.content))
@@ -109,25 +99,25 @@ def check_chunks_carry_their_tokens(chunks, tokenizer):
         assert sent == len(token_ids) or (held and sent < len(token_ids))
 
 
-def test_without_logprobs_the_field_stays_null(client):
-    plain = client.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=4)
+def test_without_logprobs_the_field_stays_null(gpt):
+    plain = gpt.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=4)
     assert plain.choices[0].logprobs is None
-    streamed = client.chat.completions.create(model="tiny", messages=messages(PROMPT),
+    streamed = gpt.chat.completions.create(model="tiny", messages=messages(PROMPT),
                                               max_tokens=4, stream=True)
     assert all(c.choices[0].logprobs is None for c in streamed if c.choices)
 
 
-def test_top_logprobs_zero_gives_the_logprob_alone(client):
-    choice = client.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=6,
+def test_top_logprobs_zero_gives_the_logprob_alone(gpt):
+    choice = gpt.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=6,
                                             logprobs=True).choices[0]
     assert len(choice.logprobs.content) == 6
     assert all(e.top_logprobs == [] and e.logprob <= 0 for e in choice.logprobs.content)
 
 
 @pytest.mark.parametrize("speculative", [True, False])
-def test_the_end_of_turn_token_has_no_entry(client, speculative):
-    choice = reply(client, EOS_PROMPT, max_tokens=50, extra_body={"speculative": speculative})
-    chunks = chunks_of(client, EOS_PROMPT, max_tokens=50, extra_body={"speculative": speculative})
+def test_the_end_of_turn_token_has_no_entry(gpt, speculative):
+    choice = reply(gpt, EOS_PROMPT, max_tokens=50, extra_body={"speculative": speculative})
+    chunks = chunks_of(gpt, EOS_PROMPT, max_tokens=50, extra_body={"speculative": speculative})
     assert choice.finish_reason == "stop" and chunks[-1].choices[0].finish_reason == "stop"
     token_ids = [t for c in chunks for t in c.model_extra["dflash"]["token_ids"]]
     assert len(choice.logprobs.content) == len(token_ids) - 1  # all but the end of the turn
@@ -144,15 +134,15 @@ def kept_count(tokenizer, token_ids: list[int], kept_chars: int) -> int:
 
 
 @pytest.mark.parametrize("speculative", [True, False])
-def test_tokens_a_stop_string_cuts_are_dropped_with_their_text(client, tokenizer, speculative):
-    full = chunks_of(client, max_tokens=60, extra_body={"speculative": speculative})
+def test_tokens_a_stop_string_cuts_are_dropped_with_their_text(gpt, tokenizer, speculative):
+    full = chunks_of(gpt, max_tokens=60, extra_body={"speculative": speculative})
     text = "".join(c.choices[0].delta.content for c in full)
     token_ids = [t for c in full for t in c.model_extra["dflash"]["token_ids"]]
     at = next(i for i in range(12, len(text) - 4) if text[i : i + 2].isascii()
               and text[i : i + 2].strip() and text.find(text[i : i + 2]) == i)
     stop = text[at : at + 2]
     extra = {"speculative": speculative}
-    choice = reply(client, max_tokens=60, stop=[stop], extra_body=extra)
+    choice = reply(gpt, max_tokens=60, stop=[stop], extra_body=extra)
     assert choice.message.content == text[:at] and choice.finish_reason == "stop"
     expected = kept_count(tokenizer, token_ids, at)
     assert 0 < expected < len(token_ids)
@@ -160,7 +150,7 @@ def test_tokens_a_stop_string_cuts_are_dropped_with_their_text(client, tokenizer
     assert len(entries) == expected
     whole = [t for c in full for t in as_tuples(c.choices[0].logprobs.content)]
     assert_close(entries, whole[:expected])
-    streamed = chunks_of(client, max_tokens=60, stop=[stop], extra_body=extra)
+    streamed = chunks_of(gpt, max_tokens=60, stop=[stop], extra_body=extra)
     assert "".join(c.choices[0].delta.content for c in streamed) == text[:at]
     assert_close([t for c in streamed for t in as_tuples(c.choices[0].logprobs.content)], entries)
 
@@ -171,11 +161,11 @@ def test_tokens_a_stop_string_cuts_are_dropped_with_their_text(client, tokenizer
     ({"logprobs": True, "top_logprobs": -1}, ["top_logprobs", "-1"]),
     ({"logprobs": "yes"}, ["logprobs", "'yes'"]),
 ])
-def test_bad_values_are_refused_by_name(client, fields, words):
+def test_bad_values_are_refused_by_name(gpt, fields, words):
     import openai
 
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=4,
+        gpt.chat.completions.create(model="tiny", messages=messages(PROMPT), max_tokens=4,
                                        extra_body=fields)
     message = refused.value.body["message"]
     assert all(word in message for word in words), message

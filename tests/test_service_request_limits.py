@@ -8,7 +8,6 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-from service_support import openai_client, serve_module
 
 from dflash_local.service.anthropic_schemas import MAX_CONTENT_BLOCKS
 from dflash_local.service.schemas import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS
@@ -16,16 +15,6 @@ from dflash_local.service.schemas import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOO
 EMPTY = {"role": "user", "content": ""}
 TOOL = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}
 CLAUDE_TOOL = {"name": "noop", "input_schema": {"type": "object"}}
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    yield from serve_module(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def gpt(served):
-    return openai_client(served[1])
 
 
 @pytest.fixture(scope="module")

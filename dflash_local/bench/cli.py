@@ -120,6 +120,9 @@ def _check_served_options(args: argparse.Namespace) -> None:
     if args.engine in SERVED and (args.lookup != "on" or args.tree != "on"):
         raise DFlashError(f"--lookup and --tree are the server's own settings with --engine "
                           f"{args.engine} (got --lookup {args.lookup}, --tree {args.tree})")
+    if args.trace is not None and args.engine in SERVED:
+        raise DFlashError(f"--trace times our own loop's rounds: --engine {args.engine} runs a "
+                          f"server's")
     given = [flag for flag, value in (("--plain-base-url", args.plain_base_url),
                                       ("--api-key", args.api_key)) if value is not None]
     if args.engine != "openai" and given:
@@ -190,9 +193,6 @@ def run(args: argparse.Namespace) -> int:
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    if args.trace is not None and args.engine in SERVED:
-        raise DFlashError(f"--trace times our own loop's rounds: --engine {args.engine} runs a "
-                          f"server's")
     engine = load_engine(args.engine, target, drafter, **_engine_options(args))
     if args.trace is not None:
         from dflash_local.round_trace import RoundTrace

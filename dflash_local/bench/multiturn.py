@@ -194,7 +194,7 @@ def format_multiturn(record: dict) -> str:
         lines.append(f"  memory: {memory['conversations']} interleaved chats, cache at most "
                      f"{memory['cache_mib_max']} MiB of a {memory['budget_mib']} MiB budget; "
                      f"{memory['turn2_reused_own']} second turns found their first turn kept; "
-                     f"{memory.get('warmups_stored', 0)} warm-ups stored an entry")
+                     f"{memory['warmups_stored']} warm-ups stored an entry")
     return "\n".join(lines)
 
 
