@@ -63,16 +63,14 @@ class Download:
     (snapshot_manifest.py); until then the snapshot is "incomplete: resume or delete".
     """
 
-    def __init__(self, repos: list[RepoRef], *, context_tokens: int = 4096,
-                 cache_dir: str | Path | None = None, endpoint: str | None = None, label: str = "",
-                 fit_of: FitOf | None = None):
+    def __init__(self, repos: list[RepoRef], *, cache_dir: str | Path | None = None,
+                 endpoint: str | None = None, label: str = "", fit_of: FitOf | None = None):
         for ref in repos:
             if not is_repo_id(ref.repo):
                 raise ModelNotFoundError(f"{ref.repo!r} is not a hub repo id (owner/name)")
         self.id = uuid.uuid4().hex[:12]
         self.label = label or " + ".join(ref.repo for ref in repos)
         self.repos = tuple(repos)
-        self.context_tokens = context_tokens
         self.fit_of = fit_of  # None: the snapshot's `fit` stays None
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.endpoint = endpoint

@@ -42,7 +42,7 @@ def test_download_fills_the_cache_with_progress(pair, tmp_path):
     events = []
     listed = []  # what the download hands its fit: the configs and weights' bytes by role
     with LocalHub({TARGET: pair[0], DRAFTER: pair[1]}) as hub:
-        download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url, context_tokens=512,
+        download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url,
                             fit_of=lambda configs, weights: listed.append((configs, weights)) or {})
         download.subscribe(events.append)
         assert download.start().wait(120)

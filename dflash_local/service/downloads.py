@@ -43,7 +43,7 @@ class DownloadManager:
             if download.label == pair_id and not download.finished:
                 return download
         self._forget_old()
-        download = Download(refs, context_tokens=context_tokens, cache_dir=self.cache_dir,
+        download = Download(refs, cache_dir=self.cache_dir,
                             endpoint=self.endpoint, label=pair_id,
                             fit_of=partial(_listed_fit, pair, context_tokens, self.cache_dir))
         self._downloads[download.id] = download
