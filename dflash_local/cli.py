@@ -150,13 +150,15 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
     _quiet_frameworks()
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
-                         draft_window=args.draft_window)
-    if args.trace is not None:
+    trace = None
+    if args.trace is not None:  # opened before the load: a path it cannot write fails at once
         from dflash_local.round_trace import RoundTrace
 
-        engine.round_trace = RoundTrace(args.trace)
-        engine.round_trace.label = args.prompt[:60]
+        trace = RoundTrace(args.trace)
+        trace.label = args.prompt[:60]
+    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
+                         draft_window=args.draft_window)
+    engine.round_trace = trace
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase
             engine.prepare(params.block_size, on_wait=lambda phase: print(
@@ -172,8 +174,8 @@ def run_generate(args: argparse.Namespace) -> int:
                                                               echo=not args.json, harmony=harmony)
     finally:
         engine.close()
-        if engine.round_trace is not None:
-            engine.round_trace.close()
+        if trace is not None:
+            trace.close()
     block_size = widest_block(params, engine.pair.block_size)
     if args.json:
         report = _report(engine, prompt_ids, token_ids, reply, stats, block_size)

@@ -21,18 +21,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
+from dflash_local.errors import DFlashError
+
 STEPS = ("plan_s", "propose_s", "verify_s", "accept_s", "commit_s", "observe_s", "emit_s")
 PLAIN_KINDS = ("plain", "plain-fallback")  # the rounds others are measured against
 
 
 class RoundTrace:
-    """Appends JSON lines to `path` (opened on the first line; each line written as it comes, so
-    a trace can be read while its run goes on)."""
+    """Appends JSON lines to `path`, opened at once (a path that cannot be written fails before
+    a model loads, not at its first round); each line written as it comes, so a trace can be
+    read while its run goes on."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.label = ""  # the next generation's name (a bench sets "prompt-id method try")
-        self._file: IO[str] | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] | None = self.path.open("a", encoding="utf-8", buffering=1)
+        except OSError as exc:
+            raise DFlashError(f"--trace {self.path}: cannot write there ({exc.strerror or exc})") from exc
 
     def generation(self, **info) -> None:
         self._write({"generation": self.label, **info})
@@ -47,8 +54,7 @@ class RoundTrace:
             self._file = None
 
     def _write(self, record: dict) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._file is None:  # closed, then written again (a bench's next run): reopened
             self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered
         self._file.write(json.dumps(record) + "\n")
 

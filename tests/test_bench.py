@@ -247,3 +247,12 @@ def test_block_size_option_and_histogram():
     with pytest.raises(Exception, match="integer >= 1 or 'auto'"):
         block_sizes("0")
     assert histogram([1, 1, 3, 4], 4) == [2, 0, 1, 1]
+
+
+def test_a_trace_the_bench_cannot_write_or_use_is_refused_before_any_load(tmp_path, capsys):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert main(["bench", "--trace", str(blocked / "rounds.jsonl")]) == 2  # its folder is a file
+    assert f"--trace {blocked / 'rounds.jsonl'}: cannot write there" in capsys.readouterr().err
+    assert main(["bench", "--multi-turn", "--trace", str(tmp_path / "rounds.jsonl")]) == 2
+    assert "--multi-turn times turns end to end and writes no trace" in capsys.readouterr().err

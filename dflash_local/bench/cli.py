@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
         if args.engine in SERVED:
             raise DFlashError(f"--multi-turn measures a local engine's prefix cache (off and on); "
                               f"--engine {args.engine} is a server")
+        if args.trace is not None:
+            raise DFlashError("--trace traces the suite's generations; --multi-turn times turns "
+                              "end to end and writes no trace: leave one of them out")
         from dflash_local.bench.multiturn import run_multiturn
 
         return run_multiturn(args, target, drafter, [p for ps in prompts.values() for p in ps])
@@ -193,17 +196,19 @@ def run(args: argparse.Namespace) -> int:
     )
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    engine = load_engine(args.engine, target, drafter, **_engine_options(args))
-    if args.trace is not None:
+    trace = None
+    if args.trace is not None:  # opened before the load: a path it cannot write fails at once
         from dflash_local.round_trace import RoundTrace
 
-        engine.round_trace = RoundTrace(args.trace)
+        trace = RoundTrace(args.trace)
+    engine = load_engine(args.engine, target, drafter, **_engine_options(args))
+    engine.round_trace = trace
     try:
         record = run_suite(engine, prompts, settings)
     finally:
         engine.close()
-        if args.trace is not None:
-            engine.round_trace.close()
+        if trace is not None:
+            trace.close()
     json_path, png_path = write_outputs(record, args.out)
     print(format_table(record))
     print(f"record: {json_path}")
