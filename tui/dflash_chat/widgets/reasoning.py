@@ -21,9 +21,19 @@ class ReasoningBlock(Collapsible):
     def __init__(self, text: str, collapsed: bool):
         super().__init__(Static(text, classes="reasoning-text", markup=False),
                          title=REASONING_TITLE, collapsed=collapsed, classes="reasoning")
+        self._text, self._update_pending = text, False
 
     def show(self, text: str) -> None:
-        self.query_one(".reasoning-text", Static).update(text)
+        """Show `text` from the next refresh on: the stream's many small pieces between two
+        frames cost one re-layout of the whole text, not one each."""
+        self._text = text
+        if not self._update_pending:
+            self._update_pending = True
+            self.call_after_refresh(self._update)
+
+    def _update(self) -> None:
+        self._update_pending = False
+        self.query_one(".reasoning-text", Static).update(self._text)
 
 
 def reasoning_block_in(container: Widget) -> ReasoningBlock | None:
