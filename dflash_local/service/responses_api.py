@@ -12,7 +12,6 @@ or another response.in_progress before the first item.
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import Request
@@ -59,10 +58,6 @@ def function_call_item(item_id: str, call: dict, status: str) -> dict:
     return {"type": "function_call", "id": item_id, "call_id": call["id"],
             "name": call["function"]["name"], "arguments": call["function"]["arguments"],
             "status": status}
-
-
-def event(payload: dict) -> bytes:
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
 class ResponsesEncoder:
@@ -117,7 +112,7 @@ class ResponsesEncoder:
         if len(events) == shown:
             events.append(self._empty_delta())
         events[-1]["dflash"] = responses.step_dflash(chunk.event)
-        return b"".join(event(e) for e in events)
+        return b"".join(responses.named_sse(e) for e in events)
 
     def _where(self) -> dict:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
@@ -188,11 +183,11 @@ class ResponsesEncoder:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event({"type": kind, "response": self.response(
             status, self.items, responses_usage(usage))}))
-        return b"".join(event(e) for e in events)
+        return b"".join(responses.named_sse(e) for e in events)
 
     def failed(self, status: int, message: str, code: str | None) -> bytes:
-        return event(self._event({"type": "error", "code": code or "server_error",
-                                  "message": message, "param": None}))
+        return responses.named_sse(self._event({"type": "error", "code": code or "server_error",
+                                                "message": message, "param": None}))
 
     # --- one body ---
 
