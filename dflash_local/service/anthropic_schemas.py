@@ -24,6 +24,7 @@ from dflash_local.service.schemas import (
     Text,
     at_most,
     check_stop_strings,
+    template_call,
     template_tool,
 )
 from dflash_local.service.validation import shown_value
@@ -213,8 +214,7 @@ def template_messages(message: AnthropicMessage) -> list[dict]:
         return [{"role": message.role, "content": message.content}]
     if message.role == "assistant":
         text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
-        calls = [{"id": block.id, "type": "function",
-                  "function": {"name": block.name, "arguments": block.input}}
+        calls = [template_call(block.id, block.name, block.input)
                  for block in message.content if isinstance(block, ToolUseBlock)]
         return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
     out: list[dict] = []

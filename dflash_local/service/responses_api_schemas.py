@@ -23,6 +23,7 @@ from dflash_local.service.schemas import (
     StrictModel,
     Text,
     at_most,
+    template_call,
     template_tool,
 )
 from dflash_local.service.validation import shown_value
@@ -198,8 +199,7 @@ def add_item(messages: list[dict], item) -> None:
         role = "system" if item.role == "developer" else item.role
         messages.append({"role": role, "content": item.text()})
     elif isinstance(item, FunctionCallItem):
-        call = {"id": item.call_id, "type": "function",
-                "function": {"name": item.name, "arguments": json.loads(item.arguments)}}
+        call = template_call(item.call_id, item.name, json.loads(item.arguments))
         if not messages or messages[-1]["role"] != "assistant":
             messages.append({"role": "assistant", "content": ""})
         messages[-1].setdefault("tool_calls", []).append(call)

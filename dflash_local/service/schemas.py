@@ -142,8 +142,12 @@ class ToolCall(StrictModel):
     function: FunctionCall
 
     def as_template_call(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {
-            "name": self.function.name, "arguments": json.loads(self.function.arguments)}}
+        return template_call(self.id, self.function.name, json.loads(self.function.arguments))
+
+
+def template_call(call_id: str, name: str, arguments: dict) -> dict:
+    """An earlier reply's call as chat templates take it (arguments a dict), whichever API sent it."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ChatMessage(UnsupportedMessageFields, StrictModel):
