@@ -23,6 +23,7 @@ from dflash_local.service.schemas import (
     StrictModel,
     Text,
     at_most,
+    joined_text,
     template_call,
     template_tool,
 )
@@ -43,7 +44,7 @@ class MessageItem(StrictModel):
     content: Text | list[TextContent]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return joined_text(self.content)
 
 
 class FunctionCallItem(FunctionCall):  # name, and arguments as an object's JSON text
@@ -57,7 +58,7 @@ class FunctionCallOutputItem(StrictModel):
     output: Text | list[TextContent]
 
     def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+        return joined_text(self.output)
 
 
 class ReasoningItem(StrictModel):
