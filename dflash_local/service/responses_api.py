@@ -60,11 +60,22 @@ def function_call_item(item_id: str, call: dict, status: str) -> dict:
             "status": status}
 
 
+def request_settings(body: ResponsesRequest) -> dict:
+    return {"instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "temperature": body.temperature, "top_p": body.top_p,
+            "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
+            else body.tool_choice.model_dump() if body.tool_choice else "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "parallel_tool_calls": True, "previous_response_id": None, "store": False,
+            "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+
+
 class ResponsesEncoder:
     def __init__(self, reply_id: str, model: str, body: ResponsesRequest):
         self.reply_id = reply_id
         self.model = model
-        self.request = body
+        # the request's settings every `response` object echoes: shaped once, not per event
+        self.settings = request_settings(body)
         self.created_at = int(time.time())
         self.started = False
         self.sequence = 0
@@ -74,18 +85,11 @@ class ResponsesEncoder:
         self.finish_reason: str | None = None
 
     def response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
-        body = self.request
         return {"id": self.reply_id, "object": "response", "created_at": self.created_at,
                 "status": status, "model": self.model, "output": output, "usage": usage,
                 "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-                "temperature": body.temperature, "top_p": body.top_p,
-                "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
-                else body.tool_choice.model_dump() if body.tool_choice else "auto",
-                "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-                "parallel_tool_calls": True, "previous_response_id": None, "store": False,
-                "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+                **self.settings}
 
     def _status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
