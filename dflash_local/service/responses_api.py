@@ -91,6 +91,10 @@ class ResponsesEncoder:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 **self.settings}
 
+    def _item_id(self, kind: str, output_index: int) -> str:
+        """An output item's id: its kind ("msg", "fc"), the reply's, its place in `output`."""
+        return f"{kind}_{self.reply_id.removeprefix('resp_')}_{output_index}"
+
     def _status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
@@ -132,7 +136,7 @@ class ResponsesEncoder:
     def _text(self, text: str) -> list[dict]:
         events = []
         if not self.items or self.items[-1]["type"] != "message":
-            events += self._open(message_item(f"msg_{self.reply_id[5:]}_{len(self.items)}", None,
+            events += self._open(message_item(self._item_id("msg", len(self.items)), None,
                                                "in_progress"))
             events.append(self._event({"type": "response.content_part.added", **self._where(),
                                        "content_index": 0, "part": text_part("")}))
@@ -145,7 +149,7 @@ class ResponsesEncoder:
         self.tool_deltas.append(delta)
         if delta.id is not None:  # a call's first piece opens its own item
             events += self._open(function_call_item(
-                f"fc_{self.reply_id[5:]}_{len(self.items)}",
+                self._item_id("fc", len(self.items)),
                 {"id": delta.id, "function": {"name": delta.name, "arguments": ""}}, "in_progress"))
         if delta.arguments:
             events.append(self._event({"type": "response.function_call_arguments.delta", **self._where(),
@@ -199,8 +203,8 @@ class ResponsesEncoder:
         self.finish_reason = reply.finish_reason
         status = self._status()
         calls = reply.tool_calls()
-        output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] \
+        output = [message_item(self._item_id("msg", 0), reply.text, status)] \
             if jobs.shows_text(reply.text, calls) else []
-        output += [function_call_item(f"fc_{self.reply_id[5:]}_{len(output) + index}", call, "completed")
+        output += [function_call_item(self._item_id("fc", len(output) + index), call, "completed")
                    for index, call in enumerate(calls)]
         return self.response(status, output, responses_usage(usage))
