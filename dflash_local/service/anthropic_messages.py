@@ -91,7 +91,7 @@ class MessagesEncoder:
             self.finish = (chunk.finish_reason, chunk.stop_sequence)
         if not events:
             events.append(self._empty_delta())
-        events[-1] = {**events[-1], "dflash": responses.step_dflash(chunk.event)}
+        events[-1]["dflash"] = responses.step_dflash(chunk.event)  # each event is this chunk's own dict
         return b"".join(responses.named_sse(e) for e in events)
 
     def _empty_delta(self) -> dict:
