@@ -60,10 +60,6 @@ def token_counts(prompt_tokens: int, cached: int, output_tokens: int) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
-def event(payload: dict) -> bytes:
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
 class MessagesEncoder:
     def __init__(self, reply_id: str, model: str):
         self.reply_id = reply_id
@@ -95,8 +91,8 @@ class MessagesEncoder:
             self.finish = (chunk.finish_reason, chunk.stop_sequence)
         if not events:
             events.append(self._empty_delta())
-        events[-1] = {**events[-1], "dflash": responses.step_dflash(chunk.event)}
-        return b"".join(event(e) for e in events)
+        events[-1]["dflash"] = responses.step_dflash(chunk.event)  # each event is this chunk's own dict
+        return b"".join(responses.named_sse(e) for e in events)
 
     def _empty_delta(self) -> dict:
         """Carries a round that showed nothing: an empty delta of the open block, else a ping."""
@@ -142,11 +138,11 @@ class MessagesEncoder:
                        "stop_sequence": stop_sequence},
              "usage": anthropic_usage(usage)},
             {"type": "message_stop"}]
-        return b"".join(event(e) for e in events)
+        return b"".join(responses.named_sse(e) for e in events)
 
     def failed(self, status: int, message: str, code: str | None) -> bytes:
-        return event({"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
-                                                 "message": message}})
+        return responses.named_sse({"type": "error", "error": {
+            "type": ERROR_TYPES.get(status, "api_error"), "message": message}})
 
     # --- one body ---
 

@@ -24,6 +24,8 @@ from dflash_local.service.schemas import (
     Text,
     at_most,
     check_stop_strings,
+    joined_text,
+    template_call,
     template_tool,
 )
 from dflash_local.service.validation import shown_value
@@ -53,7 +55,7 @@ class ToolResultBlock(StrictModel):
     is_error: bool = False
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        return joined_text(self.content)
 
 
 class ThinkingBlock(StrictModel):
@@ -164,8 +166,7 @@ class MessagesRequest(DFlashOptions):
         return self
 
     def template_messages(self) -> list[dict]:
-        system = self.system if isinstance(self.system, str) or self.system is None \
-            else "".join(block.text for block in self.system)
+        system = joined_text(self.system)
         messages = [] if system is None else [{"role": "system", "content": system}]
         for message in self.messages:
             messages.extend(template_messages(message))
@@ -213,8 +214,7 @@ def template_messages(message: AnthropicMessage) -> list[dict]:
         return [{"role": message.role, "content": message.content}]
     if message.role == "assistant":
         text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
-        calls = [{"id": block.id, "type": "function",
-                  "function": {"name": block.name, "arguments": block.input}}
+        calls = [template_call(block.id, block.name, block.input)
                  for block in message.content if isinstance(block, ToolUseBlock)]
         return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
     out: list[dict] = []

@@ -23,6 +23,11 @@ def sse(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def named_sse(payload: dict) -> bytes:
+    """An event named by its payload's `type` (Anthropic's and the Responses API's streams)."""
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
 def step_dflash(event: StepEvent) -> dict:
     return {"token_ids": list(event.token_ids), "drafted": event.drafted,
             "draft_depth": event.draft_depth, "accepted": event.accepted, "accepted_chars": event.accepted_chars,

@@ -12,7 +12,6 @@ or another response.in_progress before the first item.
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import Request
@@ -61,15 +60,22 @@ def function_call_item(item_id: str, call: dict, status: str) -> dict:
             "status": status}
 
 
-def event(payload: dict) -> bytes:
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+def request_settings(body: ResponsesRequest) -> dict:
+    return {"instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "temperature": body.temperature, "top_p": body.top_p,
+            "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
+            else body.tool_choice.model_dump() if body.tool_choice else "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "parallel_tool_calls": True, "previous_response_id": None, "store": False,
+            "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
 
 
 class ResponsesEncoder:
     def __init__(self, reply_id: str, model: str, body: ResponsesRequest):
         self.reply_id = reply_id
         self.model = model
-        self.request = body
+        # the request's settings every `response` object echoes: shaped once, not per event
+        self.settings = request_settings(body)
         self.created_at = int(time.time())
         self.started = False
         self.sequence = 0
@@ -79,18 +85,15 @@ class ResponsesEncoder:
         self.finish_reason: str | None = None
 
     def response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
-        body = self.request
         return {"id": self.reply_id, "object": "response", "created_at": self.created_at,
                 "status": status, "model": self.model, "output": output, "usage": usage,
                 "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-                "temperature": body.temperature, "top_p": body.top_p,
-                "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
-                else body.tool_choice.model_dump() if body.tool_choice else "auto",
-                "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-                "parallel_tool_calls": True, "previous_response_id": None, "store": False,
-                "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+                **self.settings}
+
+    def _item_id(self, kind: str, output_index: int) -> str:
+        """An output item's id: its kind ("msg", "fc"), the reply's, its place in `output`."""
+        return f"{kind}_{self.reply_id.removeprefix('resp_')}_{output_index}"
 
     def _status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
@@ -117,7 +120,7 @@ class ResponsesEncoder:
         if len(events) == shown:
             events.append(self._empty_delta())
         events[-1]["dflash"] = responses.step_dflash(chunk.event)
-        return b"".join(event(e) for e in events)
+        return b"".join(responses.named_sse(e) for e in events)
 
     def _where(self) -> dict:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
@@ -133,7 +136,7 @@ class ResponsesEncoder:
     def _text(self, text: str) -> list[dict]:
         events = []
         if not self.items or self.items[-1]["type"] != "message":
-            events += self._open(message_item(f"msg_{self.reply_id[5:]}_{len(self.items)}", None,
+            events += self._open(message_item(self._item_id("msg", len(self.items)), None,
                                                "in_progress"))
             events.append(self._event({"type": "response.content_part.added", **self._where(),
                                        "content_index": 0, "part": text_part("")}))
@@ -146,7 +149,7 @@ class ResponsesEncoder:
         self.tool_deltas.append(delta)
         if delta.id is not None:  # a call's first piece opens its own item
             events += self._open(function_call_item(
-                f"fc_{self.reply_id[5:]}_{len(self.items)}",
+                self._item_id("fc", len(self.items)),
                 {"id": delta.id, "function": {"name": delta.name, "arguments": ""}}, "in_progress"))
         if delta.arguments:
             events.append(self._event({"type": "response.function_call_arguments.delta", **self._where(),
@@ -188,11 +191,11 @@ class ResponsesEncoder:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event({"type": kind, "response": self.response(
             status, self.items, responses_usage(usage))}))
-        return b"".join(event(e) for e in events)
+        return b"".join(responses.named_sse(e) for e in events)
 
     def failed(self, status: int, message: str, code: str | None) -> bytes:
-        return event(self._event({"type": "error", "code": code or "server_error",
-                                  "message": message, "param": None}))
+        return responses.named_sse(self._event({"type": "error", "code": code or "server_error",
+                                                "message": message, "param": None}))
 
     # --- one body ---
 
@@ -200,8 +203,8 @@ class ResponsesEncoder:
         self.finish_reason = reply.finish_reason
         status = self._status()
         calls = reply.tool_calls()
-        output = [message_item(f"msg_{self.reply_id[5:]}_0", reply.text, status)] \
+        output = [message_item(self._item_id("msg", 0), reply.text, status)] \
             if jobs.shows_text(reply.text, calls) else []
-        output += [function_call_item(f"fc_{self.reply_id[5:]}_{len(output) + index}", call, "completed")
+        output += [function_call_item(self._item_id("fc", len(output) + index), call, "completed")
                    for index, call in enumerate(calls)]
         return self.response(status, output, responses_usage(usage))

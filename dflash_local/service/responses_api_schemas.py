@@ -23,6 +23,8 @@ from dflash_local.service.schemas import (
     StrictModel,
     Text,
     at_most,
+    joined_text,
+    template_call,
     template_tool,
 )
 from dflash_local.service.validation import shown_value
@@ -42,7 +44,7 @@ class MessageItem(StrictModel):
     content: Text | list[TextContent]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return joined_text(self.content)
 
 
 class FunctionCallItem(FunctionCall):  # name, and arguments as an object's JSON text
@@ -56,7 +58,7 @@ class FunctionCallOutputItem(StrictModel):
     output: Text | list[TextContent]
 
     def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+        return joined_text(self.output)
 
 
 class ReasoningItem(StrictModel):
@@ -198,8 +200,7 @@ def add_item(messages: list[dict], item) -> None:
         role = "system" if item.role == "developer" else item.role
         messages.append({"role": role, "content": item.text()})
     elif isinstance(item, FunctionCallItem):
-        call = {"id": item.call_id, "type": "function",
-                "function": {"name": item.name, "arguments": json.loads(item.arguments)}}
+        call = template_call(item.call_id, item.name, json.loads(item.arguments))
         if not messages or messages[-1]["role"] != "assistant":
             messages.append({"role": "assistant", "content": ""})
         messages[-1].setdefault("tool_calls", []).append(call)

@@ -48,6 +48,13 @@ def check_unicode(value: str) -> str:
 Text = Annotated[str, AfterValidator(check_unicode)]
 
 
+def joined_text(content: str | list | None) -> str | None:
+    """A content given as a string or as text parts (each with `.text`), as one string."""
+    if content is None or isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
 def check_count(values: list, limit: int, what: str) -> None:
     """A list's count within its cap; the error (type "too_many") names the count and the cap."""
     if len(values) > limit:
@@ -142,8 +149,12 @@ class ToolCall(StrictModel):
     function: FunctionCall
 
     def as_template_call(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {
-            "name": self.function.name, "arguments": json.loads(self.function.arguments)}}
+        return template_call(self.id, self.function.name, json.loads(self.function.arguments))
+
+
+def template_call(call_id: str, name: str, arguments: dict) -> dict:
+    """An earlier reply's call as chat templates take it (arguments a dict), whichever API sent it."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ChatMessage(UnsupportedMessageFields, StrictModel):
@@ -182,8 +193,7 @@ class ChatMessage(UnsupportedMessageFields, StrictModel):
         return content
 
     def as_template_message(self) -> dict:
-        text = (self.content if isinstance(self.content, str) or self.content is None
-                else "".join(p.text for p in self.content))
+        text = joined_text(self.content)
         # chat templates know "system"; "developer" is OpenAI's newer name for it
         message = {"role": "system" if self.role == "developer" else self.role, "content": text}
         if self.tool_calls:

@@ -80,11 +80,7 @@ def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str |
     if support.format is None:
         raise InvalidRequestError(f"tools: {support.model} writes tool calls in a format this "
                                   f"server does not parse (hermes, qwen3_coder, llama3_json, harmony)")
-    names = [tool["function"]["name"] for tool in tools]
-    name = forced_name(tool_choice)
-    if name is not None and name not in names:
-        raise InvalidRequestError(f"tool_choice: names function {name!r}, which is not among "
-                                  f"tools ({', '.join(names)})")
+    name = forced_name(tool_choice)  # one of `tools`: every API's schema checks that
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
     splitter = (HarmonySplitter(schemas) if support.harmony
                 else ToolCallSplitter(support.format, schemas))
