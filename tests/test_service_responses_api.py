@@ -121,6 +121,8 @@ BAD = {
     "previous_response_id": ({"previous_response_id": "resp_1"}, ["previous_response_id"]),
     "store true": ({"store": True}, ["store"]),
     "a built-in tool": ({"tools": [{"type": "web_search"}]}, ["tools.0.type", "web_search"]),
+    "a function tool without a name": ({"tools": [{**TOOL, "name": ""}]},
+                                       ["tools.0: a function tool needs a name"]),
     "a schema that is not an object": ({"tools": [{**TOOL, "parameters": {"type": "array"}}]},
                                        ["tools.0.parameters", "object"]),
     "tool_choice naming an unknown function": ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}},

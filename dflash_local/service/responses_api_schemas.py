@@ -107,7 +107,7 @@ class FunctionTool(StrictModel):
     @model_validator(mode="after")
     def _named(self) -> FunctionTool:
         if not self.name:
-            raise ValueError("tools: a function tool needs a name")
+            raise ValueError("a function tool needs a name")
         return self
 
     def as_template_tool(self) -> dict:
