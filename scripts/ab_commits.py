@@ -28,14 +28,14 @@ from pathlib import Path
 WORKER = r"""
 import json, sys
 from dflash_local import events
-from dflash_local.cli import pair_names
+from dflash_local.cli.main import pair_names
 from dflash_local.engines import load_engine
 auto = events.AUTO if hasattr(events, "AUTO") else "auto"
 target, _ = pair_names(None, None, speculative=True)
 engine = load_engine(sys.argv[1], target, sys.argv[2], dtype="auto")
 engine.prepare(auto)
 if len(sys.argv) > 3:  # a round trace, where the checkout has one
-    from dflash_local.round_trace import RoundTrace
+    from dflash_local.method.round_trace import RoundTrace
     engine.round_trace = RoundTrace(sys.argv[3])
 print(json.dumps({"ready": engine.name}), flush=True)
 for line in sys.stdin:

@@ -36,12 +36,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from dflash_local import calibration, paths
+from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.bench.measure import run_ours
-from dflash_local.embedded import embedded_target_dir
 from dflash_local.events import AUTO, GenerationParams
-from dflash_local.planning.auto import AutoPlanner
+from dflash_local.method import calibration
+from dflash_local.method.planning.auto import AutoPlanner
+from dflash_local.pairs.embedded import embedded_target_dir
 
 _SHIPPED_GRAFT = AutoPlanner._graft_length
 

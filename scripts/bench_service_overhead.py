@@ -47,7 +47,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def default_pair(args: argparse.Namespace) -> tuple[str, str | None]:
-    from dflash_local.default_pair import pair_names
+    from dflash_local.pairs.default_pair import pair_names
 
     return pair_names(args.target, args.drafter, speculative=not args.plain)
 
@@ -88,7 +88,7 @@ def run_http(client: httpx.Client, url: str, body: dict,
 
 
 def start_server(target: str, drafter: str | None) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "dflash_local.cli", "serve", "--port", "0", "--target", target]
+    command = [sys.executable, "-m", "dflash_local.cli.main", "serve", "--port", "0", "--target", target]
     if drafter:
         command += ["--drafter", drafter]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

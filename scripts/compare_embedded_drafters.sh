@@ -13,7 +13,7 @@ STEPS="${STEPS:-1200}"
 EVERY="${EVERY:-10}"
 OUT="${OUT:-runs/compare-v2}"
 PY=.venv/bin/python
-T="$($PY -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
+T="$($PY -c 'from dflash_local.pairs.embedded import embedded_target_dir; print(embedded_target_dir())')"
 SHIPPED="${V1:-models/smollm2-135m-dflash}"
 mkdir -p "$OUT"
 if [ ! -f "$OUT/subset.npz" ]; then
@@ -36,10 +36,10 @@ PY
 fi
 common=(--target "$T" --data "$OUT/data" --regen-minutes 0 --init-from "$SHIPPED" --steps "$STEPS"
         --bf16 --lr 2.5e-4 --seed 14)
-$PY -m dflash_local.cli train --out "$OUT/v1" --tokens "$OUT/subset.npz" "${common[@]}"
-$PY -m dflash_local.cli train --out "$OUT/v2" --version 2 "${common[@]}"
+$PY -m dflash_local.cli.main train --out "$OUT/v1" --tokens "$OUT/subset.npz" "${common[@]}"
+$PY -m dflash_local.cli.main train --out "$OUT/v2" --version 2 "${common[@]}"
 $PY scripts/eval_drafter_heldout.py "$SHIPPED" "$OUT/v1" "$OUT/v2" | tee "$OUT/heldout.txt"
 for version in v1 v2; do
-  $PY -m dflash_local.cli bench --engine transformers --drafter "$OUT/$version" --dataset embedded \
+  $PY -m dflash_local.cli.main bench --engine transformers --drafter "$OUT/$version" --dataset embedded \
     --max-samples 30 --max-tokens 128 --block-size auto --recalibrate --out "$OUT/bench-$version"
 done

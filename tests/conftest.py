@@ -20,7 +20,7 @@ def _tests_own_data_dir() -> None:
     import shutil
     import tempfile
 
-    from dflash_local.embedded import EMBEDDED_TARGET_NAME, is_complete_import
+    from dflash_local.pairs.embedded import EMBEDDED_TARGET_NAME, is_complete_import
     from dflash_local.paths import platform_data_dir
 
     if "DFLASH_LOCAL_HOME" in os.environ:
@@ -58,7 +58,7 @@ def embedded_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     CI imports it up front and points DFLASH_EMBEDDED_TARGET at it; otherwise it is imported into
     a temporary DFLASH_LOCAL_HOME, set only for the import so other tests see their own.
     """
-    from dflash_local.embedded import import_embedded, is_complete_import
+    from dflash_local.pairs.embedded import import_embedded, is_complete_import
 
     preset = os.environ.get("DFLASH_EMBEDDED_TARGET")
     if preset:

@@ -14,8 +14,8 @@ from pathlib import Path
 import tiny_models
 import torch
 
-from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams, parse_block_size
+from dflash_local.method.draft_tree import DraftTree
 
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two threads
 # make each small matmul wait for a busy core: one thread was ~30x faster under load here.
@@ -31,7 +31,7 @@ def params_of(**fields) -> GenerationParams:
 def use_policy(monkeypatch, make: Callable) -> None:
     """Auto planners build their width policy with `make(max_width, whole_block_drafts)`: a
     test's own costs, prior and probing, whatever the engine's calibration says."""
-    from dflash_local.planning import auto
+    from dflash_local.method.planning import auto
 
     monkeypatch.setattr(auto, "BlockPolicy", lambda _costs, _prior, *, max_width, whole_block_drafts:
                         make(max_width, whole_block_drafts))

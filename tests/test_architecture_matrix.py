@@ -17,9 +17,9 @@ import torch
 from arch_tiny import MODEL_TYPES, TAPS, drafter_for, hf_target
 from tiny_models import VOCAB
 
-from dflash_local.catalog import load_catalog
 from dflash_local.engines.architectures import MLX_MODEL_TYPES
 from dflash_local.events import GenerationParams, GenerationStats, parse_block_size
+from dflash_local.pairs.catalog import load_catalog
 
 ENGINES = ("mlx", "transformers")
 # every combination runs losslessly: none is refused (a refused one would be listed with its reason)

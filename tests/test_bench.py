@@ -14,9 +14,9 @@ from dflash_local.bench import datasets, noise
 from dflash_local.bench.cli import block_sizes, mac_peer_names
 from dflash_local.bench.measure import RunFigures, fastest, histogram
 from dflash_local.bench.report import format_table
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 from dflash_local.events import AUTO, Fixed
-from dflash_local.round_trace import read_trace
+from dflash_local.method.round_trace import read_trace
 
 
 @pytest.fixture

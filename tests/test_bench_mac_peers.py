@@ -18,7 +18,7 @@ from fixtures_tiny import tiny_engine, tiny_pair
 
 from dflash_local.bench import peer_backends, peer_process
 from dflash_local.bench.peers import process_peers
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 from dflash_local.events import GenerationParams
 
 

@@ -10,7 +10,7 @@ import pytest
 from fixtures_tiny import tiny_pair
 
 from dflash_local.bench import datasets
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 
 
 @pytest.fixture

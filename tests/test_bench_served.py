@@ -13,14 +13,14 @@ import sys
 
 import pytest
 
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 
 
 @pytest.fixture(scope="module")
 def embedded_service(embedded_target_dir, tmp_path_factory):
     """`dflash-local serve` of the embedded pair (block size 4: no calibration), its URL."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # the session's data dir: the import
-    command = [sys.executable, "-m", "dflash_local.cli", "serve", "--port", "0", "--engine",
+    command = [sys.executable, "-m", "dflash_local.cli.main", "serve", "--port", "0", "--engine",
                "transformers", "--block-size", "4"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env)

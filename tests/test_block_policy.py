@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use_policy
 
-from dflash_local import calibration
-from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import AUTO, GenerationParams, parse_block_size
-from dflash_local.planning import timed_rounds
-from dflash_local.planning.auto import AutoPlanner
-from dflash_local.planning.copies import LookupPolicy
-from dflash_local.planning.costs import RoundCosts, expected_committed
-from dflash_local.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
-from dflash_local.planning.trees import TreeSizer
-from dflash_local.planning.widths import BlockPolicy
-from dflash_local.proposers import Draft, DrafterChain, DrafterTree
+from dflash_local.method import calibration
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.planning.auto import AutoPlanner
+from dflash_local.method.planning.copies import LookupPolicy
+from dflash_local.method.planning.costs import RoundCosts, expected_committed
+from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
+from dflash_local.method.planning.planner import timed_rounds
+from dflash_local.method.planning.trees import TreeSizer
+from dflash_local.method.planning.widths import BlockPolicy
+from dflash_local.method.proposers import Draft, DrafterChain, DrafterTree
 
 # a drafter pass that costs half a plain step: speculation must earn it back (MLX-like)
 COSTS = RoundCosts(tuple([1.0] + [1.5 + 0.05 * (w - 1) for w in range(2, 17)]))

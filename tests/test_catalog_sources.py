@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_local.catalog import load_catalog
 from dflash_local.errors import CheckpointError
+from dflash_local.pairs.catalog import load_catalog
 
 SOURCES = Path(__file__).resolve().parent.parent / "docs" / "catalog-sources.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (.+) \|$")

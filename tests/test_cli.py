@@ -17,7 +17,7 @@ from fixtures_tiny import collect, tiny_engine, tiny_pair
 from harmony_tiny import GREETING, HELLO, PLAIN_REPLY, REASONING, harmony_pair
 
 from dflash_local import engines
-from dflash_local.cli_reply import DIM, NORMAL
+from dflash_local.cli.reply import DIM, NORMAL
 from dflash_local.errors import EngineUnavailableError
 from dflash_local.events import GenerationParams
 
@@ -41,7 +41,7 @@ def cli_env(tmp_path_factory):
 
 
 def cli(env, *args, timeout=180) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "dflash_local.cli", *args], env=env,
+    result = subprocess.run([sys.executable, "-m", "dflash_local.cli.main", *args], env=env,
                             capture_output=True, timeout=timeout, cwd=REPO, check=False)
     # decoded by hand: text mode would turn a generated "\r" into "\n"
     result.stdout, result.stderr = result.stdout.decode(), result.stderr.decode()
@@ -141,7 +141,7 @@ def test_a_harmony_reply_prints_its_answer_on_stdout_and_its_reasoning_on_stderr
     assert result.stderr.startswith(REASONING + "\n") and "tau" in result.stderr
     reader, writer = pty.openpty()  # stderr on a terminal: the reasoning is dimmed
     try:
-        run = subprocess.run([sys.executable, "-m", "dflash_local.cli", *flags], env=cli_env,
+        run = subprocess.run([sys.executable, "-m", "dflash_local.cli.main", *flags], env=cli_env,
                              stdout=subprocess.PIPE, stderr=writer, timeout=180, cwd=REPO,
                              check=False)
         os.close(writer)
@@ -270,7 +270,7 @@ def test_mlx_is_wired_lazily(monkeypatch, pair):
 # --- the default pair and `models import-embedded`, in process ---
 
 def fake_embedded_import(monkeypatch, tmp_path) -> Path:
-    from dflash_local import embedded
+    from dflash_local.pairs import embedded
 
     target = tmp_path / "embedded-target"
     target.mkdir()
@@ -280,8 +280,8 @@ def fake_embedded_import(monkeypatch, tmp_path) -> Path:
 
 
 def test_default_pair_is_the_embedded_one(monkeypatch, tmp_path, capsys):
-    from dflash_local import cli as cli_module
     from dflash_local import paths
+    from dflash_local.cli import main as cli_module
 
     target = fake_embedded_import(monkeypatch, tmp_path)
     shipped = tmp_path / "models"
@@ -297,9 +297,9 @@ def test_default_pair_is_the_embedded_one(monkeypatch, tmp_path, capsys):
 
 
 def test_models_import_embedded(monkeypatch, tmp_path, capsys):
-    from dflash_local import cli as cli_module
-    from dflash_local import embedded
+    from dflash_local.cli import main as cli_module
     from dflash_local.errors import CheckpointError
+    from dflash_local.pairs import embedded
 
     calls = []
     monkeypatch.setattr(embedded, "import_embedded",

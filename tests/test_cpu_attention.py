@@ -10,7 +10,7 @@ import transformers.integrations.sdpa_attention as sdpa_module
 
 from dflash_local.accel import torch_attention
 from dflash_local.accel.torch_attention import NAME
-from dflash_local.draft_tree import DraftTree
+from dflash_local.method.draft_tree import DraftTree
 
 
 @pytest.fixture(scope="module")

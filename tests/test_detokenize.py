@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_local.detokenize import StreamDetokenizer, token_bytes
+from dflash_local.engines.detokenize import StreamDetokenizer, token_bytes
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from fixtures_tiny import ScriptedTreeDrafter, collect, follow, tiny_engine, tiny_pair
 
-from dflash_local.draft_tree import DraftTree, build_tree, tree_from_logits
 from dflash_local.drafter.model_torch import DraftSession
 from dflash_local.events import GenerationParams, parse_block_size
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.trees import TreeSizer
+from dflash_local.method.draft_tree import DraftTree, build_tree, tree_from_logits
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.trees import TreeSizer
 
 PROMPT = [5, 17, 99, 42, 7, 250, 31, 8, 64, 120, 11, 9]
 ANCHOR = 77

@@ -19,7 +19,6 @@ import torch
 from fixtures_tiny import collect, tiny_pair
 from tiny_models import VOCAB
 
-from dflash_local import calibration
 from dflash_local.accel.torch_linear import PackedLinear, packing_available
 from dflash_local.drafter import model_torch
 from dflash_local.drafter.draft_vocab import (
@@ -31,6 +30,7 @@ from dflash_local.drafter.draft_vocab import (
 )
 from dflash_local.errors import CheckpointError
 from dflash_local.events import GenerationParams, parse_block_size
+from dflash_local.method import calibration
 
 HIDDEN = 64
 SUBSET = sorted(np.random.default_rng(7).choice(VOCAB, size=40, replace=False).tolist())

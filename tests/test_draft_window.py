@@ -16,10 +16,10 @@ import pytest
 from fixtures_tiny import ScriptedDrafter, collect, follow, params_of
 from tiny_models import make_drafter, make_target
 
-from dflash_local.catalog import load_catalog
 from dflash_local.engines.server_flags import LaunchSpec, vllm_args
 from dflash_local.errors import CheckpointError, EngineUnavailableError, InvalidRequestError
 from dflash_local.events import GenerationParams
+from dflash_local.pairs.catalog import load_catalog
 
 WINDOW = 5
 BLOCK = 4
@@ -187,7 +187,7 @@ def test_the_transformers_engine_reads_the_targets_config_once(pair_dirs, monkey
 
 @pytest.mark.parametrize("command", ["generate", "serve", "bench"])
 def test_the_command_line_refuses_a_zero_window(command):
-    argv = [sys.executable, "-m", "dflash_local.cli", command, "--draft-window", "0"]
+    argv = [sys.executable, "-m", "dflash_local.cli.main", command, "--draft-window", "0"]
     done = subprocess.run(argv + (["hi"] if command == "generate" else []),
                           check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

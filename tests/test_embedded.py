@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_local import embedded
 from dflash_local.errors import CheckpointError, InvalidRequestError
+from dflash_local.pairs import embedded
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 SMOLLM2_FRANCE_PROMPT = (

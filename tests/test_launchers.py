@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dflash_local.catalog import load_catalog
 from dflash_local.engines import server_flags
 from dflash_local.engines.launch import ServerProcess, installed_distribution
 from dflash_local.engines.selection import PlatformInfo, choose_engine, preference
@@ -34,6 +33,7 @@ from dflash_local.engines.server_flags import (
 from dflash_local.engines.sglang_engine import SGLangEngine
 from dflash_local.engines.vllm_engine import VLLMEngine
 from dflash_local.errors import EngineUnavailableError
+from dflash_local.pairs.catalog import load_catalog
 
 # The z-lab/dflash README's Quick Start, verbatim (the launch commands we must agree with).
 ZLAB_VLLM = """vllm serve Qwen/Qwen3.5-27B \

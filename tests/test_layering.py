@@ -1,6 +1,8 @@
 """The package's layers, read from the source with `ast` (nothing is imported):
 
-- no import cycles among dflash_local modules, counting imports inside functions too;
+- no import cycles among dflash_local modules, counting imports inside functions too and the
+  package `__init__`s that importing a submodule runs;
+- the method (`method/`) imports no framework, engine, service, pairs or command module;
 - the core imports no ML framework, UI or web framework at module scope (the service may
   import FastAPI);
 - the drafter never imports the engines;
@@ -20,7 +22,7 @@ TUI = REPO / "tui" / "dflash_chat"
 FRAMEWORKS = ("torch", "mlx", "mlx_lm", "transformers", "textual", "fastapi")
 # the modules that must load without any framework: the loop, its rules, the CLIs' parsers,
 # the service, the bench, the engine registry and interface, the accelerations' package
-CORE_GLOBS = ("*.py", "drafter/config.py", "service/*.py", "bench/*.py", "planning/**/*.py",
+CORE_GLOBS = ("*.py", "drafter/config.py", "service/*.py", "bench/*.py", "method/**/*.py", "cli/*.py",
               "engines/__init__.py", "engines/base.py", "engines/selection.py", "accel/__init__.py")
 ALLOWED = {"service": {"fastapi"}}  # per core subpackage: what it may import at module scope
 
@@ -61,6 +63,14 @@ def imported_names(path: Path, module_scope: bool) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def runs_inits(name: str, importer: str, files: dict[str, Path]) -> set[str]:
+    """Importing `a.b.c` runs `a/__init__` and `a/b/__init__` first: the packages above the
+    imported module, less those above the importer (already being imported when it runs)."""
+    parts = name.split(".")
+    above_importer = {".".join(importer.split(".")[:i]) for i in range(1, importer.count(".") + 2)}
+    return {".".join(parts[:i]) for i in range(1, len(parts))} & set(files) - above_importer
 
 
 def package_files() -> dict[str, Path]:
@@ -104,10 +114,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 @pytest.mark.parametrize("module_scope", [True, False], ids=["module scope", "any scope"])
 def test_no_import_cycles(module_scope):
     files = package_files()
-    graph = {name: {imported for imported in imported_names(path, module_scope)
-                    if imported in files and imported != name}
-             for name, path in files.items()}
+    graph = {}
+    for name, path in files.items():
+        imported = {module for module in imported_names(path, module_scope) if module in files}
+        graph[name] = (imported | {init for module in imported for init in runs_inits(module, name, files)}) - {name}
     assert cycles(graph) == []
+
+
+def test_a_package_init_closes_a_cycle():
+    """proposers -> planning.modes runs planning/__init__; were it to import planning.auto,
+    which imports proposers, that is a cycle although no module names another directly."""
+    files = dict.fromkeys(["p", "p.proposers", "p.planning", "p.planning.modes", "p.planning.auto"])
+    assert runs_inits("p.planning.modes", "p.proposers", files) == {"p.planning"}
+    assert runs_inits("p.planning.costs", "p.planning.auto", files) == set()
 
 
 def test_the_cycle_finder_finds_one():
@@ -124,6 +143,21 @@ def test_the_core_imports_no_framework_at_module_scope(path):
     allowed = ALLOWED.get(relative.parts[0], set()) if len(relative.parts) > 1 else set()
     tops = {name.split(".")[0] for name in imported_names(path, module_scope=True)}
     assert tops & set(FRAMEWORKS) <= allowed
+
+
+METHOD_MAY_NOT_IMPORT = ("dflash_local.engines", "dflash_local.service", "dflash_local.pairs",
+                         "dflash_local.cli", "dflash_local.bench", "dflash_local.train", "dflash_local.drafter")
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "method").rglob("*.py")),
+                         ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_the_method_imports_only_the_method(path):
+    """A reader opening method/ sees the algorithm: no framework at any scope, nothing of the
+    engines, the service, the pairs or the commands."""
+    names = imported_names(path, module_scope=False)
+    assert {name.split(".")[0] for name in names} & set(FRAMEWORKS) == set()
+    outside = {name for name in names if name.startswith(METHOD_MAY_NOT_IMPORT)}
+    assert not outside, f"{path.relative_to(REPO)} imports {sorted(outside)}"
 
 
 def test_the_drafter_imports_no_engine():

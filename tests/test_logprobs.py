@@ -24,8 +24,8 @@ from test_lookup import lookup_run, repeating_prompt
 
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import GenerationParams, parse_block_size
-from dflash_local.logprobs import token_logprobs
-from dflash_local.planning.modes import LOOKUP
+from dflash_local.method.logprobs import token_logprobs
+from dflash_local.method.planning.modes import LOOKUP
 
 TOP = 5
 MAX_TOKENS = 24

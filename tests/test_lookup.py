@@ -11,11 +11,11 @@ import pytest
 from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use_policy
 
 from dflash_local.events import GenerationParams, parse_block_size
-from dflash_local.lookup import NgramIndex
-from dflash_local.planning.copies import LookupPolicy
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.modes import LOOKUP
-from dflash_local.planning.widths import BlockPolicy
+from dflash_local.method.lookup import NgramIndex
+from dflash_local.method.planning.copies import LookupPolicy
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.modes import LOOKUP
+from dflash_local.method.planning.widths import BlockPolicy
 
 # the shape measured here with torch on the CPU: a verify of 2 rows costs 1.3 plain steps, of 16
 # rows 2.0; a drafter pass costs as much as a plain step
@@ -174,7 +174,7 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     from fixtures_tiny import ScriptedTreeDrafter, follow
 
     from dflash_local.drafter.model_torch import DraftSession
-    from dflash_local.planning.modes import SPECULATIVE
+    from dflash_local.method.planning.modes import SPECULATIVE
 
     engine = tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
     # this tiny target's plain continuation goes round in short loops: a copy is often right

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_local.catalog import load_catalog
 from dflash_local.engines.selection import PlatformInfo
-from dflash_local.memory_budget import MachineMemory, budget_for, metal_default_limit
-from dflash_local.memory_fit import (
+from dflash_local.pairs.catalog import load_catalog
+from dflash_local.pairs.memory_budget import MachineMemory, budget_for, metal_default_limit
+from dflash_local.pairs.memory_fit import (
     WORKING_FLOOR_BYTES,
     estimate_fit,
     kv_cache_bytes,
     recurrent_state_bytes,
     weights_from_params,
 )
-from dflash_local.pair_fit import held_bytes, pair_fits
+from dflash_local.pairs.pair_fit import held_bytes, pair_fits
 
 GB = 10**9
 EVERYTHING = frozenset({"mlx", "torch", "vllm", "sglang"})

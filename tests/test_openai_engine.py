@@ -280,7 +280,7 @@ def test_server_errors_arrive_as_ours(vllm_stand_in):
 
 def test_bench_takes_a_vllm_servers_acceptance_from_its_counters(tmp_path, capsys):
     """Coalesced chunks: rounds cannot be told apart, so τ is the counters' totals."""
-    from dflash_local.cli import main
+    from dflash_local.cli.main import main
 
     with StandIn("vllm", coalesce=True) as server, StandIn("vllm", speculative=False) as plain:
         assert main(["bench", "--engine", "openai", "--base-url", server.url, "--plain-base-url",
@@ -447,7 +447,7 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
 def test_serve_flags_reach_only_the_engine_they_were_given_for():
     """`serve --engine openai --remote-api-key K` then POST /dflash/load of a local pair: the
     local engine gets --dtype only, never the relay's keyword options (that was a TypeError)."""
-    from dflash_local.cli import build_parser
+    from dflash_local.cli.main import build_parser
     from dflash_local.service.cli_serve import _load_options
     from dflash_local.service.errors import LoadFailedError
     from dflash_local.service.state import ServiceState

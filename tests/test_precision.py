@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_local.precision import checkpoint_dtype, resolve_dtype
+from dflash_local.pairs.precision import checkpoint_dtype, resolve_dtype
 
 
 @pytest.mark.parametrize(("config", "accelerator", "expected"), [

@@ -19,7 +19,7 @@ from tiny_models import make_drafter
 
 from dflash_local.engines.mlx_engine import MLXEngine
 from dflash_local.events import GenerationParams, GenerationStats, parse_block_size
-from dflash_local.prefix_cache import MIB, PrefixCache
+from dflash_local.method.prefix_cache import MIB, PrefixCache
 
 NEVER = -1  # random targets emit EOS early: never stop on it here
 PROMPT = [1, 40, 71, 88, 101, 33, 72, 99, 12, 250, 5, 64]

@@ -14,7 +14,13 @@ from fixtures_tiny import collect, params_of, tiny_pair
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import GenerationStats
-from dflash_local.prefix_cache import MIB, Kept, PrefixCache, budget_bytes, default_budget_bytes
+from dflash_local.method.prefix_cache import (
+    MIB,
+    Kept,
+    PrefixCache,
+    budget_bytes,
+    default_budget_bytes,
+)
 
 NEVER = 10_000  # a stop id no tiny model emits: runs go to max_tokens
 

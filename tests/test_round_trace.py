@@ -10,9 +10,9 @@ import pytest
 from fixtures_tiny import collect, tiny_engine, tiny_pair
 
 from dflash_local.events import GenerationParams, parse_block_size
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.modes import LOOKUP, PLAIN
-from dflash_local.round_trace import STEPS, RoundTrace, read_trace, round_seconds, summarize
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.modes import LOOKUP, PLAIN
+from dflash_local.method.round_trace import STEPS, RoundTrace, read_trace, round_seconds, summarize
 
 COSTS = RoundCosts(tuple(1.0 + 0.05 * (w - 1) + (0.5 if w > 1 else 0.0) for w in range(1, 17)),
                    tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17)))
@@ -26,7 +26,7 @@ def engine(tmp_path_factory):
 
 
 def test_the_loop_writes_a_line_per_round_as_its_events_and_prices_say(engine, tmp_path, monkeypatch):
-    from dflash_local.calibration import Calibration
+    from dflash_local.method.calibration import Calibration
 
     monkeypatch.setattr(engine, "calibration", Calibration(COSTS, (0.1,) * 15, {}, "", 0.0))
     engine.round_trace = trace = RoundTrace(tmp_path / "trace.jsonl")
@@ -97,7 +97,7 @@ def test_a_trace_that_starts_with_a_round_is_refused_with_its_line(tmp_path):
 
 
 def test_the_trace_command_prints_the_summary_of_the_matching_generations(tmp_path, capsys):
-    from dflash_local.cli import main
+    from dflash_local.cli.main import main
 
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in (

@@ -14,10 +14,10 @@ import pytest
 import torch
 from fixtures_tiny import ScriptedDrafter, params_of, tiny_engine, tiny_pair
 
-from dflash_local import speculative
-from dflash_local.acceptance import sample_from, sampled_walk, target_probs
-from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
+from dflash_local.method import speculative
+from dflash_local.method.acceptance import sample_from, sampled_walk, target_probs
+from dflash_local.method.draft_tree import DraftTree
 
 
 def sample_params(**kwargs) -> GenerationParams:

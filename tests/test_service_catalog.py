@@ -12,9 +12,9 @@ import httpx
 import pytest
 from service_support import make_pair
 
-from dflash_local.catalog import ENGINES, THINKING_MODES, load_catalog, locate
 from dflash_local.errors import CheckpointError, ModelNotFoundError
-from dflash_local.hub import is_repo_id
+from dflash_local.pairs.catalog import ENGINES, THINKING_MODES, load_catalog, locate
+from dflash_local.pairs.hub import is_repo_id
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +134,8 @@ def test_management_endpoints_with_no_pair_loaded(tmp_path):
 def test_a_listing_locates_and_sizes_each_model_once(tmp_path, monkeypatch):
     from collections import Counter
 
-    from dflash_local import catalog as catalog_module
-    from dflash_local import pair_fit
+    from dflash_local.pairs import catalog as catalog_module
+    from dflash_local.pairs import pair_fit
     from dflash_local.service.app import create_app
     from dflash_local.service.server import BackgroundServer
     from dflash_local.service.state import ServiceState
@@ -167,7 +167,7 @@ def test_the_loaded_pair_shows_its_own_fit(tmp_path):
 
     from service_support import start_service
 
-    from dflash_local.memory_fit import config_dtype_bytes, kv_cache_bytes
+    from dflash_local.pairs.memory_fit import config_dtype_bytes, kv_cache_bytes
 
     target, drafter = make_pair(tmp_path)
     state, server = start_service(target, drafter)
@@ -195,7 +195,7 @@ def test_the_loaded_pair_shows_its_own_fit(tmp_path):
 def test_serve_command_end_to_end(tmp_path):
     target, drafter = make_pair(tmp_path)
     env = {**os.environ, "DFLASH_LOCAL_HOME": str(tmp_path / "home")}
-    command = [sys.executable, "-m", "dflash_local.cli", "serve", "--port", "0", "--target",
+    command = [sys.executable, "-m", "dflash_local.cli.main", "serve", "--port", "0", "--target",
                str(target), "--drafter", str(drafter), "--api-key", "k3y"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env)

@@ -315,7 +315,7 @@ def empty_service(tmp_path, monkeypatch):
 
 def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empty_service,
                                                                      monkeypatch):
-    from dflash_local import calibration
+    from dflash_local.method import calibration
 
     state, server, seen = empty_service
     state.load("transformers", *pair, served_name="tiny", block_size=AUTO)
@@ -343,7 +343,7 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
 
 
 def test_a_calibration_that_cannot_be_cached_still_loads(pair, empty_service, caplog):
-    from dflash_local import calibration
+    from dflash_local.method import calibration
 
     state, _server, seen = empty_service
     (calibration.paths.data_dir() / "calibration").write_text("a file where the cache goes")
@@ -355,8 +355,8 @@ def test_a_calibration_that_cannot_be_cached_still_loads(pair, empty_service, ca
 
 def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empty_service,
                                                                       monkeypatch):
-    from dflash_local import calibration
     from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.method import calibration
     from dflash_local.service.errors import LoadFailedError
 
     state, server, _seen = empty_service

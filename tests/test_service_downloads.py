@@ -14,10 +14,10 @@ import httpx
 import pytest
 from service_support import LocalHub, make_pair, start_service, torch_loader, wait_until
 
-from dflash_local.hub import resolve_model
-from dflash_local.hub_download import Download, RepoRef
-from dflash_local.memory_budget import engine_budgets
-from dflash_local.memory_fit import estimate_fit, kv_cache_bytes
+from dflash_local.pairs.hub import resolve_model
+from dflash_local.pairs.hub_download import Download, RepoRef
+from dflash_local.pairs.memory_budget import engine_budgets
+from dflash_local.pairs.memory_fit import estimate_fit, kv_cache_bytes
 
 TARGET, DRAFTER = "test/tiny-target", "test/tiny-drafter"
 HOLD_AFTER = 64 * 1024  # bytes of a big file the local hub sends before holding the rest
@@ -129,7 +129,7 @@ def test_offline_mode_fails_with_a_clear_message(tmp_path):
     """HF_HUB_OFFLINE is read when huggingface_hub is imported: a fresh process, for real."""
     code = textwrap.dedent(f"""
         import json
-        from dflash_local.hub_download import Download, RepoRef
+        from dflash_local.pairs.hub_download import Download, RepoRef
         d = Download([RepoRef("nobody/no-such-model")], cache_dir={str(tmp_path)!r}).start()
         d.wait(60)
         print(json.dumps(d.snapshot()))
@@ -187,7 +187,7 @@ drafter = { repo = "test/tiny-drafter", source = "hub" }
 
 
 def service_without_pair(tmp_path, endpoint: str):
-    from dflash_local.catalog import load_catalog
+    from dflash_local.pairs.catalog import load_catalog
     from dflash_local.service.app import create_app
     from dflash_local.service.server import BackgroundServer
     from dflash_local.service.state import ServiceState
@@ -296,7 +296,7 @@ def test_a_download_is_finished_before_its_outcome_is_heard(tmp_path):
 
 
 def test_a_finished_download_is_complete_until_a_file_is_cut_short(pair, tmp_path):
-    from dflash_local.snapshot_manifest import MANIFEST, IncompleteSnapshotError
+    from dflash_local.pairs.snapshot_manifest import MANIFEST, IncompleteSnapshotError
 
     with LocalHub({TARGET: pair[0], DRAFTER: pair[1]}) as hub:
         download = Download(pair_refs(), cache_dir=tmp_path, endpoint=hub.url).start()

@@ -9,7 +9,7 @@ import openai
 import pytest
 from service_support import make_pair
 
-from dflash_local.cli import build_parser, main
+from dflash_local.cli.main import build_parser, main
 from dflash_local.service.cli_serve import _load_options
 
 

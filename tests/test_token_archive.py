@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_models import make_target
 
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 from dflash_local.errors import CheckpointError
 
 

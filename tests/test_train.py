@@ -13,7 +13,7 @@ import torch
 from fixtures_tiny import collect
 from tiny_models import make_target
 
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 from dflash_local.errors import DFlashError
 from dflash_local.events import GenerationParams, parse_block_size
 

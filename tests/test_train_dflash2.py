@@ -13,7 +13,7 @@ from fixtures_tiny import collect, params_of
 from test_train import synthetic_sequences
 from tiny_models import make_target
 
-from dflash_local.cli import main
+from dflash_local.cli.main import main
 from dflash_local.drafter.dflash2_torch import grouped_causal_conv
 
 

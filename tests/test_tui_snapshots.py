@@ -128,10 +128,10 @@ def test_race_verdict_at_80x24(app, snap_compare):
 
 
 async def listed_catalog(pilot) -> None:
-    from dflash_local.catalog import load_catalog
     from dflash_local.engines.selection import PlatformInfo
-    from dflash_local.memory_budget import MachineMemory, budget_for
-    from dflash_local.pair_fit import pair_fits
+    from dflash_local.pairs.catalog import load_catalog
+    from dflash_local.pairs.memory_budget import MachineMemory, budget_for
+    from dflash_local.pairs.pair_fit import pair_fits
 
     # a 32 GB Mac with a 22 GB Metal working set, from the catalog's numbers (nothing local)
     mac = PlatformInfo("Darwin", "arm64", cuda=False, installed=frozenset({"mlx", "torch"}))

@@ -295,7 +295,7 @@ def test_prompt_lookup_rounds_are_counted_and_shown_apart_from_fallback():
 def test_the_apps_round_modes_are_the_ones_the_service_streams():
     from dflash_chat import protocol
 
-    from dflash_local.planning import modes
+    from dflash_local.method.planning import modes
 
     assert (protocol.MODE_SPECULATIVE, protocol.MODE_FALLBACK, protocol.MODE_PROBE, protocol.MODE_LOOKUP) == (
         modes.SPECULATIVE, modes.FALLBACK, modes.PROBE, modes.LOOKUP)
@@ -319,10 +319,10 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
         fits_label,
     )
 
-    from dflash_local.catalog import load_catalog
     from dflash_local.engines.selection import PlatformInfo
-    from dflash_local.memory_budget import MachineMemory, budget_for
-    from dflash_local.pair_fit import pair_fits
+    from dflash_local.pairs.catalog import load_catalog
+    from dflash_local.pairs.memory_budget import MachineMemory, budget_for
+    from dflash_local.pairs.pair_fit import pair_fits
 
     mac = PlatformInfo("Darwin", "arm64", cuda=False, installed=frozenset({"mlx", "torch"}))
     budgets = {engine: budget_for(engine, mac, MachineMemory(16 * 2**30, 10 * 2**30, metal=True))

@@ -15,7 +15,7 @@ from dflash_local.engines import turn_warmup
 from dflash_local.engines.base import next_turn_ids
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationStats
-from dflash_local.prefix_cache import common_prefix
+from dflash_local.method.prefix_cache import common_prefix
 
 NEVER = 10_000  # a stop id no tiny model emits: runs go to max_tokens
 PARAMS = params_of(max_tokens=40, block_size=4, stop_token_ids=(NEVER,))

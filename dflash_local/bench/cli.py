@@ -16,7 +16,7 @@ from dflash_local.events import (
     block_size_arg,
     draft_window_arg,
 )
-from dflash_local.precision import DTYPE_CHOICES
+from dflash_local.pairs.precision import DTYPE_CHOICES
 
 SERVED = ("openai", "vllm", "sglang")  # the server templates, tokenizes and reports acceptance
 
@@ -154,8 +154,8 @@ def _engine_options(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
-    from dflash_local.default_pair import pair_names
     from dflash_local.engines import load_engine
+    from dflash_local.pairs.default_pair import pair_names
 
     if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     trace = None
     if args.trace is not None:  # opened before the load: a path it cannot write fails at once
-        from dflash_local.round_trace import RoundTrace
+        from dflash_local.method.round_trace import RoundTrace
 
         trace = RoundTrace(args.trace)
     engine = load_engine(args.engine, target, drafter, **_engine_options(args))

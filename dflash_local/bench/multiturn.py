@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import BenchPrompt
 from dflash_local.events import GenerationParams, GenerationStats
-from dflash_local.prefix_cache import MIB, PrefixCache
+from dflash_local.method.prefix_cache import MIB, PrefixCache
 
 MEMORY_TOKENS = 64  # the memory check's answers are at most this long
 MODES = ("off", "on", "pause")
@@ -212,10 +212,10 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
     import sys
     from datetime import UTC, datetime
 
-    from dflash_local import calibration
     from dflash_local.engines import load_engine
     from dflash_local.errors import DFlashError
     from dflash_local.events import AUTO
+    from dflash_local.method import calibration
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     if args.conversations < 0:

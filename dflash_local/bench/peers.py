@@ -93,7 +93,7 @@ def transformers_peers(engine, ar_draft: str | None) -> list[Peer]:
     from transformers import AutoModelForCausalLM
 
     from dflash_local.accel.torch_linear import pack_causal_lm
-    from dflash_local.hub import resolve_model
+    from dflash_local.pairs.hub import resolve_model
 
     draft = AutoModelForCausalLM.from_pretrained(resolve_model(ar_draft), dtype=engine.model.dtype)
     draft = draft.to(engine.model.device).eval()
@@ -164,7 +164,7 @@ def mlx_peers(engine, ar_draft: str | None) -> list[Peer]:
         return [*peers, Peer("mlx-lm draft model (AR draft)", None, NO_AR_DRAFT)]
     from mlx_lm import load as mlx_lm_load
 
-    from dflash_local.hub import resolve_model
+    from dflash_local.pairs.hub import resolve_model
 
     draft, draft_tokenizer = mlx_lm_load(str(resolve_model(ar_draft)))
     _check_same_vocab(draft_tokenizer.vocab_size, engine.tokenizer.vocab_size, ar_draft)

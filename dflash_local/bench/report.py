@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from dflash_local.bench.noise import NOISY_STEAL_SHARE
-from dflash_local.planning.modes import FALLBACK, LOOKUP, PROBE
+from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE
 
 NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average this far per core above the run's own threads: suspect
 

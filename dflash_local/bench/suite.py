@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from dflash_local import calibration
 from dflash_local.bench.datasets import BenchPrompt
 from dflash_local.bench.measure import RunFigures, fastest, run_ours, run_served, summarize
 from dflash_local.bench.noise import cpu_ticks, steal_share
 from dflash_local.bench.peers import Peer, peers_for
 from dflash_local.events import AUTO, BlockSize, Fixed, GenerationParams
+from dflash_local.method import calibration
 
 PLAIN = "plain"
 WARMUP_TOKENS = 24

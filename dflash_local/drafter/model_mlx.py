@@ -21,10 +21,10 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_local.accel.mlx_attention import attend
-from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter import dflash2_mlx, selector
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
 from dflash_local.errors import CheckpointError
+from dflash_local.method.draft_tree import DraftTree, tree_from_logits
 
 
 class Attention(nn.Module):

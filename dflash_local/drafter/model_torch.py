@@ -19,12 +19,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dflash_local.draft_tree import DraftTree, tree_from_logits
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_checkpoint_json
 from dflash_local.drafter.dflash2_torch import CandidateSelector, GroupedCausalConv
 from dflash_local.drafter.rope_torch import RotaryEmbedding, apply_rope
 from dflash_local.drafter.selector import greedy_chain, selector_tree
 from dflash_local.errors import CheckpointError
+from dflash_local.method.draft_tree import DraftTree, tree_from_logits
 
 
 class RMSNorm(nn.Module):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_local.draft_tree import DraftTree
+from dflash_local.method.draft_tree import DraftTree
 
 
 @dataclass(frozen=True)

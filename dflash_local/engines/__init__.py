@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dflash_local.engines.base import Engine
 from dflash_local.errors import EngineUnavailableError
-from dflash_local.hub import resolve_model
+from dflash_local.pairs.hub import resolve_model
 
 __all__ = ["ENGINES", "Engine", "choose_engine", "load_engine"]
 SERVED_ENGINES = ("vllm", "sglang")

@@ -16,9 +16,8 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dflash_local import calibration, speculative
-from dflash_local.detokenize import StreamDetokenizer
 from dflash_local.engines.client_text import client_strings, encode_marked, mark_special_texts
+from dflash_local.engines.detokenize import StreamDetokenizer
 from dflash_local.engines.turn_warmup import warm
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import (
@@ -30,9 +29,10 @@ from dflash_local.events import (
     check_draft_window,
     widest_block,
 )
-from dflash_local.interfaces import Drafter, TargetRunner
-from dflash_local.prefix_cache import PrefixCache, PrefixStates, Resume
-from dflash_local.round_trace import RoundTrace
+from dflash_local.method import calibration, speculative
+from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.prefix_cache import PrefixCache, PrefixStates, Resume
+from dflash_local.method.round_trace import RoundTrace
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_local.accel import Installed, blas, mlx_attention, uninstall_all
-from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import (
     load_checked_drafter_config,
     load_target_info,
@@ -37,9 +36,10 @@ from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixStates
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
-from dflash_local.memory_fit import config_quantized, prefix_row_bytes
-from dflash_local.precision import resolve_dtype
-from dflash_local.prefix_cache import make_prefix_cache
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.prefix_cache import make_prefix_cache
+from dflash_local.pairs.memory_fit import config_quantized, prefix_row_bytes
+from dflash_local.pairs.precision import resolve_dtype
 
 logger = logging.getLogger(__name__)
 

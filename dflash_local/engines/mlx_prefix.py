@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from dflash_local.drafter.model_mlx import DraftSession
-from dflash_local.prefix_cache import Kept
+from dflash_local.method.prefix_cache import Kept
 
 
 @dataclass(frozen=True)

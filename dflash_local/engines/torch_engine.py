@@ -26,7 +26,6 @@ from dflash_local.accel.torch_linear import (
     pack_linear,
     pack_linears,
 )
-from dflash_local.draft_tree import DraftTree
 from dflash_local.drafter.config import (
     load_checked_drafter_config,
     load_target_info,
@@ -39,8 +38,9 @@ from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities, check_draft_window
-from dflash_local.precision import resolve_dtype
-from dflash_local.prefix_cache import make_prefix_cache
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.prefix_cache import make_prefix_cache
+from dflash_local.pairs.precision import resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -27,8 +27,8 @@ from transformers.cache_utils import (
 )
 
 from dflash_local.drafter.model_torch import ContextCache, DraftSession
-from dflash_local.memory_fit import prefix_row_bytes
-from dflash_local.prefix_cache import Kept
+from dflash_local.method.prefix_cache import Kept
+from dflash_local.pairs.memory_fit import prefix_row_bytes
 
 
 @dataclass(frozen=True)

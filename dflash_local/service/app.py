@@ -19,11 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from dflash_local import __version__
-from dflash_local.catalog import AVAILABLE, INCOMPLETE, ModelSpec, find_local
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
-from dflash_local.memory_budget import engine_budgets
-from dflash_local.pair_fit import ModelFiles, loaded_fit, pair_fits
+from dflash_local.pairs.catalog import AVAILABLE, INCOMPLETE, ModelSpec, find_local
+from dflash_local.pairs.memory_budget import engine_budgets
+from dflash_local.pairs.pair_fit import ModelFiles, loaded_fit, pair_fits
 from dflash_local.service import anthropic_messages, chat, jobs, responses, responses_api
 from dflash_local.service.anthropic_messages import MESSAGES_PATH, AnthropicErrors
 from dflash_local.service.anthropic_schemas import MessagesRequest

@@ -12,7 +12,7 @@ import shlex
 import sys
 
 from dflash_local.events import block_size_arg, draft_window_arg
-from dflash_local.precision import DTYPE_CHOICES
+from dflash_local.pairs.precision import DTYPE_CHOICES
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
 SERVED = ("openai", "vllm", "sglang")  # engines whose server tokenizes and decodes
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_phase(name: str, phase: str) -> None:
     """On stdout, where dflash-chat reads it while it waits for the serving line."""
-    from dflash_local.calibration import CALIBRATING  # numpy: not for every CLI start
+    from dflash_local.method.calibration import CALIBRATING  # numpy: not for every CLI start
 
     if phase == CALIBRATING:
         print(f"dflash-local {CALIBRATING} {name} (round costs on this machine, measured once per "
@@ -125,7 +125,7 @@ def _print_phase(name: str, phase: str) -> None:
 
 
 def _initial_load(state, args: argparse.Namespace) -> None:
-    from dflash_local.hub import resolve_model
+    from dflash_local.pairs.hub import resolve_model
     from dflash_local.service.state import pick_engine
 
     if args.engine == "openai":
@@ -152,7 +152,7 @@ def _initial_load(state, args: argparse.Namespace) -> None:
 def _check_prefix_cache(args: argparse.Namespace) -> None:
     """A budget of 0 or more than this machine has is refused before anything loads."""
     from dflash_local.errors import InvalidRequestError
-    from dflash_local.prefix_cache import budget_bytes, machine_memory_bytes
+    from dflash_local.method.prefix_cache import budget_bytes, machine_memory_bytes
 
     if args.prefix_cache_mb is None:
         return

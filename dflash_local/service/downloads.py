@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
-from dflash_local.catalog import Catalog, PairSpec, find_local
 from dflash_local.errors import InvalidRequestError
-from dflash_local.hub_download import TERMINAL_STATUSES, Download, RepoRef
-from dflash_local.memory_budget import engine_budgets
-from dflash_local.pair_fit import ModelFiles, pair_fits
+from dflash_local.pairs.catalog import Catalog, PairSpec, find_local
+from dflash_local.pairs.hub_download import TERMINAL_STATUSES, Download, RepoRef
+from dflash_local.pairs.memory_budget import engine_budgets
+from dflash_local.pairs.pair_fit import ModelFiles, pair_fits
 from dflash_local.service.errors import NotFoundError
 from dflash_local.service.validation import redact_paths
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from dflash_local.detokenize import HARMONY_MARKERS
+from dflash_local.engines.detokenize import HARMONY_MARKERS
 from dflash_local.service.tool_formats import Schemas, parse_harmony
 from dflash_local.service.tool_stream import ParsedCall, ReplySplitter, parsed_calls
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from dflash_local.detokenize import StreamDetokenizer, token_bytes
+from dflash_local.engines.detokenize import StreamDetokenizer, token_bytes
 from dflash_local.events import StepEvent, TokenLogprob
 
 

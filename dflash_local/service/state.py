@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_local.catalog import Catalog, load_catalog, locate
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.engines.base import Engine
 from dflash_local.errors import (
@@ -27,7 +26,8 @@ from dflash_local.errors import (
     ModelNotFoundError,
 )
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
-from dflash_local.hub import is_repo_id, resolve_model
+from dflash_local.pairs.catalog import Catalog, load_catalog, locate
+from dflash_local.pairs.hub import is_repo_id, resolve_model
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.validation import redact_paths

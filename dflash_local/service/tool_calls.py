@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_local.detokenize import speaks_harmony
+from dflash_local.engines.detokenize import speaks_harmony
 from dflash_local.errors import InvalidRequestError
 from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.tool_formats import ToolFormat, format_for_template, template_uses_tools

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
-    from dflash_local.hub import resolve_model
+    from dflash_local.pairs.hub import resolve_model
     from dflash_local.train.regenerate import (
         MAX_PROMPT_TOKENS,
         check_data_taps,
@@ -363,7 +363,7 @@ def choose_training_draft_vocab(out: Path, sequences: list[dict], size: int, voc
 
 
 def _train_ar(args: argparse.Namespace, target, tokenizer, sequences, started: float) -> int:
-    from dflash_local.embedded import make_config_portable
+    from dflash_local.pairs.embedded import make_config_portable
     from dflash_local.train.ar_draft import ar_draft_from_target, train_ar_draft
     from dflash_local.train.trainer import TrainSettings
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# a round's `mode` as the service streams it (the names of dflash_local/planning/modes.py)
+# a round's `mode` as the service streams it (the names of dflash_local/method/planning/modes.py)
 MODE_SPECULATIVE = "speculative"
 MODE_FALLBACK = "plain-fallback"  # the block policy chose plain decoding: speculation was losing
 MODE_PROBE = "probe"  # one speculative round tried while falling back

@@ -1,6 +1,6 @@
 """The dflash-local service as the app's child process: start, wait until it answers, stop.
 
-Boundary: no Textual, no model code: it runs `python -m dflash_local.cli serve` on a free
+Boundary: no Textual, no model code: it runs `python -m dflash_local.cli.main serve` on a free
 loopback port (port 0, read back from the line serve prints) with a random API key passed
 through the environment (not argv, which other users can read in `ps`). The child's stderr and
 stdout go to a log file (both appending) whose tail explains a failed start or a dead service.
@@ -22,7 +22,7 @@ from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
 if TYPE_CHECKING:
     from dflash_chat.client import DFlashClient
 
-SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli", "serve")
+SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli.main", "serve")
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
 SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
 PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long wait before it, named

@@ -2,7 +2,7 @@
 `bench` plug in their own parsers.
 
 Boundary: argument parsing and printing only. Engines load through `dflash_local.engines`, names
-resolve through `dflash_local.hub`. Every DFlashError ends as one `error: ...` line and exit 2.
+resolve through `dflash_local.pairs.hub`. Every DFlashError ends as one `error: ...` line and exit 2.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
-from dflash_local.cli_reply import Reply, ReplyEcho, ReplyText
-from dflash_local.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
-from dflash_local.detokenize import speaks_harmony
+from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
+from dflash_local.engines.detokenize import speaks_harmony
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
     AUTO,
@@ -26,7 +25,8 @@ from dflash_local.events import (
     draft_window_arg,
     widest_block,
 )
-from dflash_local.precision import DTYPE_CHOICES
+from dflash_local.pairs.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
+from dflash_local.pairs.precision import DTYPE_CHOICES
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
 
@@ -113,7 +113,7 @@ def _add_trace(commands) -> None:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from dflash_local.round_trace import format_summary, read_trace, summarize
+    from dflash_local.method.round_trace import format_summary, read_trace, summarize
 
     if not args.path.is_file():
         raise DFlashError(f"trace {args.path}: no such file")
@@ -152,7 +152,7 @@ def run_generate(args: argparse.Namespace) -> int:
     _quiet_frameworks()
     trace = None
     if args.trace is not None:  # opened before the load: a path it cannot write fails at once
-        from dflash_local.round_trace import RoundTrace
+        from dflash_local.method.round_trace import RoundTrace
 
         trace = RoundTrace(args.trace)
         trace.label = args.prompt[:60]
@@ -233,7 +233,7 @@ def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
 
 
 def run_import_embedded(args: argparse.Namespace) -> int:
-    from dflash_local.embedded import import_embedded
+    from dflash_local.pairs.embedded import import_embedded
 
     _quiet_frameworks()
     path = import_embedded(dtype=args.dtype, force=args.force)

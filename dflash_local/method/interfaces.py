@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dflash_local.draft_tree import DraftTree
+from dflash_local.method.draft_tree import DraftTree
 
 
 class TargetRunner(Protocol):

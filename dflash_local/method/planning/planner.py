@@ -1,4 +1,4 @@
-"""Planners: which proposer makes each round's draft, and how wide (proposers.py).
+"""The planner protocol, `make_planner`, and the round shapes calibration times.
 
 A planner is asked `plan(context, remaining)` before each round and told the round's outcome
 once, in `observe`; it owns whatever it estimates. `FixedPlanner` drafts one width every round
@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dflash_local.draft_tree import DraftTree
 from dflash_local.events import Auto, GenerationParams
-from dflash_local.planning.auto import AutoPlanner
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.fixed import FixedPlanner, is_tree_round
-from dflash_local.proposers import Draft, Proposer
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.planning.auto import AutoPlanner
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.fixed import FixedPlanner, is_tree_round
+from dflash_local.method.proposers import Draft, Proposer
 
 
 class Planner(Protocol):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dflash_local.planning.costs import RoundCosts
+from dflash_local.method.planning.costs import RoundCosts
 
 
 class TreeSizer:

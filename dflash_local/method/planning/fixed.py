@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dflash_local.planning.modes import PLAIN, SPECULATIVE
-from dflash_local.proposers import Draft, DrafterChain, DrafterTree, NoDraft, Proposer
+from dflash_local.method.planning.modes import PLAIN, SPECULATIVE
+from dflash_local.method.proposers import Draft, DrafterChain, DrafterTree, NoDraft, Proposer
 
 
 def is_tree_round(width: int, trees: bool) -> bool:

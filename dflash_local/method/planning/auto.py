@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dflash_local.draft_tree import DraftTree
-from dflash_local.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
-from dflash_local.planning.copies import LookupPolicy
-from dflash_local.planning.costs import RoundCosts
-from dflash_local.planning.modes import LOOKUP, PROBE, SPECULATIVE
-from dflash_local.planning.trees import TreeSizer
-from dflash_local.planning.widths import BlockPolicy
-from dflash_local.proposers import (
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
+from dflash_local.method.planning.copies import LookupPolicy
+from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.modes import LOOKUP, PROBE, SPECULATIVE
+from dflash_local.method.planning.trees import TreeSizer
+from dflash_local.method.planning.widths import BlockPolicy
+from dflash_local.method.proposers import (
     Draft,
     DrafterChain,
     DrafterTree,

@@ -14,8 +14,8 @@ from typing import Any
 
 from dflash_local import paths
 from dflash_local.errors import CheckpointError, ModelNotFoundError
-from dflash_local.memory_fit import QUANT_BYTES_PER_PARAM
-from dflash_local.snapshot_manifest import INCOMPLETE, IncompleteSnapshotError
+from dflash_local.pairs.memory_fit import QUANT_BYTES_PER_PARAM
+from dflash_local.pairs.snapshot_manifest import INCOMPLETE, IncompleteSnapshotError
 
 ENGINES = ("mlx", "transformers", "vllm", "sglang")
 LOCAL_ENGINES = ("mlx", "transformers")  # run in this process; the others are servers
@@ -223,7 +223,7 @@ def locate(model: ModelSpec, local_only: bool = True, prepare: bool = False,
            cache_dir: str | Path | None = None) -> Path:
     """The local directory of a catalog model. `prepare` imports the embedded target if needed."""
     if model.source == "embedded":
-        from dflash_local import embedded  # lazy: it pulls in the GGUF reader
+        from dflash_local.pairs import embedded  # lazy: it pulls in the GGUF reader
 
         target_dir = embedded.embedded_target_dir()
         if embedded.is_complete_import(target_dir):
@@ -236,7 +236,7 @@ def locate(model: ModelSpec, local_only: bool = True, prepare: bool = False,
         if not (shipped / "config.json").is_file():
             raise ModelNotFoundError(f"the shipped drafter {model.repo} is missing ({shipped})")
         return shipped
-    from dflash_local.hub import resolve_model
+    from dflash_local.pairs.hub import resolve_model
 
     return resolve_model(model.repo, revision=model.revision, local_only=local_only,
                          cache_dir=cache_dir)
@@ -253,7 +253,7 @@ def find_local(model: ModelSpec, cache_dir: str | Path | None = None) -> tuple[s
     except ModelNotFoundError:
         if model.source != "embedded":
             return MISSING, None
-    from dflash_local import embedded
+    from dflash_local.pairs import embedded
 
     try:
         embedded.find_embedded_gguf()

@@ -2,7 +2,7 @@
 
 An explicit step at load (the engine's `calibrate`, shown as a phase by the CLI, the service
 and the app): it measures through the engine's own TargetRunner and Drafter (no framework
-import here) the rounds the planners run (planning.timed_rounds), and caches the result as JSON
+import here) the rounds the planners run (planning/planner.py: timed_rounds), and caches the result as JSON
 under data_dir()/calibration/, one file per machine + engine + pair (+ drafter weights' size and
 mtime) + dtype + framework versions. Two parts:
 - costs: runner.verify + commit (+ the drafter's pass when w > 1; both kept, a prompt-lookup
@@ -37,11 +37,11 @@ import numpy as np
 
 from dflash_local import paths
 from dflash_local.events import Fixed, GenerationParams, StepEvent
-from dflash_local.planning import RoundShape, timed_rounds
-from dflash_local.planning.costs import RoundCosts, smoothed_rates
+from dflash_local.method.planning.costs import RoundCosts, smoothed_rates
+from dflash_local.method.planning.planner import RoundShape, timed_rounds
 
 if TYPE_CHECKING:
-    from dflash_local.interfaces import Drafter, TargetRunner
+    from dflash_local.method.interfaces import Drafter, TargetRunner
 
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured

@@ -24,8 +24,8 @@ from dflash_local.drafter.config import (
     target_info_from_config,
 )
 from dflash_local.errors import DFlashError, IncompatiblePairError, ModelNotFoundError
-from dflash_local.hub import HUB_ERRORS, WEIGHT_PATTERNS, hub_error, is_repo_id
-from dflash_local.snapshot_manifest import write_manifest
+from dflash_local.pairs.hub import HUB_ERRORS, WEIGHT_PATTERNS, hub_error, is_repo_id
+from dflash_local.pairs.snapshot_manifest import write_manifest
 
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
 # (config.json by role, weights' bytes by role) -> the snapshot's `fit`, from the listing alone

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_local.planning.costs import RoundCosts, speeds_by_width
+from dflash_local.method.planning.costs import RoundCosts, speeds_by_width
 
 # what a lookup draft's continuation rate starts from, by the length of the matched suffix: a
 # 3-token match is more often a real copy than a 1-token one (design priors, then measured)

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dflash_local.draft_tree import DraftTree
-from dflash_local.lookup import LookupDraft
-from dflash_local.planning.modes import LOOKUP, SPECULATIVE
+from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.lookup import LookupDraft
+from dflash_local.method.planning.modes import LOOKUP, SPECULATIVE
 
 if TYPE_CHECKING:
-    from dflash_local.interfaces import Drafter, TargetRunner
+    from dflash_local.method.interfaces import Drafter, TargetRunner
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_local.catalog import ModelSpec, PairSpec
-from dflash_local.memory_budget import EngineBudget
-from dflash_local.memory_fit import (
+from dflash_local.pairs.catalog import ModelSpec, PairSpec
+from dflash_local.pairs.memory_budget import EngineBudget
+from dflash_local.pairs.memory_fit import (
     DTYPE_BYTES,
     QUANT_BYTES_PER_PARAM,
     config_dtype_bytes,

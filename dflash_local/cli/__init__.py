@@ -1,0 +1,2 @@
+"""The `dflash-local` command: the umbrella parser and `generate` (main.py), how a reply is
+printed (reply.py). `serve`, `bench` and `train` bring their own parsers."""
