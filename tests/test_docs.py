@@ -64,3 +64,11 @@ def test_relative_links_point_at_files(path):
         if not (path.parent / target.split("#")[0]).exists():
             missing.append(target)
     assert missing == [], f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_every_experiment_script_is_indexed():
+    folder = ROOT / "scripts" / "experiments"
+    index = (folder / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^- `([^`]+)`: \S", index, re.MULTILINE))
+    scripts = {path.name for path in folder.iterdir() if path.suffix in (".py", ".sh")}
+    assert listed == scripts, f"unlisted: {sorted(scripts - listed)}; gone: {sorted(listed - scripts)}"

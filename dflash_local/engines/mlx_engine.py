@@ -228,7 +228,7 @@ class MLXEngine(LocalEngine):
         self.adapter = adapter_for(model_type_of(raw_config))
         drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
                           if drafter_path else None)
-        # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+        # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)
         quantized = config_quantized(raw_config)

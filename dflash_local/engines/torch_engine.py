@@ -235,12 +235,12 @@ class TorchEngine(LocalEngine):
                           if drafter_path else None)
         draft_ids = None
         if drafter_config is not None:
-            # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+            # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, config, torch_dtype, device)
         self.accelerations: list[Installed] = [torch_attention.install(self.model)]
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
-        # pack_cpu_linears=False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
+        # pack_cpu_linears=False: stock PyTorch linears (scripts/experiments/torch_verify_cost.py compares)
         self.packed = (install_causal_lm(self.model, rows_hint) if pack_cpu_linears
                        else Installed("torch_linear"))
         self.drafter = None
