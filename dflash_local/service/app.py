@@ -27,8 +27,8 @@ from dflash_local.pairs.pair_fit import ModelFiles, loaded_fit, pair_fits
 from dflash_local.service import anthropic_messages, chat, jobs, responses, responses_api
 from dflash_local.service.anthropic_messages import MESSAGES_PATH, AnthropicErrors
 from dflash_local.service.anthropic_schemas import MessagesRequest
+from dflash_local.service.api_errors import error_response, install_handlers
 from dflash_local.service.downloads import follow, public_snapshot
-from dflash_local.service.errors import error_response, install_handlers
 from dflash_local.service.guards import (
     DEFAULT_MAX_BODY_BYTES,
     LOOPBACK_HOSTS,

@@ -10,7 +10,7 @@ from fastapi import Request
 
 from dflash_local.errors import InvalidRequestError
 from dflash_local.service import jobs, responses
-from dflash_local.service.errors import error_body
+from dflash_local.service.api_errors import error_body
 from dflash_local.service.schemas import ChatCompletionRequest
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.worker import Chunk, JobRequest

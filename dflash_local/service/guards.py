@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from fastapi import HTTPException
 
-from dflash_local.service.errors import error_response
+from dflash_local.service.api_errors import error_response
 from dflash_local.service.validation import shown_value
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")

@@ -26,7 +26,7 @@ from dflash_local.events import (
     widest_block,
 )
 from dflash_local.service import responses
-from dflash_local.service.errors import status_of
+from dflash_local.service.api_errors import status_of
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.worker import Chunk, Failed, Finished, Job, JobRequest, ToolCallDelta
 

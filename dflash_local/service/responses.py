@@ -88,7 +88,7 @@ class ChunkWriter:
     def step(self, text: str, event: StepEvent, finish_reason: str | None,
              logprobs: list[dict] | None = None,
              tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "") -> dict:
-        """`logprobs`: the entries of this chunk's text (service/logprobs.py), None unasked;
+        """`logprobs`: the entries of this chunk's text (service/logprob_entries.py), None unasked;
         `reasoning`: a harmony target's analysis text, as vLLM's `reasoning_content`."""
         delta = {"content": text if text or not (tool_calls or reasoning) else None}
         if reasoning:
