@@ -35,7 +35,9 @@ router = APIRouter()
 @router.post(MESSAGES_PATH)
 async def messages(body: MessagesRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
-    return await create(body, loaded, request)
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
+                          body.stream, id_prefix="msg_")
 
 
 def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
@@ -44,12 +46,6 @@ def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     return JobRequest(messages=body.template_messages(), params=params, max_tokens_given=True,
                       thinking=body.thinking_mode(), stop=tuple(body.stop_sequences or ()),
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
-
-
-async def create(body: MessagesRequest, loaded: LoadedPair, request: Request):
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
-                          body.stream, id_prefix="msg_")
 
 
 def tool_use_id(call_id: str) -> str:

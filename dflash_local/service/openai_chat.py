@@ -28,7 +28,12 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
-    return await complete(body, loaded, request)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    job = job_request(body, loaded)
+    logprobs = job.params.logprobs is not None
+    return await jobs.run(job, loaded, request,
+                          lambda reply_id: ChatEncoder(reply_id, loaded.served_name, include_usage, logprobs),
+                          body.stream)
 
 
 def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
@@ -57,8 +62,8 @@ class ChatEncoder:
 
     def chunk(self, chunk: Chunk) -> bytes:
         logprobs = list(chunk.logprobs) if self.logprobs else None
-        return sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason,
-                                              logprobs, chunk.tool_calls, chunk.reasoning))
+        return sse(self.writer.step(chunk.text, chunk.event, chunk.finish_reason, logprobs,
+                                    chunk.tool_calls, chunk.reasoning))
 
     def finished(self, usage: dict) -> bytes:
         events = sse(self.writer.usage(usage)) if self.include_usage else b""
@@ -70,17 +75,8 @@ class ChatEncoder:
 
     def body(self, reply: jobs.Reply, usage: dict) -> dict:
         return completion(self.reply_id, self.model, reply.text, reply.finish_reason, usage,
-                                    reply.logprobs if self.logprobs else None,
-                                    tuple(reply.tool_deltas), reply.reasoning)
-
-
-async def complete(body: ChatCompletionRequest, loaded: LoadedPair, request: Request):
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    job = job_request(body, loaded)
-    logprobs = job.params.logprobs is not None
-    return await jobs.run(job, loaded, request,
-                          lambda reply_id: ChatEncoder(reply_id, loaded.served_name, include_usage, logprobs),
-                          body.stream)
+                          reply.logprobs if self.logprobs else None,
+                          tuple(reply.tool_deltas), reply.reasoning)
 
 
 class ChunkWriter:

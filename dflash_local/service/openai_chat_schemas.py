@@ -1,8 +1,9 @@
 """POST /v1/chat/completions bodies: the OpenAI chat fields we honour, and our extensions.
 
-OpenAI fields we do not implement are refused by name (unsupported.py), fields unknown to OpenAI
-are ignored, as vLLM does. Range checks mirror OpenAI's (temperature in [0, 2], n == 1). What
-the other APIs share with chat (text, caps, tools' template form) is request_fields.py's.
+OpenAI fields we do not implement are refused by name (openai_chat_unsupported.py), fields
+unknown to OpenAI are ignored, as vLLM does. Range checks mirror OpenAI's (temperature in
+[0, 2], n == 1). What the other APIs share with chat (text, caps, tools' template form) is
+request_fields.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dflash_local.events import MAX_TOP_LOGPROBS
+from dflash_local.service.openai_chat_unsupported import (
+    UnsupportedMessageFields,
+    UnsupportedOpenAIFields,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
@@ -28,7 +33,6 @@ from dflash_local.service.request_fields import (
     template_call,
     template_tool,
 )
-from dflash_local.service.unsupported import UnsupportedMessageFields, UnsupportedOpenAIFields
 
 
 class TextPart(StrictModel):

@@ -30,7 +30,9 @@ router = APIRouter()
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
-    return await create(body, loaded, request)
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
+                          body.stream, id_prefix="resp_")
 
 
 def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
@@ -38,12 +40,6 @@ def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
     return JobRequest(messages=body.template_messages(), params=params,
                       max_tokens_given=body.max_output_tokens is not None,
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
-
-
-async def create(body: ResponsesRequest, loaded: LoadedPair, request: Request):
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
-                          body.stream, id_prefix="resp_")
 
 
 def responses_usage(usage: dict) -> dict:
