@@ -28,8 +28,8 @@ from dflash_local.errors import (
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
+from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
-from dflash_local.service.errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
