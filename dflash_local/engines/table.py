@@ -71,12 +71,14 @@ OPENAI = EngineSpec(
 
 ENGINES: tuple[EngineSpec, ...] = (MLX, TRANSFORMERS, VLLM, SGLANG, OPENAI)
 
-# The order `--engine auto` tries engines on each kind of machine (the first one installed wins).
+# The order `--engine auto` tries engines on each kind of machine (the first one installed wins):
+# on a GPU the launched engines are the fast path; on Linux CPUs torch's kernels beat mlx[cpu]
+# (vLLM and SGLang CPU builds exist but are not the default).
 AUTO_ORDER: dict[str, tuple[EngineSpec, ...]] = {
-    "cuda": (VLLM, SGLANG, TRANSFORMERS, MLX),  # the launched engines are the fast path on a GPU
+    "cuda": (VLLM, SGLANG, TRANSFORMERS, MLX),
     "apple_silicon": (MLX, TRANSFORMERS),
-    "cpu": (TRANSFORMERS, MLX),  # on Linux CPUs torch's kernels beat mlx[cpu]; vLLM/SGLang CPU
-}                                # builds exist but are not the default
+    "cpu": (TRANSFORMERS, MLX),
+}
 PORTABLE = TRANSFORMERS  # runs on any machine: what a load names when `auto` finds nothing
 
 
