@@ -16,6 +16,7 @@ from pathlib import Path
 from dflash_local.bench import cli as bench_cli
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
+from dflash_local.engines.table import LOCAL, engine_names
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
     AUTO,
@@ -68,7 +69,7 @@ def _add_generate(commands) -> None:
                     "streams to stderr, dimmed on a terminal, so stdout holds the answer alone "
                     "(--json: its text, and the reasoning as reasoning_content).")
     gen.add_argument("prompt", metavar="PROMPT")
-    gen.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
+    gen.add_argument("--engine", choices=["auto", *engine_names(LOCAL)], default="auto")
     gen.add_argument("--target", metavar="DIR|REPO",
                      help="target model (default: the embedded pair)")
     gen.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")

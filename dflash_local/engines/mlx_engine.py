@@ -34,6 +34,7 @@ from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixStates
+from dflash_local.engines.table import MLX
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.method.draft_tree import DraftTree
@@ -209,7 +210,7 @@ def _precision_warnings(dtype: str, quantized: bool) -> list[str]:
 
 
 class MLXEngine(LocalEngine):
-    name = "mlx"
+    name = MLX.name
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32",

@@ -35,6 +35,7 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
 from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.table import TRANSFORMERS
 from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities, check_draft_window
@@ -214,7 +215,7 @@ def _load_target(target_path: Path, config, dtype: torch.dtype, device: str):
 
 
 class TorchEngine(LocalEngine):
-    name = "transformers"
+    name = TRANSFORMERS.name
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
