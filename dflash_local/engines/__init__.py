@@ -9,7 +9,8 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dflash_local.engines.base import Engine
+from dflash_local.engines.interface import Engine
+from dflash_local.engines.options import ENGINE_DEFAULTS, LAUNCHED, LOCAL, RELAY, EngineOptions
 from dflash_local.errors import EngineUnavailableError
 from dflash_local.pairs.hub import resolve_model
 
@@ -66,22 +67,24 @@ def choose_engine() -> str:
     return choose(detect_platform())
 
 
-def load_engine(engine: str, target: str, drafter: str | None, **opts) -> Engine:
-    """Resolve the pair's names (local dirs or hub repos) and build the engine.
-
-    opts go to the engine's constructor (dtype, draft_window, device for transformers).
-    """
+def load_engine(engine: str, target: str, drafter: str | None,
+                options: EngineOptions = ENGINE_DEFAULTS) -> Engine:
+    """Resolve the pair's names (local dirs or hub repos) and build the engine with the
+    `options` given (engines/options.py); one it cannot honour is refused."""
     name = choose_engine() if engine == "auto" else engine
     if name == "openai":  # target = the server's base URL
         from dflash_local.engines.openai_engine import RemoteEngine
 
-        return RemoteEngine(target, drafter=drafter, **opts)
+        return RemoteEngine(target, drafter=drafter, **options.keywords(name, RELAY))
     engine_class = engine_class_for(name)
     if name in SERVED_ENGINES:  # the server resolves and downloads the models itself
-        return engine_class(target, drafter, target_name=target, drafter_name=drafter, **opts)
+        return engine_class(target, drafter, target_name=target, drafter_name=drafter,
+                            **options.keywords(name, LAUNCHED))
+    keywords = options.keywords(name, LOCAL)
     target_path = resolve_model(target)
     drafter_path = resolve_model(drafter) if drafter else None
-    return engine_class(target_path, drafter_path, target_name=target, drafter_name=drafter, **opts)
+    return engine_class(target_path, drafter_path, target_name=target, drafter_name=drafter,
+                        **keywords)
 
 
 def engine_class_for(name: str) -> type[Engine]:

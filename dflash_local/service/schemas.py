@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from dflash_local.engines.base import unicode_problem
+from dflash_local.engines.chat_prompt import unicode_problem
 from dflash_local.events import MAX_TOP_LOGPROBS
 from dflash_local.service.unsupported import UnsupportedMessageFields, UnsupportedOpenAIFields
 
