@@ -78,17 +78,18 @@ class LocalEngine(Engine):
         self.accelerations = self.install_accelerations(drafter_config)
         self.drafter = None
         if drafter_config is not None:
-            self.drafter = self.load_drafter(drafter_path, drafter_config, dtype, draft_ids)
+            self.drafter = self.load_bound_drafter(drafter_path, drafter_config, dtype,
+                                                   draft_ids)
         self.draft_window = draft_window
         self.pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
                                    dtype, drafter_config.block_size if drafter_config else 1,
                                    draft_vocab_size=len(draft_ids) if draft_ids else None)
         self.capabilities = EngineCapabilities(
             speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True, logprobs=True, tree_verify=self.verifies_trees())
+            hybrid_targets=True, logprobs=True, tree_verify=self.exact_tree_verify())
         taps = len(drafter_config.target_layer_ids) if drafter_config else 0
         self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
-                                              self.prefix_row_bytes(raw_config, dtype, taps))
+                                              self.kept_row_bytes(raw_config, dtype, taps))
         self.prefix_states = self.make_prefix_states()
         self._ready_to_generate()
         self.choose_threads()
@@ -133,17 +134,17 @@ class LocalEngine(Engine):
         """Install this machine's kernels on the loaded target; what `close` uninstalls."""
 
     @abc.abstractmethod
-    def load_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
                      draft_ids: list[int] | None):
         """The drafter, bound to the target's embeddings and head, drafting only `draft_ids`
         where given; the engine also readies the target's taps of it."""
 
     @abc.abstractmethod
-    def verifies_trees(self) -> bool:
+    def exact_tree_verify(self) -> bool:
         """Whether a tree verify is exact on the loaded target."""
 
     @abc.abstractmethod
-    def prefix_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
         """Bytes one kept row of a conversation costs (the prefix cache's budget counts them)."""
 
     @abc.abstractmethod

@@ -228,7 +228,7 @@ class MLXEngine(LocalEngine):
     def install_accelerations(self, drafter_config: DrafterConfig | None) -> list[Installed]:
         return [mlx_attention.install(self.model), self.adapter.install_row_rope(self.model)]
 
-    def load_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
                      draft_ids: list[int] | None):
         drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
         inner = self.adapter.text_model(self.model)
@@ -238,10 +238,10 @@ class MLXEngine(LocalEngine):
         self.tap_ids = drafter_config.target_layer_ids
         return drafter
 
-    def verifies_trees(self) -> bool:
+    def exact_tree_verify(self) -> bool:
         return verifies_trees(self.model, self.adapter)
 
-    def prefix_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
         return prefix_row_bytes(raw_config, DTYPES[dtype].size, taps)
 
     def make_prefix_states(self) -> MLXPrefixStates:

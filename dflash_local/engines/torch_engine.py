@@ -240,7 +240,7 @@ class TorchEngine(LocalEngine):
                        else Installed("torch_linear"))
         return accelerations
 
-    def load_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
                      draft_ids: list[int] | None):
         drafter = load_drafter(drafter_path, dtype=DTYPES[dtype], device=self.device)
         if self.pack_cpu_linears:
@@ -252,10 +252,10 @@ class TorchEngine(LocalEngine):
         self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         return drafter
 
-    def verifies_trees(self) -> bool:
+    def exact_tree_verify(self) -> bool:
         return supports_tree(self.model.config)
 
-    def prefix_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
         return row_bytes(self.model, taps)
 
     def make_prefix_states(self) -> TorchPrefixStates:
