@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from dflash_local.engines import SERVED_ENGINES
 from dflash_local.engines.options import EngineOptions
 from dflash_local.errors import DFlashError
-
-LAUNCHED_ENGINES = ("vllm", "sglang")  # engines that start their own server
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
@@ -28,7 +27,7 @@ def bench_options(args: argparse.Namespace) -> EngineOptions:
             raise DFlashError(f"--draft-window {args.draft_window}: a relayed server keeps its own "
                               f"draft window (set it where that server starts)")
         return EngineOptions(api_key=args.api_key, plain_base_url=args.plain_base_url)
-    if args.engine in LAUNCHED_ENGINES:
+    if args.engine in SERVED_ENGINES:
         return EngineOptions(dtype=args.dtype, draft_window=args.draft_window, plain_twin=True)
     return EngineOptions(dtype=args.dtype, draft_window=args.draft_window, prefix_cache=False)
 
@@ -49,7 +48,7 @@ def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
     if args.engine == "openai":
         options["openai"] = EngineOptions(api_key=args.remote_api_key,
                                           plain_base_url=args.plain_base_url)
-    elif args.engine in LAUNCHED_ENGINES:  # the launcher starts a plain twin for comparisons
+    elif args.engine in SERVED_ENGINES:  # the launcher starts a plain twin for comparisons
         options[args.engine] = EngineOptions(dtype=args.dtype, plain_twin=args.plain_twin,
                                              server_python=args.server_python,
                                              extra_args=tuple(shlex.split(args.server_args)))
