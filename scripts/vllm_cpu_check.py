@@ -136,9 +136,10 @@ def _ask(url: str, prompt: str, max_tokens: int) -> dict:
 
 def _transformers_replies(target: str, drafter: str, max_tokens: int) -> list[dict]:
     from dflash_local.engines import load_engine
+    from dflash_local.engines.options import EngineOptions
     from dflash_local.events import GenerationParams, GenerationStats, parse_block_size
 
-    engine = load_engine("transformers", target, drafter, dtype="float32")
+    engine = load_engine("transformers", target, drafter, EngineOptions(dtype="float32"))
     replies = []
     try:
         for prompt in PROMPTS:

@@ -42,7 +42,7 @@ def make_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     return target, drafter
 
 
-def torch_loader(engine: str, target: str, drafter: str | None, **_opts):
+def torch_loader(engine: str, target: str, drafter: str | None, _options=None):
     """The service's loader for tests: a TorchEngine on local directories."""
     from dflash_local.engines.torch_engine import TorchEngine
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from service_support import make_pair, start_service
 
-from dflash_local.engines.base import chat_prompt_ids, check_prompt_length
+from dflash_local.engines.chat_prompt import chat_prompt_ids, check_prompt_length
 from dflash_local.engines.client_text import special_token_texts
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 
@@ -66,21 +66,21 @@ def test_engines_build_prompts_the_same_way(pair):
 
 
 def test_an_engine_checks_the_texts_once_per_request(pair, monkeypatch):
-    from dflash_local.engines import base
+    from dflash_local.engines import chat_prompt
     from dflash_local.engines.torch_engine import TorchEngine
 
     engine = TorchEngine(*pair)
     checked = []
-    real_check = base.check_texts
+    real_check = chat_prompt.check_texts
     def spy(messages, tools=None):
         checked.append(messages)
         real_check(messages, tools)
 
-    monkeypatch.setattr(base, "check_texts", spy)
+    monkeypatch.setattr(chat_prompt, "check_texts", spy)
     prompt = engine.encode_chat(CONVERSATION)
     assert checked == [CONVERSATION]
     # the next turn's history (the worker's warm-up) is the checked request's: not checked again
-    history = base.next_turn_ids(engine.tokenizer, CONVERSATION, "Bye!", prompt)
+    history = chat_prompt.next_turn_ids(engine.tokenizer, CONVERSATION, "Bye!", prompt)
     assert checked == [CONVERSATION]
     reply = {"role": "assistant", "content": "Bye!"}
     assert history == chat_prompt_ids(engine.tokenizer, [*CONVERSATION, reply], generation_prompt=False)

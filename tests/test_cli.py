@@ -18,6 +18,7 @@ from harmony_tiny import GREETING, HELLO, PLAIN_REPLY, REASONING, harmony_pair
 
 from dflash_local import engines
 from dflash_local.cli.reply import DIM, NORMAL
+from dflash_local.engines.options import EngineOptions
 from dflash_local.errors import EngineUnavailableError
 from dflash_local.events import GenerationParams
 
@@ -261,7 +262,7 @@ def test_mlx_is_wired_lazily(monkeypatch, pair):
     fake.MLXEngine = MLXEngine
     monkeypatch.setitem(sys.modules, "dflash_local.engines.mlx_engine", fake)
     monkeypatch.setattr(engines, "_missing_packages", lambda spec: [])
-    engines.load_engine("mlx", str(pair.target), str(pair.drafter), dtype="bfloat16")
+    engines.load_engine("mlx", str(pair.target), str(pair.drafter), EngineOptions(dtype="bfloat16"))
     assert made == {"target_path": pair.target.resolve(), "drafter_path": pair.drafter.resolve(),
                     "target_name": str(pair.target), "drafter_name": str(pair.drafter),
                     "dtype": "bfloat16"}

@@ -15,7 +15,7 @@ import harmony_tiny
 import pytest
 from agent_tiny import AGENT_TOOLS, agent_pair, first_turn, second_turn
 
-from dflash_local.engines.base import chat_prompt_ids, chat_text
+from dflash_local.engines.chat_prompt import chat_prompt_ids, chat_text
 from dflash_local.engines.client_text import special_token_texts, trie_regex
 from dflash_local.errors import InvalidRequestError
 

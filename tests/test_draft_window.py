@@ -16,7 +16,9 @@ import pytest
 from fixtures_tiny import ScriptedDrafter, collect, follow, params_of
 from tiny_models import make_drafter, make_target
 
+from dflash_local.engines.options import EngineOptions
 from dflash_local.engines.server_flags import LaunchSpec, vllm_args
+from dflash_local.engines.table import LOCAL
 from dflash_local.errors import CheckpointError, EngineUnavailableError, InvalidRequestError
 from dflash_local.events import GenerationParams
 from dflash_local.pairs.catalog import load_catalog
@@ -161,7 +163,7 @@ def test_the_transformers_engine_reads_the_targets_config_once(pair_dirs, monkey
     from transformers import PreTrainedConfig
 
     from dflash_local.drafter import config as drafter_config
-    from dflash_local.engines import torch_engine
+    from dflash_local.engines import local
 
     reads: list[str] = []
     ours = drafter_config.read_target_config
@@ -177,7 +179,7 @@ def test_the_transformers_engine_reads_the_targets_config_once(pair_dirs, monkey
         return theirs(cls, json_file)
 
     monkeypatch.setattr(drafter_config, "read_target_config", read_ours)
-    monkeypatch.setattr(torch_engine, "read_target_config", read_ours)
+    monkeypatch.setattr(local, "read_target_config", read_ours)
     monkeypatch.setattr(PreTrainedConfig, "_dict_from_json_file", classmethod(read_theirs))
     engine = load("transformers", *pair_dirs)
     assert sorted(reads) == ["ours", "transformers"]
@@ -243,9 +245,9 @@ def service(tmp_path_factory):
     target, drafter = make_pair(tmp_path_factory.mktemp("service-pair"))
     loads = []
 
-    def loader(engine: str, target: str, drafter: str | None, **opts):
-        loads.append(opts)
-        return TorchEngine(Path(target), Path(drafter), **opts)
+    def loader(engine: str, target: str, drafter: str | None, options: EngineOptions):
+        loads.append(options)
+        return TorchEngine(Path(target), Path(drafter), **options.keywords(engine, LOCAL))
 
     state = ServiceState(loader=loader)
     state.load("transformers", target, drafter, served_name="tiny", draft_window=6)
@@ -264,7 +266,7 @@ def chat(service, **extra):
 
 def test_the_service_loads_a_window_and_requests_override_it(service):
     state, _, loads = service
-    assert loads == [{"draft_window": 6}] and state.loaded.describe()["draft_window"] == 6
+    assert loads == [EngineOptions(draft_window=6)] and state.loaded.describe()["draft_window"] == 6
     plain = chat(service, speculative=False).json()["choices"][0]["message"]["content"]
     for window in (None, 3):
         reply = chat(service, block_size=4, **({"draft_window": window} if window else {}))

@@ -196,7 +196,7 @@ def test_engines_stop_on_every_end_id_the_target_lists(embedded_target_dir: Path
     generate and mlx-lm stop on both, so ours must too, or a reply could run past where the
     target alone stops."""
     from dflash_local.engines import load_engine
-    from dflash_local.engines.base import end_of_turn_ids, generation_config_eos
+    from dflash_local.engines.chat_prompt import end_of_turn_ids, generation_config_eos
 
     _, tokenizer = hf_target
     assert 0 not in end_of_turn_ids(tokenizer)  # the markers alone miss it

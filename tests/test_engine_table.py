@@ -113,10 +113,11 @@ def test_the_fake_row_is_an_engine_choice_of_every_command(fake_row):
 
 
 def test_serve_gives_the_fake_local_engine_the_local_options(fake_row):
-    from dflash_local.service.cli_serve import _load_options
+    from dflash_local.cli.options import serve_options
+    from dflash_local.engines.options import EngineOptions
 
-    options = _load_options(parse("serve", "--engine", "fake", "--no-prefix-cache"))
-    assert options["fake"] == {"dtype": "auto", "prefix_cache": False, "prefix_cache_mb": None}
+    options = serve_options(parse("serve", "--engine", "fake", "--no-prefix-cache"))
+    assert options["fake"] == EngineOptions(dtype="auto", prefix_cache=False, prefix_cache_mb=None)
 
 
 def test_the_catalog_and_the_service_know_the_fake_row(fake_row, tmp_path):
@@ -145,7 +146,9 @@ def test_engine_class_for_loads_the_fake_class_from_the_row(fake_row):
 
 
 def test_load_engine_builds_the_fake_local_engine(fake_row, tmp_path):
-    engine = load_engine("fake", str(tmp_path), None, dtype="float32")
+    from dflash_local.engines.options import EngineOptions
+
+    engine = load_engine("fake", str(tmp_path), None, EngineOptions(dtype="float32"))
     assert (engine.target, engine.drafter) == (tmp_path.resolve(), None)
     assert engine.opts == {"target_name": str(tmp_path), "drafter_name": None, "dtype": "float32"}
 

@@ -11,7 +11,7 @@ import tiny_models
 from harmony_tiny import CALL_REPLY, PLAIN_REPLY
 from harmony_tiny import make_tokenizer as make_harmony_tokenizer
 
-from dflash_local.engines.base import end_of_turn_ids
+from dflash_local.engines.chat_prompt import end_of_turn_ids
 from dflash_local.engines.detokenize import StreamDetokenizer, speaks_harmony
 from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.tool_stream import ParsedCall

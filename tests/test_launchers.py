@@ -341,6 +341,8 @@ def test_ctrl_c_in_the_parent_stops_the_server_group(tmp_path):
 def test_serve_hands_the_server_python_and_args_to_the_launcher_only():
     import argparse
 
+    from dflash_local.cli.options import serve_options
+    from dflash_local.engines.options import EngineOptions
     from dflash_local.errors import InvalidRequestError
     from dflash_local.service import cli_serve
 
@@ -348,11 +350,11 @@ def test_serve_hands_the_server_python_and_args_to_the_launcher_only():
     cli_serve.add_parser(parser.add_subparsers())
     args = parser.parse_args(["serve", "--engine", "vllm", "--server-python", "/v/bin/python",
                               "--server-args", "--max-model-len 2048 --enforce-eager"])
-    options = cli_serve._load_options(args)
-    assert options["vllm"] == {"dtype": "auto", "plain_twin": False,
-                               "server_python": "/v/bin/python",
-                               "extra_args": ("--max-model-len", "2048", "--enforce-eager")}
-    assert options["transformers"] == {"dtype": "auto", "prefix_cache": True, "prefix_cache_mb": None}
+    options = serve_options(args)
+    assert options["vllm"] == EngineOptions(dtype="auto", plain_twin=False,
+                                            server_python="/v/bin/python",
+                                            extra_args=("--max-model-len", "2048", "--enforce-eager"))
+    assert options["transformers"] == EngineOptions(dtype="auto", prefix_cache=True, prefix_cache_mb=None)
     args = parser.parse_args(["serve", "--engine", "mlx", "--server-args=--enforce-eager"])
     with pytest.raises(InvalidRequestError, match="go with --engine vllm or sglang, not --engine mlx"):
         cli_serve.run(args)

@@ -23,13 +23,14 @@ FRAMEWORKS = ("torch", "mlx", "mlx_lm", "transformers", "textual", "fastapi")
 # the modules that must load without any framework: the loop, its rules, the CLIs' parsers,
 # the service, the bench, the engine registry and interface, the accelerations' package
 CORE_GLOBS = ("*.py", "drafter/config.py", "service/*.py", "bench/*.py", "method/**/*.py", "cli/*.py",
-              "engines/__init__.py", "engines/base.py", "engines/selection.py", "engines/table.py",
+              "engines/__init__.py", "engines/interface.py", "engines/local.py",
+              "engines/chat_prompt.py", "engines/options.py", "engines/selection.py", "engines/table.py",
               "accel/__init__.py")
 ALLOWED = {"service": {"fastapi"}}  # per core subpackage: what it may import at module scope
 
 
 def module_name(path: Path) -> str:
-    """`dflash_local/engines/base.py` -> `dflash_local.engines.base` (likewise under tui/)."""
+    """`dflash_local/engines/local.py` -> `dflash_local.engines.local` (likewise under tui/)."""
     root = PACKAGE.parent if path.is_relative_to(PACKAGE) else TUI.parent
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -448,8 +448,9 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
     """`serve --engine openai --remote-api-key K` then POST /dflash/load of a local pair: the
     local engine gets --dtype only, never the relay's keyword options (that was a TypeError)."""
     from dflash_local.cli.main import build_parser
+    from dflash_local.cli.options import serve_options
+    from dflash_local.engines.options import EngineOptions
     from dflash_local.service.api_errors import LoadFailedError
-    from dflash_local.service.cli_serve import _load_options
     from dflash_local.service.state import ServiceState
 
     args = build_parser().parse_args(["serve", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
@@ -459,19 +460,19 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
     class Recorded(Exception):
         pass
 
-    def loader(engine, target, drafter, **opts):
-        calls.append((engine, opts))
+    def loader(engine, target, drafter, options):
+        calls.append((engine, options))
         raise Recorded
 
-    state = ServiceState(loader=loader, load_options=_load_options(args))
+    state = ServiceState(loader=loader, load_options=serve_options(args))
     for engine in ("openai", "transformers", "vllm"):
         with pytest.raises(LoadFailedError, match="Recorded"):  # a loader's own error, reported
             state.load(engine, "http://127.0.0.1:9" if engine == "openai" else "some-target", None,
                        served_name="x")
-    assert calls == [("openai", {"api_key": "k", "plain_base_url": None}),
-                     ("transformers", {"dtype": "float32", "prefix_cache": True,
-                                       "prefix_cache_mb": None}),
-                     ("vllm", {"dtype": "float32"})]
-    served = _load_options(build_parser().parse_args(["serve", "--engine", "vllm", "--plain-twin"]))
-    assert served["vllm"]["plain_twin"] is True and "plain_twin" not in served["transformers"]
+    assert calls == [("openai", EngineOptions(api_key="k", plain_base_url=None)),
+                     ("transformers", EngineOptions(dtype="float32", prefix_cache=True,
+                                                    prefix_cache_mb=None)),
+                     ("vllm", EngineOptions(dtype="float32"))]
+    served = serve_options(build_parser().parse_args(["serve", "--engine", "vllm", "--plain-twin"]))
+    assert served["vllm"].plain_twin is True and served["transformers"].plain_twin is False
     assert "openai" not in served  # the relay's options exist only with --engine openai

@@ -11,7 +11,7 @@ import pytest
 from arch_tiny import WINDOW, drafter_for, hf_target
 from fixtures_tiny import collect, params_of
 
-from dflash_local.engines.base import next_turn_ids
+from dflash_local.engines.chat_prompt import next_turn_ids
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationStats
 

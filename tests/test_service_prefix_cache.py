@@ -10,7 +10,7 @@ import pytest
 from service_support import make_pair
 
 from dflash_local.cli.main import build_parser, main
-from dflash_local.service.cli_serve import _load_options
+from dflash_local.cli.options import serve_options
 
 
 def _start(pair, *flags):
@@ -20,7 +20,7 @@ def _start(pair, *flags):
 
     args = build_parser().parse_args(["serve", "--engine", "transformers", "--dtype", "float32",
                                       *flags])
-    state = ServiceState(load_options=_load_options(args))  # the real loader: load_engine
+    state = ServiceState(load_options=serve_options(args))  # the real loader: load_engine
     state.load("transformers", *pair, served_name="tiny")
     server = BackgroundServer(create_app(state)).start()
     return state, server, openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
@@ -74,7 +74,7 @@ def test_an_idle_worker_readies_the_next_turn_as_the_next_request_spells_it(serv
     still answers what a --no-prefix-cache server answers."""
     from service_support import wait_until
 
-    from dflash_local.engines.base import next_turn_ids
+    from dflash_local.engines.chat_prompt import next_turn_ids
 
     (state, _, client), (_, _, plain_client) = servers
     engine, worker = state.loaded.engine, state.loaded.worker

@@ -8,7 +8,7 @@ import pytest
 from agent_tiny import AGENT_TOOLS, CALL_TEXT, agent_pair, first_turn, second_turn
 from fixtures_tiny import params_of
 
-from dflash_local.engines.base import chat_prompt_ids
+from dflash_local.engines.chat_prompt import chat_prompt_ids
 from dflash_local.errors import InvalidRequestError
 from dflash_local.service.tool_calls import ToolSupport, plan_tools
 

@@ -602,12 +602,12 @@ def test_the_schedule_is_fitted_to_the_pace_after_the_slow_first_steps():
 
 
 def test_regenerated_responses_end_where_served_ones_do():
-    """One list of end-of-turn ids (engines.base.end_of_turn_ids) for serving and regeneration:
+    """One list of end-of-turn ids (engines.chat_prompt.end_of_turn_ids) for serving and regeneration:
     a Gemma-style template's <end_of_turn>, never a None for markers the tokenizer lacks."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from dflash_local.engines.base import end_of_turn_ids
+    from dflash_local.engines.chat_prompt import end_of_turn_ids
 
     vocab = {"<eos>": 0, "<end_of_turn>": 1, "hello": 2}
     gemma_like = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab)),

@@ -12,7 +12,7 @@ import pytest
 from fixtures_tiny import collect, params_of, tiny_pair
 
 from dflash_local.engines import turn_warmup
-from dflash_local.engines.base import next_turn_ids
+from dflash_local.engines.chat_prompt import next_turn_ids
 from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.events import GenerationStats
 from dflash_local.method.prefix_cache import common_prefix

@@ -145,23 +145,10 @@ def _engine_source(engine: str) -> str:
     return "runs the pair here (--target, --drafter)"
 
 
-def _engine_options(args: argparse.Namespace) -> dict:
-    if kind_of(args.engine) == RELAY:
-        if args.draft_window is not None:
-            raise DFlashError(f"--draft-window {args.draft_window}: a relayed server keeps its own "
-                              f"draft window (set it where that server starts)")
-        return {"api_key": args.api_key, "plain_base_url": args.plain_base_url}
-    options = {"dtype": args.dtype, "draft_window": args.draft_window}
-    if _is_served(args.engine):  # a plain twin: vLLM and SGLang speculate on every request
-        options["plain_twin"] = True
-    else:  # every method runs every prompt: a kept prefix would let the later ones skip the prefill
-        options["prefix_cache"] = False
-    return options
-
-
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
+    from dflash_local.cli.options import bench_options
     from dflash_local.engines import load_engine
     from dflash_local.pairs.default_pair import pair_names
 
@@ -209,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         from dflash_local.method.round_trace import RoundTrace
 
         trace = RoundTrace(args.trace)
-    engine = load_engine(args.engine, target, drafter, **_engine_options(args))
+    engine = load_engine(args.engine, target, drafter, bench_options(args))
     engine.round_trace = trace
     try:
         record = run_suite(engine, prompts, settings)

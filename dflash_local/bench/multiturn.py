@@ -212,6 +212,7 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
     import sys
     from datetime import UTC, datetime
 
+    from dflash_local.cli.options import multiturn_options
     from dflash_local.engines import load_engine
     from dflash_local.errors import DFlashError
     from dflash_local.events import AUTO
@@ -221,8 +222,7 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
     if args.conversations < 0:
         raise DFlashError(f"--conversations must be >= 0, got {args.conversations}")
     block_size = args.block_size[0]
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
-                         prefix_cache_mb=args.prefix_cache_mb)
+    engine = load_engine(args.engine, target, drafter, multiturn_options(args))
     try:
         if block_size == AUTO:
             engine.calibrate(force=args.recalibrate)

@@ -141,6 +141,7 @@ def _add_models(commands) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from dflash_local.cli.options import engine_options
     from dflash_local.engines import load_engine
 
     params = GenerationParams(
@@ -157,8 +158,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         trace = RoundTrace(args.trace)
         trace.label = args.prompt[:60]
-    engine = load_engine(args.engine, target, drafter, dtype=args.dtype,
-                         draft_window=args.draft_window)
+    engine = load_engine(args.engine, target, drafter, engine_options(args))
     engine.round_trace = trace
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase

@@ -10,11 +10,12 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from dflash_local.engines import table
-from dflash_local.engines.table import LAUNCHED, RELAY, EngineSpec
+from dflash_local.engines.options import ENGINE_DEFAULTS, EngineOptions
+from dflash_local.engines.table import LAUNCHED, LOCAL, RELAY, EngineSpec
 from dflash_local.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
-    from dflash_local.engines.base import Engine
+    from dflash_local.engines.interface import Engine
 
 __all__ = ["choose_engine", "engine_class_for", "load_engine"]
 
@@ -28,23 +29,25 @@ def choose_engine() -> str:
     return choose(detect_platform())
 
 
-def load_engine(engine: str, target: str, drafter: str | None, **opts) -> Engine:
-    """Resolve the pair's names (local dirs or hub repos) and build the engine.
-
-    opts go to the engine's constructor (dtype, draft_window, device for transformers).
-    """
+def load_engine(engine: str, target: str, drafter: str | None,
+                options: EngineOptions = ENGINE_DEFAULTS) -> Engine:
+    """Resolve the pair's names (local dirs or hub repos) and build the engine with the
+    `options` given (engines/options.py); one it cannot honour is refused."""
     name = choose_engine() if engine == "auto" else engine
     engine_class = engine_class_for(name)
     kind = table.kind_of(name)
     if kind == RELAY:  # target = the server's base URL
-        return engine_class(target, drafter=drafter, **opts)
+        return engine_class(target, drafter=drafter, **options.keywords(name, RELAY))
     if kind == LAUNCHED:  # the server resolves and downloads the models itself
-        return engine_class(target, drafter, target_name=target, drafter_name=drafter, **opts)
+        return engine_class(target, drafter, target_name=target, drafter_name=drafter,
+                            **options.keywords(name, LAUNCHED))
+    keywords = options.keywords(name, LOCAL)
     from dflash_local.pairs.hub import resolve_model  # a local engine loads local directories
 
     target_path = resolve_model(target)
     drafter_path = resolve_model(drafter) if drafter else None
-    return engine_class(target_path, drafter_path, target_name=target, drafter_name=drafter, **opts)
+    return engine_class(target_path, drafter_path, target_name=target, drafter_name=drafter,
+                        **keywords)
 
 
 def engine_class_for(name: str) -> type[Engine]:

@@ -23,28 +23,20 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_local.accel import Installed, blas, mlx_attention, uninstall_all
-from dflash_local.drafter.config import (
-    load_checked_drafter_config,
-    load_target_info,
-    model_type_of,
-    read_target_config,
-)
-from dflash_local.drafter.draft_vocab import load_draft_vocab
+from dflash_local.drafter.config import DrafterConfig, load_target_info, model_type_of
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
-from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.local import LocalEngine
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixStates
 from dflash_local.engines.table import MLX
-from dflash_local.errors import CheckpointError, InvalidRequestError
-from dflash_local.events import EngineCapabilities, check_draft_window
+from dflash_local.errors import InvalidRequestError
 from dflash_local.method.draft_tree import DraftTree
-from dflash_local.method.prefix_cache import make_prefix_cache
 from dflash_local.pairs.memory_fit import config_quantized, prefix_row_bytes
-from dflash_local.pairs.precision import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+# in the order an error lists them
+DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 PREFILL_STEP = 2048  # prompt rows per forward, as mlx-lm's generate: bounds prefill memory
 
 
@@ -211,56 +203,52 @@ def _precision_warnings(dtype: str, quantized: bool) -> list[str]:
 
 class MLXEngine(LocalEngine):
     name = MLX.name
+    dtypes = DTYPES
+    tap_ids: tuple[int, ...] | None = None  # the target layers the drafter reads (None: no drafter)
 
-    def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
-                 drafter_name: str | None = None, dtype: str = "float32",
-                 draft_window: int | None = None, draft_vocab: bool = True,
-                 prefix_cache: bool = True, prefix_cache_mb: int | None = None):
-        raw_config = read_target_config(target_path)  # once: every check below reads it
-        dtype = resolve_dtype(dtype, accelerator=mx.default_device() != mx.cpu, target_config=raw_config)
-        if dtype not in DTYPES:
-            raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(sorted(DTYPES))}")
+    def on_accelerator(self) -> bool:
+        return mx.default_device() != mx.cpu
+
+    def target_context(self, target_path: Path, raw_config: dict) -> int:
+        """A config without a context: 32768. An architecture without an adapter is refused."""
         if sys.platform.startswith("linux") and blas.loaded_library() is None:
             blas.blas_status(warn=True)  # mlx came first or no OpenBLAS: say why verify is slow
-        # the context the engine declares (a config without one: 32768), checked against once
         target_info = load_target_info(target_path, raw_config)
-        max_context = target_info.max_position_embeddings or 32768
-        check_draft_window(draft_window, max_context)  # before any weight loads
         self.adapter = adapter_for(model_type_of(raw_config))
-        drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
-                          if drafter_path else None)
-        # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
-        draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
-                     if drafter_config is not None and draft_vocab else None)
-        quantized = config_quantized(raw_config)
-        for note in _precision_warnings(dtype, quantized):
+        return target_info.max_position_embeddings or 32768
+
+    def warn_precision(self, dtype: str, raw_config: dict) -> None:
+        for note in _precision_warnings(dtype, config_quantized(raw_config)):
             logger.warning(note)
+
+    def load_target(self, target_path: Path, dtype: str):
         self.model, wrapper = mlx_lm_load(str(target_path))
         _cast_floating(self.model, DTYPES[dtype])  # quantized: scales, norms (packed ints stay)
-        self.accelerations: list[Installed] = [mlx_attention.install(self.model),
-                                               self.adapter.install_row_rope(self.model)]
-        self.drafter = None
-        if drafter_config is not None:
-            self.drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
-            inner = self.adapter.text_model(self.model)
-            self.drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
-            if draft_ids:
-                self.drafter.restrict_draft_vocab(draft_ids)
-        self.tap_ids = drafter_config.target_layer_ids if drafter_config else None
-        self.draft_window = draft_window
-        pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
-                              dtype, drafter_config.block_size if drafter_config else 1,
-                              draft_vocab_size=len(draft_ids) if draft_ids else None)
-        capabilities = EngineCapabilities(
-            speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True, logprobs=True,
-            tree_verify=verifies_trees(self.model, self.adapter),
-        )
-        # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
-        taps = len(self.tap_ids) if self.tap_ids else 0
-        kept = make_prefix_cache(prefix_cache, prefix_cache_mb,
-                                 prefix_row_bytes(raw_config, DTYPES[dtype].size, taps))
-        super().__init__(wrapper._tokenizer, pair, capabilities, kept, MLXPrefixStates())
+        return wrapper._tokenizer
+
+    def install_accelerations(self, drafter_config: DrafterConfig | None) -> list[Installed]:
+        return [mlx_attention.install(self.model), self.adapter.install_row_rope(self.model)]
+
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+                     draft_ids: list[int] | None):
+        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
+        inner = self.adapter.text_model(self.model)
+        drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
+        if draft_ids:
+            drafter.restrict_draft_vocab(draft_ids)
+        self.tap_ids = drafter_config.target_layer_ids
+        return drafter
+
+    def exact_tree_verify(self) -> bool:
+        return verifies_trees(self.model, self.adapter)
+
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+        return prefix_row_bytes(raw_config, DTYPES[dtype].size, taps)
+
+    def make_prefix_states(self) -> MLXPrefixStates:
+        return MLXPrefixStates()
+
+    def choose_threads(self) -> None:
         blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only
 
     def _decode_probe(self) -> None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import httpx
 
-from dflash_local.engines.base import Engine, PairInfo
+from dflash_local.engines.interface import Engine, PairInfo
 from dflash_local.engines.openai_endpoint import (
     Endpoint,
     connect,

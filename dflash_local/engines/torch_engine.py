@@ -26,22 +26,14 @@ from dflash_local.accel.torch_linear import (
     pack_linear,
     pack_linears,
 )
-from dflash_local.drafter.config import (
-    load_checked_drafter_config,
-    load_target_info,
-    read_target_config,
-)
-from dflash_local.drafter.draft_vocab import load_draft_vocab
+from dflash_local.drafter.config import DrafterConfig
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
-from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.local import LocalEngine
 from dflash_local.engines.table import TRANSFORMERS
 from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
-from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.method.draft_tree import DraftTree
-from dflash_local.method.prefix_cache import make_prefix_cache
-from dflash_local.pairs.precision import resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -216,57 +208,59 @@ def _load_target(target_path: Path, config, dtype: torch.dtype, device: str):
 
 class TorchEngine(LocalEngine):
     name = TRANSFORMERS.name
+    dtypes = DTYPES
+    taps: TapCollector | None = None  # hooks on the layers the drafter reads (None: no drafter)
 
-    def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
-                 drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
-                 draft_window: int | None = None, pack_cpu_linears: bool = True,
-                 draft_vocab: bool = True, prefix_cache: bool = True,
-                 prefix_cache_mb: int | None = None):
-        raw_config = read_target_config(target_path)  # once: every check below reads it
-        dtype = resolve_dtype(dtype, accelerator=device != "cpu", target_config=raw_config)
-        if dtype not in DTYPES:
-            raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-        # the config the model loads with, refused from it alone before any weight loads
-        config = torch_rollback.checked_config(target_path, raw_config)
-        max_context = context_of(config)  # what every request is checked against too
-        check_draft_window(draft_window, max_context)
-        torch_dtype = DTYPES[dtype]
-        drafter_config = (load_checked_drafter_config(drafter_path, target_path,
-                                                      load_target_info(target_path, raw_config))
-                          if drafter_path else None)
-        draft_ids = None
-        if drafter_config is not None:
-            # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
-            draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
-        tokenizer, self.model = _load_target(target_path, config, torch_dtype, device)
-        self.accelerations: list[Installed] = [torch_attention.install(self.model)]
-        rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
-        # pack_cpu_linears=False: stock PyTorch linears (scripts/experiments/torch_verify_cost.py compares)
-        self.packed = (install_causal_lm(self.model, rows_hint) if pack_cpu_linears
+    def __init__(self, target_path: Path, drafter_path: Path | None, *, device: str = "cpu",
+                 pack_cpu_linears: bool = True, **local_options):
+        """`device`: torch's; `pack_cpu_linears=False`: stock PyTorch linears
+        (scripts/experiments/torch_verify_cost.py compares); `local_options`: LocalEngine's keywords."""
+        self.device = device
+        self.pack_cpu_linears = pack_cpu_linears
+        super().__init__(target_path, drafter_path, **local_options)
+
+    def on_accelerator(self) -> bool:
+        return self.device != "cpu"
+
+    def target_context(self, target_path: Path, raw_config: dict) -> int:
+        """A target whose layers cannot be rolled back is refused (engines/torch_rollback.py)."""
+        self.target_config = torch_rollback.checked_config(target_path, raw_config)  # loaded
+        return context_of(self.target_config)
+
+    def load_target(self, target_path: Path, dtype: str):
+        tokenizer, self.model = _load_target(target_path, self.target_config, DTYPES[dtype],
+                                            self.device)
+        return tokenizer
+
+    def install_accelerations(self, drafter_config: DrafterConfig | None) -> list[Installed]:
+        """The CPU attention, and the linears packed for a verify of the drafter's block."""
+        accelerations = [torch_attention.install(self.model)]
+        self.rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
+        # not among what close() uninstalls: see there
+        self.packed = (install_causal_lm(self.model, self.rows_hint) if self.pack_cpu_linears
                        else Installed("torch_linear"))
-        self.drafter = None
-        self.taps = None
-        if drafter_config is not None:
-            self.drafter = load_drafter(drafter_path, dtype=torch_dtype, device=device)
-            if pack_cpu_linears:
-                pack_linears(self.drafter, rows_hint)
-            self.drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
-            if draft_ids:
-                wrap = partial(pack_linear, rows_hint=rows_hint) if pack_cpu_linears else None
-                self.drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
-            self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
-        self.draft_window = draft_window
-        pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
-                              dtype, drafter_config.block_size if drafter_config else 1,
-                              draft_vocab_size=len(draft_ids) if draft_ids else None)
-        capabilities = EngineCapabilities(
-            speculative_toggle=True, sampling=True, max_context=max_context,
-            hybrid_targets=True, logprobs=True, tree_verify=supports_tree(self.model.config),
-        )
-        # prefix_cache / prefix_cache_mb: recent conversations' states (prefix_cache.py)
-        taps = len(drafter_config.target_layer_ids) if drafter_config else 0
-        kept = make_prefix_cache(prefix_cache, prefix_cache_mb, row_bytes(self.model, taps))
-        super().__init__(tokenizer, pair, capabilities, kept, TorchPrefixStates())
+        return accelerations
+
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+                     draft_ids: list[int] | None):
+        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype], device=self.device)
+        if self.pack_cpu_linears:
+            pack_linears(drafter, self.rows_hint)
+        drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())
+        if draft_ids:
+            wrap = partial(pack_linear, rows_hint=self.rows_hint) if self.pack_cpu_linears else None
+            drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
+        self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
+        return drafter
+
+    def exact_tree_verify(self) -> bool:
+        return supports_tree(self.model.config)
+
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+        return row_bytes(self.model, taps)
+
+    def make_prefix_states(self) -> TorchPrefixStates:
+        return TorchPrefixStates()
 
     def compute_threads(self) -> int | None:
         return torch.get_num_threads() if self.model.device.type == "cpu" else None

@@ -26,7 +26,7 @@ NOTHING = None, None, 0, ()
 
 def warm(engine, ids: list[int], params: GenerationParams, should_stop: Callable[[], bool],
          guard: AbstractContextManager) -> bool:
-    """Prefill `ids` on a local engine (base.LocalEngine) from its longest kept prefix, with the
+    """Prefill `ids` on a local engine (engines/local.py) from its longest kept prefix, with the
     drafter's context when the finished request drafted (`params`), and store the state; False:
     no cache, nothing new, or stopped (nothing stored). Each step runs inside `guard`, after
     `should_stop` said go on."""

@@ -264,7 +264,7 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 
 def calibration_key(pair, threads: int | None) -> dict:
-    """What a calibration holds for: the pair (engines/base.PairInfo) as loaded, on this machine
+    """What a calibration holds for: the pair (engines/interface.PairInfo) as loaded, on this machine
     with this many compute threads and these framework versions."""
     return {
         "engine": pair.engine, "dtype": pair.dtype, "block_size": pair.block_size,

@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import shlex
 import sys
 
-from dflash_local.engines.table import LAUNCHED, LOCAL, RELAY, engine_names, kind_of
+from dflash_local.engines.table import LAUNCHED, RELAY, engine_names, kind_of
 from dflash_local.events import block_size_arg, draft_window_arg
 from dflash_local.pairs.precision import DTYPE_CHOICES
 
@@ -74,6 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_local.cli.options import serve_options
     from dflash_local.errors import InvalidRequestError
     from dflash_local.service.app import create_app
     from dflash_local.service.server import bind, make_server
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
-                         load_options=_load_options(args), on_loading_phase=_print_phase)
+                         load_options=serve_options(args), on_loading_phase=_print_phase)
     if not args.no_load:
         _initial_load(state, args)
     sock = bind(args.host, args.port)
@@ -161,23 +161,6 @@ def _check_prefix_cache(args: argparse.Namespace) -> None:
     if args.no_prefix_cache:
         raise InvalidRequestError("give --prefix-cache-mb or --no-prefix-cache, not both")
     budget_bytes(args.prefix_cache_mb, machine_memory_bytes())
-
-
-def _load_options(args: argparse.Namespace) -> dict[str, dict]:
-    """Loader options per engine. --dtype applies to every engine that takes it, the prefix
-    cache's flags to the local engines; the relay's and the launchers' flags only to the engine
-    they were given with."""
-    options = {engine: {"dtype": args.dtype} for engine in engine_names(LOCAL, LAUNCHED)}
-    for engine in engine_names(LOCAL):
-        options[engine].update(prefix_cache=not args.no_prefix_cache,
-                               prefix_cache_mb=args.prefix_cache_mb)
-    if kind_of(args.engine) == RELAY:
-        options[args.engine] = {"api_key": args.remote_api_key,
-                                "plain_base_url": args.plain_base_url}
-    elif kind_of(args.engine) == LAUNCHED:  # the launcher starts a plain twin for comparisons
-        options[args.engine].update(plain_twin=args.plain_twin, server_python=args.server_python,
-                                    extra_args=tuple(shlex.split(args.server_args)))
-    return options
 
 
 def allowed_hosts(args: argparse.Namespace) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from dflash_local.engines.base import unicode_problem
+from dflash_local.engines.chat_prompt import unicode_problem
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8

@@ -14,11 +14,12 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dflash_local.drafter.config import load_checked_drafter_config
-from dflash_local.engines.base import Engine
+from dflash_local.engines.interface import Engine
+from dflash_local.engines.options import ENGINE_DEFAULTS, EngineOptions
 from dflash_local.engines.table import LOCAL, PORTABLE, RELAY, engine_names, kind_of
 from dflash_local.errors import (
     DFlashError,
@@ -35,7 +36,7 @@ from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
 log = logging.getLogger("dflash_local.service")
-Loader = Callable[..., Engine]  # (engine, target, drafter, **opts) -> Engine
+Loader = Callable[[str, str, str | None, EngineOptions], Engine]  # (engine, target, drafter, options)
 DEFAULT_NAMES = (None, "", "default")
 WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
@@ -110,24 +111,24 @@ def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None)
     return chosen if supported is None or chosen in supported else supported[0]
 
 
-def default_loader(engine: str, target: str, drafter: str | None, **opts) -> Engine:
+def default_loader(engine: str, target: str, drafter: str | None, options: EngineOptions) -> Engine:
     try:
         from dflash_local.engines import load_engine
     except ImportError as exc:
         raise EngineUnavailableError(f"engines cannot be loaded: {exc}") from None
-    return load_engine(engine, target, drafter, **opts)
+    return load_engine(engine, target, drafter, options)
 
 
 class ServiceState:
     def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
                  api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
                  hub_cache_dir: str | Path | None = None,
-                 load_options: dict[str, dict] | None = None,
+                 load_options: dict[str, EngineOptions] | None = None,
                  on_loading_phase: Callable[[str, str], None] | None = None):
         self.catalog = catalog or load_catalog()
-        # engine name -> keyword options to the loader (dtype, a served engine's URLs): the
-        # `serve` flags reach the engine they were given for, never another loaded later
-        self.load_options = {engine: dict(opts) for engine, opts in (load_options or {}).items()}
+        # engine name -> its options (dtype, a served engine's URLs): the `serve` flags reach
+        # the engine they were given for, never another loaded later
+        self.load_options = dict(load_options or {})
         self.loader = loader or default_loader
         self.api_key = api_key
         self.max_queue = max_queue
@@ -218,12 +219,12 @@ class ServiceState:
         no block size given defaults to auto (calibrated widths); `recalibrate` measures this
         machine again (a first measurement disturbed by other work); `draft_window` bounds the
         drafter's context (the engine checks it against the target's)."""
-        options = dict(self.load_options.get(engine, {}))
+        options = self.load_options.get(engine, ENGINE_DEFAULTS)
         if draft_window is not None:
             if kind_of(engine) == RELAY:
                 raise InvalidRequestError(f"draft_window {draft_window}: a relayed server keeps its "
                                           f"own draft window (set it where that server starts)")
-            options["draft_window"] = draft_window
+            options = replace(options, draft_window=draft_window)
         if block_size is None:
             block_size = AUTO if kind_of(engine) == LOCAL and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
@@ -249,11 +250,11 @@ class ServiceState:
             self._load_lock.release()
 
     def _load_engine(self, engine: str, target: str | Path, drafter: str | Path | None,
-                     block_size: BlockSize, recalibrate: bool, options: dict) -> Engine:
+                     block_size: BlockSize, recalibrate: bool, options: EngineOptions) -> Engine:
         engine_obj = None
         try:
             engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
-                                     **options)
+                                     options)
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
             return engine_obj

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 from transformers import StaticCache
 
-from dflash_local.engines.base import chat_prompt_ids, end_of_turn_ids, eos_id_list
+from dflash_local.engines.chat_prompt import chat_prompt_ids, end_of_turn_ids, eos_id_list
 from dflash_local.engines.detokenize import speaks_harmony
 from dflash_local.engines.torch_engine import TapCollector
 from dflash_local.errors import DFlashError

@@ -1,0 +1,175 @@
+"""Chat prompts: messages to the token ids a target sees, under its own chat template, and the
+ids that end an assistant turn.
+
+One encoding for what the engines serve, what the next turn's warm-up keeps
+(engines/turn_warmup.py) and what a drafter is trained on (train/regenerate.py). What a client
+wrote stays text: only the template's own markup becomes control tokens (client_text.py).
+Boundary: tokenizers and templates only; no framework, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from dflash_local.engines.client_text import client_strings, encode_marked, mark_special_texts
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
+
+log = logging.getLogger(__name__)
+
+TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
+COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
+COUNT_CHUNK_CHARS = 16_384
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "",
+                    generation_prompt: bool = True) -> list[int]:
+    """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
+    one encoding for what the engines serve and what a drafter is trained on.
+    `generation_prompt=False`: the conversation as history, its last message closed (what the
+    next request's prompt begins with: engines/turn_warmup.py).
+
+    What the client wrote is text: a "<|im_end|>" in a message, a tool's description or schema,
+    a call's arguments or a tool's result is tokenized as those characters, never as the control
+    token, so only the template's own markup ends or opens a turn (client_text.py). Values free
+    of special-token text are encoded exactly as the rendered template.
+    `tools` go to the template as its `tools`; `assistant_prefix` (template text, e.g. a forced
+    tool call's opener) follows the generation prompt. An assistant message that only calls
+    tools may have no content (None or "")."""
+    check_texts(messages, tools)
+    return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix,
+                                   generation_prompt)
+
+
+def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
+                       thinking: bool | None = None, tools: list[dict] | None = None,
+                       assistant_prefix: str = "") -> list[int]:
+    """A request's prompt (what an engine's encode_chat returns): chat_prompt_ids, its texts
+    checked once before any tokenizer sees them, a prompt far past `max_context` refused
+    before it is tokenized whole."""
+    check_texts(messages, tools)
+    check_prompt_length(tokenizer, messages, max_context)
+    return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix)
+
+
+def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | None = None,
+                            tools: list[dict] | None = None, assistant_prefix: str = "",
+                            generation_prompt: bool = True) -> list[int]:
+    """chat_prompt_ids of messages and tools whose texts `check_texts` has already passed."""
+    marked = mark_special_texts(tokenizer, messages, tools)
+    if marked is None:
+        return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
+                                + assistant_prefix, add_special_tokens=False)
+    rendered = chat_text(tokenizer, marked.messages, thinking, generation_prompt, marked.tools)
+    return encode_marked(tokenizer, rendered + assistant_prefix, marked.texts)
+
+
+def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,
+              generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """The chat template's text of the messages (thinking on/off where it has the switch)."""
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:
+        extra["tools"] = list(tools)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **extra)
+
+
+def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[int],
+                  thinking: bool | None = None) -> list[int] | None:
+    """The ids the next request of this conversation begins with: the messages and the reply
+    as history, closed by the template's end of turn, encoded as chat_prompt_ids encodes a
+    prompt. None where the template writes the history otherwise than the prompt it extends
+    (one that drops an earlier turn's reasoning): nothing kept would be reused.
+    The messages are a request's, whose texts its prompt's encoding checked, and the reply is
+    decoded text: neither is checked again."""
+    history = [*messages, {"role": "assistant", "content": reply}]
+    if not chat_text(tokenizer, history, thinking, generation_prompt=False).startswith(
+            chat_text(tokenizer, messages, thinking)):
+        return None
+    ids = _prompt_ids_of_checked(tokenizer, history, thinking, generation_prompt=False)
+    return ids if len(ids) > len(prompt_ids) else None
+
+
+def unicode_problem(text: str) -> str | None:
+    """What makes `text` unencodable: JSON's "\\ud800" gives Python a lone surrogate, which no
+    tokenizer can encode; None when it is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"character {exc.start} is a lone surrogate ({text[exc.start]!a}): not valid Unicode text"
+    return None
+
+
+def content_of(message: dict) -> str:
+    """A message's text; "" for an assistant's tool-calls-only message (content None)."""
+    return message.get("content") or ""
+
+
+def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
+    """Refuse text no tokenizer can encode, naming where it is: every string the template may
+    render (a tool's schema and a call's arguments are any JSON, unchecked by the request's)."""
+    for name, value in (("messages", messages), ("tools", tools or [])):
+        for where, text in client_strings(value, name):
+            if (problem := unicode_problem(text)) is not None:
+                raise InvalidRequestError(f"{where}: {problem}")
+
+
+def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
+    """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
+    worker for seconds): long content is counted a chunk at a time, stopping once it is surely
+    too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
+    chars = sum(len(content_of(message)) for message in messages)
+    if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
+        return  # tokenizing it whole is cheap: the exact check comes after
+    counted, seen = 0, 0
+    for message in messages:
+        content = content_of(message)
+        for start in range(0, len(content), COUNT_CHUNK_CHARS):
+            chunk = content[start:start + COUNT_CHUNK_CHARS]
+            counted += len(tokenizer.encode(chunk, add_special_tokens=False,
+                                            split_special_tokens=True))
+            seen += len(chunk)
+            if counted > TOO_LONG_MARGIN * max_context:
+                raise PromptTooLongError(
+                    f"prompt of {chars} characters has over {counted} tokens in its first {seen} "
+                    f"characters alone: far past the target's context of {max_context} tokens")
+
+
+def generation_config_eos(target_dir: Path | None) -> list[int]:
+    """The eos ids a target's generation_config.json lists (one id or a list; [] without one)."""
+    path = target_dir / "generation_config.json" if target_dir is not None else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("%s is unreadable (%s): stopping on the tokenizer's end tokens only", path, exc)
+        return []
+    return eos_id_list(eos)
+
+
+def eos_id_list(eos) -> list[int]:
+    """A generation config's eos_token_id (None, one id or a list) as a list of ids."""
+    eos = eos if isinstance(eos, list) else [eos]
+    return [token_id for token_id in eos if isinstance(token_id, int) and not isinstance(token_id, bool)]
+
+
+def end_of_turn_ids(tokenizer, generation_eos: Sequence[int] = ()) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's eos, the target's own generation
+    config's (`generation_eos`: what its authors stop on, e.g. SmolLM2's <|endoftext|>, which is
+    also its unknown token) and the chat-template end markers the tokenizer knows (never its
+    unknown-token id otherwise): where a generation stops, served or regenerated."""
+    ids = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    ids += [int(token_id) for token_id in generation_eos if int(token_id) not in ids]
+    # harmony (gpt-oss): <|return|> ends a reply, <|call|> a turn that calls a tool
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|return|>",
+                  "<|call|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    return ids

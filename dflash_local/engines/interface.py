@@ -1,0 +1,83 @@
+"""The Engine interface every backend implements, and the pair an engine has loaded.
+
+A local engine (MLX, Transformers: engines/local.py) runs our speculative loop in this process;
+a served engine (vLLM, SGLang, any OpenAI server: engines/openai_engine.py) streams from a
+server. Both yield the same StepEvents and declare what they can do in `capabilities`
+(events.EngineCapabilities), so the service, the TUI and the benchmark never care which.
+
+Boundary: the contract only; no framework, no loading, no templating (engines/chat_prompt.py).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_local.events import BlockSize, EngineCapabilities, GenerationParams, StepEvent
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    engine: str
+    target: str  # the name the user gave (repo id or path)
+    drafter: str | None
+    target_path: Path | None = None  # resolved local directory
+    drafter_path: Path | None = None
+    dtype: str = "float32"
+    block_size: int = 1  # the drafter's trained block size (1 = no drafter)
+    draft_vocab_size: int | None = None  # drafting scores this many ids (None: the whole vocabulary)
+
+    @classmethod
+    def local(cls, engine: str, target_path, drafter_path, target_name: str | None,
+              drafter_name: str | None, dtype: str, block_size: int,
+              draft_vocab_size: int | None = None) -> PairInfo:
+        """A pair loaded from local directories; names default to the paths."""
+        return cls(engine=engine, target=target_name or str(target_path),
+                   drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
+                   target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
+                   dtype=dtype, block_size=block_size, draft_vocab_size=draft_vocab_size)
+
+
+class Engine(abc.ABC):
+    name: str
+    capabilities: EngineCapabilities
+    pair: PairInfo
+    last_stats = None  # a served engine: its server's totals for the last generation
+
+    @abc.abstractmethod
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+        """Apply the target's chat template (thinking on/off where it has the switch; `tools`
+        rendered by it), ending with `assistant_prefix` as the reply's start."""
+
+    @abc.abstractmethod
+    def encode_raw(self, text: str) -> list[int]:
+        """Tokenize text as it is, no template."""
+
+    @abc.abstractmethod
+    def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        """Generate; each event carries its text delta. Closing the iterator cancels."""
+
+    def stream_chat(self, messages: list[dict], params: GenerationParams,
+                    thinking: bool | None = None) -> Iterator[StepEvent]:
+        """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
+        return self.stream(self.encode_chat(messages, thinking), params)
+
+    def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
+                recalibrate: bool = False) -> None:
+        """The work at load that generations at this default block size need (a local engine's
+        calibration under auto); `on_wait(what)` before a wait worth telling the user about.
+        `recalibrate`: measure again what is cached. A served engine has nothing to prepare."""
+
+    def close(self) -> None:
+        """Free what the engine holds (models, child processes)."""
+
+    def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
+                       params: GenerationParams, thinking: bool | None,
+                       should_stop: Callable[[], bool]) -> bool:
+        """Ready the cache for the request that continues this conversation (a local engine's
+        prefix cache: engines/turn_warmup.py); True when an entry was stored. A served engine
+        keeps no cache of ours."""
+        return False

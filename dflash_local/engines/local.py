@@ -1,0 +1,271 @@
+"""LocalEngine: what the MLX and Transformers engines share. One construction path, whose
+framework steps are the hooks each engine implements, and the generation: our speculative loop
+over the engine's TargetRunner and Drafter, the prefix cache and the round costs.
+
+Loading a pair, in order: the target's config (read once), the dtype, the context (the target
+refused from its config before any weight loads), the draft window, the drafter's config and
+its draft vocabulary (the pair refused from the configs), precision notes, the target's
+weights, the accelerations, the drafter, the prefix cache, the thread count.
+Boundary: no framework is imported here (engines/mlx_engine.py, engines/torch_engine.py do).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dflash_local.drafter.config import (
+    DrafterConfig,
+    load_checked_drafter_config,
+    load_target_info,
+    read_target_config,
+)
+from dflash_local.drafter.draft_vocab import load_draft_vocab
+from dflash_local.engines import chat_prompt
+from dflash_local.engines.detokenize import StreamDetokenizer
+from dflash_local.engines.interface import Engine, PairInfo
+from dflash_local.engines.turn_warmup import warm
+from dflash_local.errors import CheckpointError
+from dflash_local.events import (
+    Auto,
+    BlockSize,
+    EngineCapabilities,
+    GenerationParams,
+    StepEvent,
+    check_draft_window,
+    widest_block,
+)
+from dflash_local.method import calibration, speculative
+from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.prefix_cache import PrefixStates, Resume, make_prefix_cache
+from dflash_local.method.round_trace import RoundTrace
+from dflash_local.pairs.precision import resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+class LocalEngine(Engine):
+    """Loads a pair from local directories and runs our loop on it; a subclass implements the
+    hooks below for its framework."""
+
+    dtypes: dict[str, Any]  # the framework's dtype of each name the engine runs in
+
+    def __init__(self, target_path: Path, drafter_path: Path | None, *,
+                 target_name: str | None = None, drafter_name: str | None = None,
+                 dtype: str = "float32", draft_window: int | None = None, draft_vocab: bool = True,
+                 prefix_cache: bool = True, prefix_cache_mb: int | None = None):
+        """`dtype`: auto or one of `dtypes`; `draft_window`: the drafter's context rows (None:
+        unbounded); `draft_vocab=False`: the drafter scores the whole vocabulary
+        (scripts/experiments/draft_vocab_ab.py compares); `prefix_cache` / `prefix_cache_mb`: recent
+        conversations' states (method/prefix_cache.py)."""
+        raw_config = read_target_config(target_path)  # once: every check below reads it
+        dtype = self._checked_dtype(dtype, raw_config)
+        max_context = self.target_context(target_path, raw_config)
+        check_draft_window(draft_window, max_context)  # before any weight loads
+        drafter_config = (load_checked_drafter_config(drafter_path, target_path,
+                                                      load_target_info(target_path, raw_config))
+                          if drafter_path else None)
+        draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
+                     if drafter_config is not None and draft_vocab else None)
+        self.warn_precision(dtype, raw_config)
+        self.tokenizer = self.load_target(target_path, dtype)
+        self.accelerations = self.install_accelerations(drafter_config)
+        self.drafter = None
+        if drafter_config is not None:
+            self.drafter = self.load_bound_drafter(drafter_path, drafter_config, dtype,
+                                                   draft_ids)
+        self.draft_window = draft_window
+        self.pair = PairInfo.local(self.name, target_path, drafter_path, target_name, drafter_name,
+                                   dtype, drafter_config.block_size if drafter_config else 1,
+                                   draft_vocab_size=len(draft_ids) if draft_ids else None)
+        self.capabilities = EngineCapabilities(
+            speculative_toggle=True, sampling=True, max_context=max_context,
+            hybrid_targets=True, logprobs=True, tree_verify=self.exact_tree_verify())
+        taps = len(drafter_config.target_layer_ids) if drafter_config else 0
+        self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
+                                              self.kept_row_bytes(raw_config, dtype, taps))
+        self.prefix_states = self.make_prefix_states()
+        self._ready_to_generate()
+        self.choose_threads()
+
+    def _checked_dtype(self, dtype: str, raw_config: dict) -> str:
+        """`dtype`, auto resolved for this device and checkpoint (pairs/precision.py)."""
+        dtype = resolve_dtype(dtype, accelerator=self.on_accelerator(), target_config=raw_config)
+        if dtype not in self.dtypes:
+            raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(self.dtypes)}")
+        return dtype
+
+    def _ready_to_generate(self) -> None:
+        self.eos_token_ids = chat_prompt.end_of_turn_ids(
+            self.tokenizer, chat_prompt.generation_config_eos(self.pair.target_path))
+        # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
+        self.calibration: calibration.Calibration | None = None
+        self.prefix_cache_note: str | None = None  # why this engine's states are not kept
+        self._warm_guard = threading.Lock()  # held by a warm-up's chunk (turn_warmup.py)
+        self._open_streams = 0
+        self.round_trace: RoundTrace | None = None  # opt-in: every round's costs (round_trace.py)
+
+    # --- the construction's framework steps, in the order they run ---
+
+    @abc.abstractmethod
+    def on_accelerator(self) -> bool:
+        """Whether the engine runs on a GPU (auto dtype: the checkpoint's own there)."""
+
+    @abc.abstractmethod
+    def target_context(self, target_path: Path, raw_config: dict) -> int:
+        """The context the engine declares, every request checked against it; a target this
+        engine cannot run is refused here, from its config alone."""
+
+    def warn_precision(self, dtype: str, raw_config: dict) -> None:
+        """Log what this precision costs here, before the weights load."""
+
+    @abc.abstractmethod
+    def load_target(self, target_path: Path, dtype: str):
+        """Load the target's weights in `dtype` (kept by the engine); returns its tokenizer."""
+
+    @abc.abstractmethod
+    def install_accelerations(self, drafter_config: DrafterConfig | None) -> list:
+        """Install this machine's kernels on the loaded target; what `close` uninstalls."""
+
+    @abc.abstractmethod
+    def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
+                     draft_ids: list[int] | None):
+        """The drafter, bound to the target's embeddings and head, drafting only `draft_ids`
+        where given; the engine also readies the target's taps of it."""
+
+    @abc.abstractmethod
+    def exact_tree_verify(self) -> bool:
+        """Whether a tree verify is exact on the loaded target."""
+
+    @abc.abstractmethod
+    def kept_row_bytes(self, raw_config: dict, dtype: str, taps: int) -> int:
+        """Bytes one kept row of a conversation costs (the prefix cache's budget counts them)."""
+
+    @abc.abstractmethod
+    def make_prefix_states(self) -> PrefixStates:
+        """How this engine keeps and restores a generation's state (method/prefix_cache.py)."""
+
+    def choose_threads(self) -> None:
+        """Pick the thread count the loaded pair runs fastest with here, where the engine can."""
+
+    # --- per generation ---
+
+    @abc.abstractmethod
+    def make_runner(self, collect_taps: bool) -> TargetRunner:
+        """A fresh per-generation target runner (own cache)."""
+
+    @abc.abstractmethod
+    def make_drafter(self, window: int | None = None) -> Drafter | None:
+        """A fresh per-generation drafter (own context cache, bounded to the last `window` rows;
+        None: the engine's draft window), or None without a drafter."""
+
+    def compute_threads(self) -> int | None:
+        """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
+        return None
+
+    def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
+                recalibrate: bool = False) -> None:
+        if isinstance(block_size, Auto) and self.pair.drafter is not None:
+            self.calibrate(force=recalibrate,
+                           on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
+
+    def calibrate(self, force: bool = False,
+                  on_measure: Callable[[], None] | None = None) -> calibration.Calibration:
+        """This machine's round costs for the pair, which the auto planner prices rounds with:
+        measured once (~20-30 s for the embedded pair on two cores), then read from its cache
+        file, unless `force`. Kept in `self.calibration`."""
+        key = calibration.calibration_key(self.pair, self.compute_threads())
+        trace, self.round_trace = self.round_trace, None  # its own generations are not traced
+        try:
+            self.calibration = calibration.load_or_measure(self, key, force, on_measure)
+        finally:
+            self.round_trace = trace
+        return self.calibration
+
+    def encode_chat(self, messages: list[dict], thinking: bool | None = None,
+                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+        return chat_prompt.request_prompt_ids(self.tokenizer, messages, self.capabilities.max_context,
+                                              thinking, tools, assistant_prefix)
+
+    def encode_raw(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        # a warm-up's chunk in flight ends first, and none starts while a generation is open:
+        # they share the model's tap hooks (a caller of its own, as the bench, beside the worker)
+        with self._warm_guard:
+            self._open_streams += 1
+        try:
+            yield from self._stream(prompt_ids, params)
+        finally:
+            with self._warm_guard:
+                self._open_streams -= 1
+
+    def _stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
+        if not params.stop_token_ids:
+            params = replace(params, stop_token_ids=tuple(self.eos_token_ids))
+        check_draft_window(params.draft_window, self.capabilities.max_context)
+        # plain decoding (block 1) runs without a drafter and collects no taps
+        drafter = (self.make_drafter(params.draft_window)
+                   if widest_block(params, self.pair.block_size) > 1 else None)
+        runner = self.make_runner(collect_taps=drafter is not None)
+        measured = self.calibration
+        planner = speculative.default_planner(
+            runner, drafter, prompt_ids, params, measured.costs if measured else None,
+            measured.prior if measured else ())
+        resume = self._resume(prompt_ids, runner, drafter)
+        detokenizer = StreamDetokenizer(self.tokenizer)
+        if self.round_trace is not None:
+            self.round_trace.generation(prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
+                                        cached_tokens=resume.cached_rows if resume else 0)
+        # closing: a client that stops reading ends the loop now, and its state is kept now
+        with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
+                                          resume, self.round_trace)) as events:
+            for event in events:
+                # how much of the text the drafter's accepted tokens made, then a copy's: a
+                # client colours exactly what each wrote
+                text, (drafter_chars, accepted_chars) = detokenizer.add_split(
+                    event.token_ids, (event.accepted - event.copied, event.accepted))
+                yield replace(event, text=text, accepted_chars=accepted_chars,
+                              copied_chars=accepted_chars - drafter_chars)
+
+    def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
+                       params: GenerationParams, thinking: bool | None,
+                       should_stop: Callable[[], bool]) -> bool:
+        ids = chat_prompt.next_turn_ids(self.tokenizer, messages, reply, prompt_ids, thinking)
+        return ids is not None and warm(
+            self, ids, params, lambda: self._open_streams > 0 or should_stop(), self._warm_guard)
+
+    def _resume(self, prompt_ids: list[int], runner: TargetRunner,
+                drafter: Drafter | None) -> Resume | None:
+        """The longest kept prefix of the prompt, restored into this generation's runner and
+        drafter, and where the generation's own state goes when it ends."""
+        cache, states = self.prefix_cache, self.prefix_states
+        if cache is None or states is None or not states.accepts(drafter):
+            return None
+        hit = cache.lookup(prompt_ids, needs_taps=drafter is not None)
+        resume = Resume(keep_prompt=states.keeps_prompt(runner))
+        if hit is not None:
+            resume.unseen_taps = states.restore(hit.entry.kept, hit.rows, runner, drafter)
+            resume.cached_rows = hit.rows
+
+        def keep(row_ids: list[int], unseen_taps) -> None:
+            kept = states.snapshot(runner, drafter, unseen_taps)
+            if isinstance(kept, str):
+                if self.prefix_cache_note is None:
+                    log.warning("prefix cache: %s", kept)
+                self.prefix_cache_note = kept
+                return
+            cache.store(row_ids, kept)
+
+        resume.keep = keep
+        return resume
