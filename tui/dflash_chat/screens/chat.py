@@ -86,8 +86,13 @@ class ChatScreen(Screen):
         self.refresh_chat_list()
         last = self.conversation.last_view("assistant")  # the panel shows this chat's figures
         self.query_one(SpeedPanel).snapshot = reply_snapshot(last.meta if last else {})
-        if chat_id is not None:
-            self.app.apply_chat_settings(self.app.store.chat(chat_id))
+        self.app.apply_chat_settings(self.app.store.chat(chat_id) if chat_id is not None else None)
+
+    async def _open_new_chat(self, title: str) -> None:
+        """Store a new chat with the values chosen for it so far (F2, Ctrl+T), then open it."""
+        chat = self.app.store.create_chat(title, self.app.settings.system_prompt)
+        self.app.store.set_chat_settings(chat.id, self.app.chat_settings())
+        await self.open_chat(chat.id)
 
     def refresh_chat_list(self) -> None:
         self.query_one(ChatList).show(self.app.store.chats(), self.conversation.chat_id)
@@ -125,9 +130,7 @@ class ChatScreen(Screen):
             return
         self.query_one(PromptInput).accept()
         if conversation.chat_id is None:
-            chat = self.app.store.create_chat(chat_title(message.text),
-                                              self.app.settings.system_prompt)
-            await self.open_chat(chat.id)
+            await self._open_new_chat(chat_title(message.text))
         if self._editing is not None:
             await conversation.drop_from(self._editing)
             self._editing = None
@@ -196,8 +199,15 @@ class ChatScreen(Screen):
 
     def action_toggle_speculative(self) -> None:
         speculative = not self.app.settings.speculative
-        self.app.update_settings(speculative=speculative)
+        self._set_chat_value(speculative=speculative)
         self.notify(f"Speculative decoding {'on' if speculative else 'off'} for the next message")
+
+    def _set_chat_value(self, **changes) -> None:
+        """A key's change of the open chat's own values: kept with the chat at once (the saved
+        defaults change only from the settings screen)."""
+        self.app.update_settings(**changes)
+        if self.conversation.chat_id is not None:
+            self.app.store.set_chat_settings(self.conversation.chat_id, self.app.chat_settings())
 
     def action_toggle_accepted(self) -> None:
         self.app.update_settings(show_accepted=not self.app.settings.show_accepted)
@@ -205,7 +215,7 @@ class ChatScreen(Screen):
     def action_toggle_thinking(self) -> None:
         modes = THINKING_MODES
         mode = modes[(modes.index(self.app.settings.thinking) + 1) % len(modes)]
-        self.app.update_settings(thinking=mode)
+        self._set_chat_value(thinking=mode)
         warning = self.app.thinking_warning()
         self.notify(f"Thinking {mode}" + (f": {warning}" if warning else ""),
                     severity="warning" if warning else "information")
@@ -273,7 +283,7 @@ class ChatScreen(Screen):
     async def action_system_prompt(self) -> None:
         store = self.app.store
         if self.conversation.chat_id is None:
-            await self.open_chat(store.create_chat("New chat", self.app.settings.system_prompt).id)
+            await self._open_new_chat("New chat")
         chat = store.chat(self.current_chat_id())
 
         def save(prompt: str | None) -> None:

@@ -57,7 +57,7 @@ class SettingsScreen(Screen):
     AUTO_FOCUS = "#num-temperature"
 
     def compose(self) -> ComposeResult:
-        settings: Settings = self.app.settings
+        settings: Settings = self.app.defaults  # the user's, not the open chat's own values
         yield Static(id="problems", markup=False)
         with VerticalScroll(id="form"):
             yield Label("Sampling", classes="section")
@@ -101,7 +101,7 @@ class SettingsScreen(Screen):
 
     def action_save(self) -> None:
         settings, problems = settings_from_form(
-            self.app.settings,
+            self.app.defaults,
             numbers={name: self.query_one(f"#num-{name}", Input).value for name, _, _ in NUMBERS},
             switches={name: self.query_one(f"#sw-{name}", Switch).value for name, _ in SWITCHES},
             choices={"thinking": self.query_one("#sel-thinking", Select).value,
@@ -113,9 +113,9 @@ class SettingsScreen(Screen):
             self.query_one("#problems").display = True
             self.notify("\n".join(problems), title="Not saved", severity="error")
             return
-        if settings == self.app.settings:
+        if settings == self.app.defaults:
             self.notify("Nothing changed: nothing to save")
         else:
-            self.app.apply_settings(settings)
+            self.app.save_defaults(settings)
             self.notify("Settings saved")
         self.app.pop_screen()

@@ -1,0 +1,72 @@
+"""dflash-chat as a person who uses it every day met it: each test here is one defect of issue 51
+(defaults rewritten by opening a chat, the user's prompt as Markdown, copy code on a cut reply,
+no live speed when narrow, a dead service's toast, the draft colours), driven through Pilot with
+no service: a reply's chunks arrive as the reply worker posts them."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from dflash_chat.screens.search import SearchScreen
+from dflash_chat.settings import Settings, save_settings
+from dflash_chat.storage import DB_NAME, ChatStore
+from tui_support import run_offline, until
+
+WIDE, NARROW = (150, 45), (80, 24)
+REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A user's data dir: saved defaults (temperature 0.7, speculative), an older chat sent greedy
+    and plain, and a newer one that opens first."""
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
+    save_settings(Settings(temperature=0.7, max_tokens=256), settings_file(tmp_path))
+    store = ChatStore(tmp_path / DB_NAME)
+    older = store.create_chat("Plain and greedy", created=1_767_225_600.0)
+    store.add_message(older.id, "user", "How do I print?")
+    store.add_message(older.id, "assistant", REPLY, meta={"speculative": False})
+    store.set_chat_settings(older.id, {"speculative": False, "temperature": 0.0})
+    newest = store.create_chat("Creative", created=1_767_229_200.0)
+    store.add_message(newest.id, "user", "Write a poem.")
+    store.set_chat_settings(newest.id, {"temperature": 1.2, "max_tokens": 64})
+    store.close()
+    return tmp_path
+
+
+def settings_file(home):
+    return home / "config" / "settings.toml"
+
+
+def saved(home) -> dict:
+    return tomllib.loads(settings_file(home).read_text(encoding="utf-8"))
+
+
+def run(scenario, size=WIDE) -> None:
+    run_offline(scenario, size)
+
+
+# 1. opening a chat (the newest at start, or one from search) rewrote the saved defaults
+def test_opening_a_chat_leaves_the_saved_defaults_alone(home):
+    async def scenario(app, pilot):
+        assert app.chat_screen.conversation.chat_id is not None  # the newest chat opened
+        assert (app.settings.temperature, app.settings.max_tokens) == (1.2, 64)  # its own values
+        assert (saved(home)["temperature"], saved(home)["max_tokens"]) == (0.7, 256)
+        await pilot.press("ctrl+f")
+        assert isinstance(app.screen, SearchScreen)
+        await pilot.press(*"print", "enter")
+        await until(pilot, lambda: app.screen is app.chat_screen, "the hit opened")
+        assert not app.settings.speculative and app.settings.temperature == 0.0
+        assert saved(home)["speculative"] and saved(home)["temperature"] == 0.7
+        await pilot.press("ctrl+t")  # a key changes this chat's own value, kept with it
+        chat_id = app.chat_screen.conversation.chat_id
+        assert app.store.chat(chat_id).settings["thinking"] == "on"
+        assert saved(home)["thinking"] == "auto"
+        await pilot.press("f6")  # the settings screen edits the defaults
+        assert app.screen.query_one("#num-temperature").value == "0.7"
+        await pilot.press("escape")
+        await pilot.press("ctrl+n")  # a new chat starts from the defaults
+        assert app.settings.speculative and app.settings.temperature == 0.7
+        assert app.settings.max_tokens == 256
+    run(scenario)
