@@ -11,7 +11,8 @@ import pytest
 from dflash_chat.screens.search import SearchScreen
 from dflash_chat.settings import Settings, save_settings
 from dflash_chat.storage import DB_NAME, ChatStore
-from tui_support import run_offline, until
+from dflash_chat.widgets.prompt_input import PromptInput
+from tui_support import run_offline, screen_lines, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -69,4 +70,22 @@ def test_opening_a_chat_leaves_the_saved_defaults_alone(home):
         await pilot.press("ctrl+n")  # a new chat starts from the defaults
         assert app.settings.speculative and app.settings.temperature == 0.7
         assert app.settings.max_tokens == 256
+    run(scenario)
+
+
+# 2. the user's own prompt was rendered as Markdown: indentation lost, `__init__` bold "init"
+def test_the_users_prompt_shows_as_written(home):
+    prompt_text = "Why does\n    self.__init__(a*b*c)\nfail?\n\n# not a heading"
+
+    async def scenario(app, pilot):
+        await pilot.press("ctrl+n")
+        app.chat_screen.query_one(PromptInput).value = prompt_text
+        await pilot.press("enter")
+        conversation = app.chat_screen.conversation
+        await until(pilot, lambda: conversation.generating, "sent")
+        await pilot.pause()
+        lines = screen_lines(app)
+        assert any("    self.__init__(a*b*c)" in line for line in lines)  # indented, literal
+        assert any("# not a heading" in line for line in lines)
+        assert conversation.request_messages()[-1] == {"role": "user", "content": prompt_text}
     run(scenario)

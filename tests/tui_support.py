@@ -35,3 +35,8 @@ def serve_pair(app, pair_id: str, thinking: str | None = None) -> None:
         app.catalog = [{"id": pair_id, "thinking": thinking}]
     app.status = {"loaded": {"pair": pair_id, "served_name": pair_id, "engine": "transformers",
                              "drafter": "z/d"}}
+
+
+def screen_lines(app) -> list[str]:
+    """The text on the terminal, line by line, as the compositor paints it."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]

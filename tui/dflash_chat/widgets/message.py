@@ -1,5 +1,6 @@
-"""One chat message. A reply streams into its Markdown through `Markdown.get_stream()` (one
-widget update per batch, never per token). The Markdown is always rendered; with colouring on,
+"""One chat message: the user's prompt as literal text (as typed or pasted), a reply as
+Markdown. A reply streams into its Markdown through `Markdown.get_stream()` (one widget update
+per batch, never per token). The Markdown is always rendered; with colouring on,
 the drafter's accepted tokens show green on the rendered text and tokens a prompt-lookup copy
 brought cyan (draft_colours.py), painted whenever the Markdown finishes a full render and, while
 a reply streams, every PAINT_EVERY_S over what the stream has rendered so far.
@@ -83,10 +84,14 @@ class MessageView(Vertical, can_focus=True):
         yield Static(self.header, classes="header", markup=False)
         if self.reasoning:
             yield ReasoningBlock(self.reasoning, collapsed=True)
-        yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
+        if self.role == "user":  # the user's words as written: code keeps its indentation
+            yield Static(self.text, classes="prompt-text", markup=False)
+        else:
+            yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
 
     @property
     def body(self) -> Markdown:
+        """A reply's rendered Markdown (a prompt is literal text, never Markdown)."""
         return self.query_one(".body", Markdown)
 
     @property
