@@ -12,7 +12,7 @@ from dflash_chat.screens.search import SearchScreen
 from dflash_chat.settings import Settings, save_settings
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.prompt_input import PromptInput
-from tui_support import run_offline, screen_lines, until
+from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -88,4 +88,26 @@ def test_the_users_prompt_shows_as_written(home):
         assert any("    self.__init__(a*b*c)" in line for line in lines)  # indented, literal
         assert any("# not a heading" in line for line in lines)
         assert conversation.request_messages()[-1] == {"role": "user", "content": prompt_text}
+    run(scenario)
+
+
+def notices(app) -> str:
+    return "\n".join(str(n.message) for n in app._notifications)
+
+
+# 3. Ctrl+B found no block in a reply cut inside one, and took only the last of several
+def test_copy_code_takes_a_cut_block_and_steps_through_several(home):
+    cut = "Start:\n\n```python\nfor i in range(3):\n    print(i"
+    whole = "Install:\n```bash\npip install x\n```\nThen:\n~~~python\nimport x\n~~~\n"
+
+    async def scenario(app, pilot):
+        await pilot.press("ctrl+n")
+        await streamed_reply(app, pilot, [chunk(cut, [1, 2, 3], 2, 1)], "stopped")  # Esc
+        await pilot.press("ctrl+b")
+        assert app.clipboard == "for i in range(3):\n    print(i"
+        await streamed_reply(app, pilot, [chunk(whole, [1, 2, 3], 2, 1)], "done")
+        await pilot.press("ctrl+b")  # the last block first, the notice says which
+        assert app.clipboard == "import x\n" and "block 2 of 2" in notices(app)
+        await pilot.press("ctrl+b")  # again: the one before
+        assert app.clipboard == "pip install x\n" and "block 1 of 2" in notices(app)
     run(scenario)

@@ -39,7 +39,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("regenerate", "ctrl+r", "Regenerate the last reply"),
     ActionSpec("edit_last", "ctrl+o", "Edit and resend the last prompt"),
     ActionSpec("copy_message", "ctrl+y", "Copy the selected (or last) reply"),
-    ActionSpec("copy_code", "ctrl+b", "Copy the last code block of the selected (or last) reply"),
+    ActionSpec("copy_code", "ctrl+b", "Copy a reply's last code block (again: the one before)"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
     ActionSpec("search_chats", "ctrl+f", "Search past chats"),

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from dflash_chat.actions import CHAT
+from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
@@ -31,6 +31,7 @@ class ChatScreen(Screen):
     AUTO_FOCUS = "#prompt"
 
     _editing: int | None = None  # the prompt being edited: it and what follows are replaced
+    _code_copied: tuple[int, int, int] | None = None  # Ctrl+B's last: message, block, blocks
 
     def compose(self) -> ComposeResult:
         store = self.app.store
@@ -254,17 +255,28 @@ class ChatScreen(Screen):
         view = self._selected_view()
         if view is not None:
             self.app.copy_to_clipboard(view.text)
+            self._code_copied = None  # Ctrl+B starts from the last block again
             left_out = ", not its reasoning" if view.reasoning else ""
             self.notify(f"Copied {len(view.text)} characters{left_out}")
 
     def action_copy_code(self) -> None:
+        """The answer's last code block; pressed again on the same reply, the block before it
+        (the notice says which of how many). A block cut by max tokens or Esc counts."""
         view = self._selected_view()
         blocks = code_blocks(view.text) if view is not None else []  # the answer's alone
         if not blocks:
             self.notify("No code block in that message", severity="warning")
             return
-        self.app.copy_to_clipboard(blocks[-1])
-        self.notify(f"Copied a code block ({len(blocks[-1])} characters)")
+        index = code_block_to_copy(self._code_copied, view.message_id, len(blocks))
+        self._code_copied = (view.message_id, index, len(blocks))
+        self.app.copy_to_clipboard(blocks[index])
+        if len(blocks) == 1:
+            self.notify(f"Copied the code block ({len(blocks[0])} characters)")
+            return
+        keys = key_label(effective_keys(BY_ID["copy_code"], self.app.settings.keymap))
+        before = (index - 1) % len(blocks)
+        self.notify(f"Copied code block {index + 1} of {len(blocks)} ({len(blocks[index])} "
+                    f"characters); {keys} again copies block {before + 1}")
 
     def action_rename_chat(self) -> None:
         if self.conversation.chat_id is not None:
@@ -331,6 +343,14 @@ NARROW_COLUMNS = 110  # below this the chat list and the speed panel step aside
 def reply_snapshot(meta: dict) -> SpeedSnapshot:
     """A stored reply's figures for the speed panel (none: the panel says so)."""
     return final_snapshot(meta["stats"]) if meta.get("stats") else SpeedSnapshot()
+
+
+def code_block_to_copy(copied: tuple[int, int, int] | None, message_id: int, count: int) -> int:
+    """Which of a reply's `count` code blocks Ctrl+B copies: the last, or after a copy from the
+    same reply (with as many blocks), the one before that copy's (wrapping round)."""
+    if copied is None or copied[0] != message_id or copied[2] != count:
+        return count - 1
+    return (copied[1] - 1) % count
 
 
 def export_path(data_dir: Path, chat_id: int) -> Path:

@@ -38,11 +38,33 @@ from dflash_chat.widgets.reasoning import (
 
 __all__ = ["MessageView", "code_blocks", "describe"]
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
-CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 
 
 def code_blocks(text: str) -> list[str]:
-    return CODE_BLOCK.findall(text)
+    """The fenced code blocks of a Markdown text, in order (``` or ~~~, indented in a list too);
+    a fence left open, as in a reply cut by max tokens or Esc, runs to the end of the text."""
+    blocks: list[str] = []
+    fence, indent, lines = "", 0, []
+    for line in text.splitlines(keepends=True):
+        if not fence:
+            opening = FENCE.match(line.rstrip("\n"))
+            if opening and not (opening["fence"][0] == "`" and "`" in opening["info"]):
+                fence, indent, lines = opening["fence"], len(opening["indent"]), []
+        elif _closes(line, fence):
+            blocks.append("".join(lines))
+            fence = ""
+        else:  # a fence indented in a list: its lines lose that indentation
+            lines.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
+    if fence and lines:
+        blocks.append("".join(lines))
+    return blocks
+
+
+def _closes(line: str, fence: str) -> bool:
+    """A closing fence: the opening's character, at least as many, nothing else on the line."""
+    mark = line.strip()
+    return len(mark) >= len(fence) and mark == fence[0] * len(mark)
 
 
 def line_break_parser() -> MarkdownIt:
