@@ -11,7 +11,9 @@ import pytest
 from dflash_chat.screens.search import SearchScreen
 from dflash_chat.settings import Settings, save_settings
 from dflash_chat.storage import DB_NAME, ChatStore
+from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
+from dflash_chat.widgets.speed_panel import SpeedPanel
 from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
@@ -111,3 +113,26 @@ def test_copy_code_takes_a_cut_block_and_steps_through_several(home):
         await pilot.press("ctrl+b")  # again: the one before
         assert app.clipboard == "pip install x\n" and "block 1 of 2" in notices(app)
     run(scenario)
+
+
+# 4. below 110 columns nothing showed tok/s or τ while a reply streamed
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+def test_a_streaming_reply_shows_its_speed_at_every_width(home, size):
+    async def scenario(app, pilot):
+        app.chat_screen.query_one(PromptInput).value = "Count to ten."
+        await pilot.press("enter")
+        conversation = app.chat_screen.conversation
+        await until(pilot, lambda: conversation.generating, "reply started")
+        reply_id = conversation.last_view("assistant").message_id
+        chunks = [chunk("One", [1], 0, 0), chunk(" two three four", [2, 3, 4, 5], 3, 1),
+                  chunk(" five six", [6, 7, 8], 2, 2)]
+        conversation.post_message(Conversation.ChunksArrived(reply_id, chunks))
+
+        def status_line() -> str:  # above the footer, whatever the panels show
+            return screen_lines(app)[-2]
+
+        await until(pilot, lambda: "tok/s" in status_line(), "the live line", timeout=10)
+        tau = app.chat_screen.query_one(SpeedPanel).snapshot.tau
+        assert f"τ {tau:.2f}" in status_line() and tau > 1
+        assert conversation.generating  # still streaming
+    run(scenario, size)

@@ -21,7 +21,7 @@ from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
 from dflash_chat.widgets.prompt_input import PromptInput
-from dflash_chat.widgets.speed_panel import SpeedPanel
+from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
@@ -86,7 +86,7 @@ class ChatScreen(Screen):
         await self.conversation.show_chat(chat_id)
         self.refresh_chat_list()
         last = self.conversation.last_view("assistant")  # the panel shows this chat's figures
-        self.query_one(SpeedPanel).snapshot = reply_snapshot(last.meta if last else {})
+        self._show_speed(reply_snapshot(last.meta if last else {}))
         self.app.apply_chat_settings(self.app.store.chat(chat_id) if chat_id is not None else None)
 
     async def _open_new_chat(self, title: str) -> None:
@@ -141,14 +141,19 @@ class ChatScreen(Screen):
         self.refresh_chat_list()
 
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
-        self.query_one(SpeedPanel).snapshot = message.snapshot
+        self._show_speed(message.snapshot)
+
+    def _show_speed(self, snapshot: SpeedSnapshot) -> None:
+        """The panel's figures, and their compact line in the status bar (seen at every width)."""
+        self.query_one(SpeedPanel).snapshot = snapshot
+        self.query_one(StatusBar).speed = compact_speed_text(snapshot)
 
     def on_descendant_focus(self, event) -> None:
         """A reply selected: the panel shows its figures (the streaming one shows itself)."""
         view = event.widget
         if isinstance(view, MessageView) and view.role == "assistant" and not (
                 self.conversation.generating and view is self.conversation.last_view("assistant")):
-            self.query_one(SpeedPanel).snapshot = reply_snapshot(view.meta)
+            self._show_speed(reply_snapshot(view.meta))
 
     # --- actions (ids in actions.py) ---
 
