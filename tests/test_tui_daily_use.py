@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 from dflash_chat.screens.search import SearchScreen
+from dflash_chat.service import ServiceProcess
 from dflash_chat.settings import Settings, save_settings
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.conversation import Conversation
@@ -46,8 +47,8 @@ def saved(home) -> dict:
     return tomllib.loads(settings_file(home).read_text(encoding="utf-8"))
 
 
-def run(scenario, size=WIDE) -> None:
-    run_offline(scenario, size)
+def run(scenario, size=WIDE, toasts: bool = False) -> None:
+    run_offline(scenario, size, toasts=toasts)
 
 
 # 1. opening a chat (the newest at start, or one from search) rewrote the saved defaults
@@ -136,3 +137,35 @@ def test_a_streaming_reply_shows_its_speed_at_every_width(home, size):
         assert f"τ {tau:.2f}" in status_line() and tau > 1
         assert conversation.generating  # still streaming
     run(scenario, size)
+
+
+def first_start_log() -> str:
+    """A service log as a first start leaves it: progress bars rewritten with CR, a phase line
+    rewritten the same way, then the error that ended it."""
+    bar = "".join(f"\rimporting: {p:3d}%|{'█' * (p // 10):<10}| {p}/100 [00:0{p // 25}<00:05]"
+                  for p in range(0, 101, 4))
+    return (f"dflash-local: importing the embedded model once\n{bar}\n"
+            "loading model 3 s\rloading model 4 s\rloading model 5 s\n"
+            "Traceback (most recent call last):\n  File \"serve.py\", line 9, in main\n"
+            "RuntimeError: out of memory while calibrating\n")
+
+
+# 5. a dead service's toast filled half the screen with the first start's progress bars
+def test_a_dead_services_toast_shows_the_logs_last_state_briefly(home):
+    log = home / "logs" / "service.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(first_start_log(), encoding="utf-8")
+
+    async def scenario(app, pilot):
+        app.process = ServiceProcess([], log)  # never started: only its log is read
+        app.service_ready.set()
+        app.post_message(app.ServiceLost("the service exited (exit status 1)"))
+        await until(pilot, lambda: bool(app.screen.query("Toast")), "the toast")
+        await pilot.pause()
+        said = notices(app)
+        assert "RuntimeError: out of memory while calibrating" in said
+        assert "loading model 5 s" in said and "loading model 4 s" not in said
+        assert "%|" not in said  # no progress bar
+        toast = app.screen.query_one("Toast")
+        assert toast.region.height <= NARROW[1] // 2
+    run(scenario, NARROW, toasts=True)

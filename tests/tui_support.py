@@ -24,11 +24,13 @@ async def until(pilot, predicate, what: str = "condition", timeout: float = 30.0
         await pilot.pause(0.05)
 
 
-def run_offline(scenario, size: tuple[int, int], settings: Settings | None = None) -> None:
-    """Run `scenario(app, pilot)` in an app that starts no service."""
+def run_offline(scenario, size: tuple[int, int], settings: Settings | None = None,
+                toasts: bool = False) -> None:
+    """Run `scenario(app, pilot)` in an app that starts no service (`toasts`: notifications are
+    shown on screen, as the user sees them)."""
     async def main():
         app = DFlashChatApp(Options(connect=False), settings=settings)
-        async with app.run_test(size=size) as pilot:
+        async with app.run_test(size=size, notifications=toasts) as pilot:
             await pilot.pause()
             await scenario(app, pilot)
     asyncio.run(main())

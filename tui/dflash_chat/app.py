@@ -197,7 +197,7 @@ class DFlashChatApp(App):
         keys = self.restart_keys()
         tail = f"\n{self.process.log_tail()}" if self.process is not None else ""
         self.notify(f"{message.reason}. {keys} restarts it; its log: {self.service_log}{tail}",
-                    title="The service stopped", severity="error", timeout=60)
+                    title="The service stopped", severity="error", timeout=30)
 
     def restart_keys(self) -> str:
         return key_label(effective_keys(BY_ID["restart_service"], self.settings.keymap))
