@@ -169,3 +169,61 @@ def test_a_dead_services_toast_shows_the_logs_last_state_briefly(home):
         toast = app.screen.query_one("Toast")
         assert toast.region.height <= NARROW[1] // 2
     run(scenario, NARROW, toasts=True)
+
+
+def contrast(foreground, background) -> float:
+    """WCAG contrast ratio of two rich colours."""
+    def luminance(colour) -> float:
+        channels = [c / 255 for c in colour.get_truecolor()]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    light, dark = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def cells(app, text: str) -> list:
+    """The rich styles of the cells that show `text` on screen (its first occurrence)."""
+    for strip in app.screen._compositor.render_strips():
+        line = [(char, segment.style) for segment in strip for char in segment.text]
+        plain = "".join(char for char, _ in line)
+        if text in plain:
+            start = plain.index(text)
+            return [style for _, style in line[start:start + len(text)]]
+    raise AssertionError(f"{text!r} is not on screen")
+
+
+# 6. the draft colours were fixed bold green / bold cyan: cyan copies unreadable on the light
+#    theme, and in code they replaced the syntax colours
+@pytest.mark.parametrize("theme", ["textual-light", "textual-dark"])
+def test_draft_colours_keep_the_text_colours_and_read_on_either_theme(home, theme):
+    reply = "Like this:\n\n```python\nprint('hi')\n```\n"
+    rounds = [[10, 3, 4, 10, 0], [12, 0, 1, 0, 0], [11, 3, 4, 11, 5], [5, 0, 1, 0, 0]]
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Painted", created=1_767_232_800.0)  # the newest: it opens
+    store.add_message(chat.id, "user", "How do I print?")
+    store.add_message(chat.id, "assistant", reply, meta={"speculative": True, "rounds": rounds})
+    store.close()
+    shown = ("Like this:", "print(", "'hi')")  # prose drafted; code drafted, then copied
+
+    def told_apart(app) -> bool:  # the code is painted: the drafter's tint, then the copy's
+        return cells(app, "print(")[0].bgcolor != cells(app, "'hi')")[0].bgcolor
+
+    async def scenario(app, pilot):
+        app.theme = theme
+        await until(pilot, lambda: told_apart(app), "painted as the chat opens", timeout=10)
+        await pilot.press("f3")  # colours off: the text's own colours
+        await pilot.pause()
+        plain = {text: cells(app, text) for text in shown}
+        await pilot.press("f3")
+        await until(pilot, lambda: cells(app, "print(")[0] != plain["print("][0], "painted")
+        for text in shown:
+            painted = cells(app, text)
+            assert [s.color for s in painted] == [s.color for s in plain[text]], text
+            assert all(s.bgcolor != p.bgcolor for s, p in zip(painted, plain[text])), text
+            # AA (4.5:1), or nearly the theme's own where its syntax colours are below that
+            readable = min(contrast(s.color, s.bgcolor) for s in plain[text])
+            assert min(contrast(s.color, s.bgcolor) for s in painted) >= min(4.5, 0.85 * readable)
+        await pilot.press("f10")  # the other theme highlights the code again: still painted
+        await pilot.pause()
+        assert told_apart(app)
+    run(scenario, WIDE)

@@ -26,7 +26,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("help", "f1", "Help: list the keys", "Help", APP),
     ActionSpec("toggle_speculative", "f2,ctrl+s", "Toggle speculative decoding (next message)",
                "Spec"),
-    ActionSpec("toggle_accepted", "f3", "Colour accepted drafts (drafter green, copied cyan)", "Colour"),
+    ActionSpec("toggle_accepted", "f3", "Tint accepted drafts (drafter green, copied amber)", "Colour"),
     ActionSpec("race", "f4", "Race: plain vs speculative on one prompt", "Race", APP),
     ActionSpec("models", "f5", "Models: catalog, download, load", "Models", APP),
     ActionSpec("settings", "f6", "Settings: sampling, theme, keys", "Settings", APP),
