@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import replace
 
 import pytest
-from dflash_chat.protocol import StreamChunk, StreamUsage
+from dflash_chat.protocol import StreamUsage
 from dflash_chat.screens.picker import PickerScreen
 from dflash_chat.screens.search import SearchScreen
 from dflash_chat.screens.settings import SettingsScreen
@@ -26,7 +25,7 @@ from textual import events
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Markdown, ProgressBar
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
-from tui_support import run_offline, serve_pair, until
+from tui_support import chunk, run_offline, serve_pair, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 REPLY = "Like this:\n\n```python\nprint('hi')\n```\n"
@@ -53,29 +52,6 @@ def run(scenario, size=WIDE, settings: Settings | None = None) -> None:
 
 def notices(app) -> str:
     return "\n".join(str(n.message) for n in app._notifications)
-
-
-def chunk(text: str, ids, accepted: int, round_index: int, finish: str | None = None):
-    return StreamChunk(text, tuple(ids), drafted=7 if round_index else 0, accepted=accepted,
-                       round=round_index, block_size=8, finish_reason=finish,
-                       received_at=time.monotonic())
-
-
-async def streamed_reply(app, pilot, chunks, status: str, usage: StreamUsage | None = None):
-    """A reply started as Enter starts one, its chunks and end posted as the worker posts them."""
-    screen = app.chat_screen
-    screen.query_one(PromptInput).value = "Count to ten."
-    await pilot.press("enter")
-    conversation = screen.conversation
-    await until(pilot, lambda: conversation.generating, "reply started")
-    reply_id = conversation.last_view("assistant").message_id
-    conversation.post_message(Conversation.RequestSent(reply_id, time.monotonic()))
-    arrived = [replace(c, received_at=time.monotonic()) for c in chunks]  # after the request
-    conversation.post_message(Conversation.ChunksArrived(reply_id, arrived))
-    conversation.post_message(Conversation.StreamEnded(reply_id, status, usage, None))
-    await until(pilot, lambda: not conversation.generating, "reply ended")
-    await pilot.pause()
-    return conversation.last_view("assistant")
 
 
 # 1. a pasted multi-line prompt keeps only its first line (with bracketed paste, and without:

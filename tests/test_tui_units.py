@@ -162,11 +162,11 @@ def test_race_verdict_compares_token_for_token():
 
 
 def test_accepted_tokens_are_coloured_per_round():
-    from dflash_chat.widgets.draft_colours import accepted_text
+    from dflash_chat.widgets.draft_colours import DRAFT_STYLE, accepted_text
 
     text = accepted_text("abcdXY", [[4, 3, 4], [2, 0, 1]])
     assert text.plain == "abcdXY"
-    green = [text.plain[s.start:s.end] for s in text.spans if "green" in str(s.style)]
+    green = [text.plain[s.start:s.end] for s in text.spans if str(s.style) == DRAFT_STYLE]
     assert green == ["abc"]
 
 
@@ -200,30 +200,30 @@ def test_the_app_imports_no_model_code():
 
 
 def test_exact_accepted_characters_win_over_the_estimate():
-    from dflash_chat.widgets.draft_colours import accepted_text
+    from dflash_chat.widgets.draft_colours import DRAFT_STYLE, accepted_text
 
     # a round of 3 committed tokens, 2 of them drafted, whose drafts made 5 of its 6 characters
     text = accepted_text("HelloX", [[6, 2, 3, 5]])
-    green = [text.plain[s.start:s.end] for s in text.spans if "green" in str(s.style)]
+    green = [text.plain[s.start:s.end] for s in text.spans if str(s.style) == DRAFT_STYLE]
     assert green == ["Hello"]
 
 
 def test_copied_drafts_are_coloured_apart_from_the_drafters():
-    from dflash_chat.widgets.draft_colours import accepted_text
+    from dflash_chat.widgets.draft_colours import COPY_STYLE, DRAFT_STYLE, accepted_text
 
     # round 1: the drafter's accepted tokens made "He", a grafted copy's "llo", the bonus "X";
     # round 2 (an older record: no copy count): its accepted draft "a", the bonus "b"
     text = accepted_text("HelloXab", [[6, 4, 5, 5, 3], [2, 1, 2, 1]])
     assert text.plain == "HelloXab"
     spans = [(str(s.style), text.plain[s.start:s.end]) for s in text.spans if s.end > s.start]
-    assert spans == [("bold green", "He"), ("bold cyan", "llo"), ("bold green", "a")]
+    assert spans == [(DRAFT_STYLE, "He"), (COPY_STYLE, "llo"), (DRAFT_STYLE, "a")]
     # a stop string cut the round after "Hel": the drafter's "He" stays green, not the copy's colour
     cut = accepted_text("Hel", [[3, 4, 5, 5, 3]])
     assert [(str(s.style), cut.plain[s.start:s.end]) for s in cut.spans] == [
-        ("bold green", "He"), ("bold cyan", "l")]
+        (DRAFT_STYLE, "He"), (COPY_STYLE, "l")]
     unsaid = accepted_text("Hel", [[3, 2, 3, 2, None]])  # a service that sends no copy count
     assert [(str(s.style), unsaid.plain[s.start:s.end]) for s in unsaid.spans if s.end > s.start] == [
-        ("bold green", "He")]
+        (DRAFT_STYLE, "He")]
 
 
 def test_the_client_reads_the_copy_counts_of_a_chunk():

@@ -1,4 +1,4 @@
-"""dflash-chat: the App, its command line, and the connection to the service.
+"""dflash-chat: the App and its connection to the service (its flags: command_line.py).
 
 The chat screen is usable at once; the service (a child process, or `--server URL`) starts in a
 worker, and its state shows in the status bar until it answers. Prompts sent before then wait
@@ -7,9 +7,8 @@ for it (`service_ready`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from textual import work
@@ -19,6 +18,7 @@ from textual.reactive import var
 
 from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
+from dflash_chat.command_line import Options, build_parser, options_from_args
 from dflash_chat.commands import DFlashCommands
 from dflash_chat.protocol import ServiceError
 from dflash_chat.screens.chat import ChatScreen
@@ -32,16 +32,6 @@ from dflash_chat.settings import (
     settings_path,
 )
 from dflash_chat.storage import DB_NAME, ChatStore
-
-
-@dataclass(frozen=True)
-class Options:
-    server: str | None = None  # connect to this service instead of starting one
-    api_key: str | None = None  # for --server
-    serve_args: tuple[str, ...] = ()  # passed to `serve` (--target, --drafter, --pair...)
-    connect: bool = True  # False: no service at all (snapshot tests)
-    env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
-    serve_command: tuple[str, ...] | None = None  # what runs `serve` (default: this Python's)
 
 
 class DFlashChatApp(App):
@@ -63,7 +53,8 @@ class DFlashChatApp(App):
         self.data_dir = data_dir or paths.data_dir()
         self.settings_file = settings_file or settings_path()
         loaded, self.settings_problems = load_settings(self.settings_file)
-        self.set_reactive(DFlashChatApp.settings, settings or loaded)
+        self.defaults = settings or loaded  # the user's, as saved; `settings` is the open chat's
+        self.set_reactive(DFlashChatApp.settings, self.defaults)
         self.store = ChatStore(self.data_dir / DB_NAME)
         self.client = None  # a DFlashClient once connected
         self.process: ServiceProcess | None = None
@@ -206,7 +197,7 @@ class DFlashChatApp(App):
         keys = self.restart_keys()
         tail = f"\n{self.process.log_tail()}" if self.process is not None else ""
         self.notify(f"{message.reason}. {keys} restarts it; its log: {self.service_log}{tail}",
-                    title="The service stopped", severity="error", timeout=60)
+                    title="The service stopped", severity="error", timeout=30)
 
     def restart_keys(self) -> str:
         return key_label(effective_keys(BY_ID["restart_service"], self.settings.keymap))
@@ -282,27 +273,46 @@ class DFlashChatApp(App):
                 **{name: getattr(self.settings, name) for name in CHAT_FIELDS}}
 
     def apply_chat_settings(self, chat) -> None:
-        """An opened chat's sampling applies again; a different pair is pointed out."""
-        stored = {name: value for name, value in chat.settings.items() if name in CHAT_FIELDS}
-        wanted = replace(self.settings, **stored)
-        if wanted != self.settings and not wanted.problems():
-            self.apply_settings(wanted)
-        pair = chat.settings.get("pair")
+        """The open chat's own values (the defaults for those it lacks, or for a new chat, None)
+        apply to it alone: the saved defaults stay. A different pair is pointed out."""
+        stored = chat.settings if chat is not None else {}
+        own = {name: stored.get(name, getattr(self.defaults, name)) for name in CHAT_FIELDS}
+        wanted = replace(self.settings, **own)
+        if wanted.problems():  # a value the app no longer accepts: the defaults instead
+            wanted = replace(self.settings, **{n: getattr(self.defaults, n) for n in CHAT_FIELDS})
+        self._use(wanted)
+        pair = stored.get("pair")
         loaded = (self.status.get("loaded") or {}).get("pair")
         if pair and loaded and pair != loaded:
             self.notify(f"This chat was written with {pair}; {loaded} is loaded (F5: models)",
                         severity="warning")
 
     def update_settings(self, **changes) -> None:
-        self.apply_settings(replace(self.settings, **changes))
+        """A key's change applies at once. A chat's own value (F2, Ctrl+T) stays with the open
+        chat; an app-wide one (theme, F3) is saved as the user's too."""
+        self._use(replace(self.settings, **changes))
+        app_wide = {name: value for name, value in changes.items() if name not in CHAT_FIELDS}
+        if app_wide:
+            self._save_defaults(replace(self.defaults, **app_wide))
 
-    def apply_settings(self, settings: Settings) -> None:
+    def save_defaults(self, defaults: Settings) -> None:
+        """The settings screen's save: the user's defaults; what changed applies to the open
+        chat too (what did not keeps the chat's own value)."""
+        changed = {spec.name: getattr(defaults, spec.name) for spec in fields(Settings)
+                   if getattr(defaults, spec.name) != getattr(self.defaults, spec.name)}
+        self._use(replace(self.settings, **changed))
+        self._save_defaults(defaults)
+
+    def _use(self, settings: Settings) -> None:
         self.settings = settings
         self.set_keymap(settings.keymap)
         if self.theme != settings.theme:
             self.theme = settings.theme
+
+    def _save_defaults(self, defaults: Settings) -> None:
+        self.defaults = defaults
         try:
-            save_settings(settings, self.settings_file)
+            save_settings(defaults, self.settings_file)
         except OSError as exc:
             self.notify(f"settings not saved: {exc}", severity="error")
 
@@ -362,26 +372,6 @@ def describe_loaded(loaded: dict | None) -> str:
         return ""
     drafter = Path(loaded["drafter"]).name if loaded.get("drafter") else "no drafter"
     return f"{loaded.get('pair') or loaded['served_name']} ({loaded['engine']}, {drafter})"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dflash-chat", description="Chat with a local model, sped up by DFlash.")
-    parser.add_argument("--server", metavar="URL", help="use this running service, start none")
-    parser.add_argument("--api-key", metavar="KEY", help="the --server's API key")
-    parser.add_argument("--pair", metavar="ID", help="catalog pair to serve (default: embedded)")
-    parser.add_argument("--target", metavar="DIR|REPO", help="serve this target instead")
-    parser.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
-    parser.add_argument("--engine", choices=["auto", "transformers", "mlx"], default="auto")
-    return parser
-
-
-def options_from_args(args: argparse.Namespace) -> Options:
-    serve_args = ["--engine", args.engine]
-    for flag in ("pair", "target", "drafter"):
-        if getattr(args, flag):
-            serve_args += [f"--{flag}", getattr(args, flag)]
-    return Options(server=args.server, api_key=args.api_key, serve_args=tuple(serve_args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,11 @@ PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long w
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 HEALTH_EVERY_S = 2.0  # how often the app checks that its service still answers
-LOG_TAIL_LINES = 12
+LOG_TAIL_LINES = 2  # what a toast shows of the log: its last state and the error
+LOG_LINE_CHARS = 100  # each cut here (a traceback's last line says enough)
+PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's "NN%|███  |": a start's progress, noise after it
+TRACEBACK_FRAME = re.compile(r"^(Traceback \(most recent call last\):|\s)")  # header, frames
+TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a bar's cursor moves and colours
 
 
 class ServiceStartError(Exception):
@@ -131,15 +135,35 @@ class ServiceProcess:
 
     def last_warning(self) -> str | None:
         """The last `warning: ...` line serve wrote (e.g. why it loaded no pair)."""
-        warnings = [line for line in self.log_tail().splitlines() if line.startswith("warning:")]
+        warnings = [line for line in self._log_lines() if line.startswith("warning:")]
         return warnings[-1].removeprefix("warning:").strip() if warnings else None
 
     def log_tail(self) -> str:
+        """The log's last few readable lines, short enough for a toast: a traceback's frames
+        stay in the log (its last line, the error, says what happened)."""
         try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
+            lines = self._log_lines()
         except OSError:
             return "(no service log)"
-        return "\n".join(lines[-LOG_TAIL_LINES:]) or "(the service log is empty)"
+        said = [line for line in lines if not TRACEBACK_FRAME.match(line)]
+        tail = [line if len(line) <= LOG_LINE_CHARS else line[:LOG_LINE_CHARS - 1] + "…"
+                for line in said[-LOG_TAIL_LINES:]]
+        return "\n".join(tail) or "(the service log is empty)"
+
+    def _log_lines(self) -> list[str]:
+        # bytes, decoded here: read_text's universal newlines would make every CR a line
+        return readable_lines(self.log_path.read_bytes().decode(errors="replace"))
+
+
+def readable_lines(log_text: str) -> list[str]:
+    """The log's lines as a terminal left them: a line rewritten with CR keeps its last state;
+    progress bars, terminal escapes and blank lines go."""
+    lines = []
+    for line in log_text.split("\n"):
+        shown = TERMINAL_ESCAPE.sub("", line.rstrip("\r").rsplit("\r", 1)[-1]).rstrip()
+        if shown and not PROGRESS_BAR.search(shown):
+            lines.append(shown)
+    return lines
 
 
 async def wait_healthy(client: DFlashClient, timeout: float = HEALTH_TIMEOUT_S,

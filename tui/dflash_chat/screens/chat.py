@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from dflash_chat.actions import CHAT
+from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
@@ -21,7 +21,7 @@ from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
 from dflash_chat.widgets.prompt_input import PromptInput
-from dflash_chat.widgets.speed_panel import SpeedPanel
+from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
@@ -31,6 +31,7 @@ class ChatScreen(Screen):
     AUTO_FOCUS = "#prompt"
 
     _editing: int | None = None  # the prompt being edited: it and what follows are replaced
+    _code_copied: tuple[int, int, int] | None = None  # Ctrl+B's last: message, block, blocks
 
     def compose(self) -> ComposeResult:
         store = self.app.store
@@ -85,9 +86,14 @@ class ChatScreen(Screen):
         await self.conversation.show_chat(chat_id)
         self.refresh_chat_list()
         last = self.conversation.last_view("assistant")  # the panel shows this chat's figures
-        self.query_one(SpeedPanel).snapshot = reply_snapshot(last.meta if last else {})
-        if chat_id is not None:
-            self.app.apply_chat_settings(self.app.store.chat(chat_id))
+        self._show_speed(reply_snapshot(last.meta if last else {}))
+        self.app.apply_chat_settings(self.app.store.chat(chat_id) if chat_id is not None else None)
+
+    async def _open_new_chat(self, title: str) -> None:
+        """Store a new chat with the values chosen for it so far (F2, Ctrl+T), then open it."""
+        chat = self.app.store.create_chat(title, self.app.settings.system_prompt)
+        self.app.store.set_chat_settings(chat.id, self.app.chat_settings())
+        await self.open_chat(chat.id)
 
     def refresh_chat_list(self) -> None:
         self.query_one(ChatList).show(self.app.store.chats(), self.conversation.chat_id)
@@ -125,9 +131,7 @@ class ChatScreen(Screen):
             return
         self.query_one(PromptInput).accept()
         if conversation.chat_id is None:
-            chat = self.app.store.create_chat(chat_title(message.text),
-                                              self.app.settings.system_prompt)
-            await self.open_chat(chat.id)
+            await self._open_new_chat(chat_title(message.text))
         if self._editing is not None:
             await conversation.drop_from(self._editing)
             self._editing = None
@@ -137,14 +141,19 @@ class ChatScreen(Screen):
         self.refresh_chat_list()
 
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
-        self.query_one(SpeedPanel).snapshot = message.snapshot
+        self._show_speed(message.snapshot)
+
+    def _show_speed(self, snapshot: SpeedSnapshot) -> None:
+        """The panel's figures, and their compact line in the status bar (seen at every width)."""
+        self.query_one(SpeedPanel).snapshot = snapshot
+        self.query_one(StatusBar).speed = compact_speed_text(snapshot)
 
     def on_descendant_focus(self, event) -> None:
         """A reply selected: the panel shows its figures (the streaming one shows itself)."""
         view = event.widget
         if isinstance(view, MessageView) and view.role == "assistant" and not (
                 self.conversation.generating and view is self.conversation.last_view("assistant")):
-            self.query_one(SpeedPanel).snapshot = reply_snapshot(view.meta)
+            self._show_speed(reply_snapshot(view.meta))
 
     # --- actions (ids in actions.py) ---
 
@@ -196,8 +205,15 @@ class ChatScreen(Screen):
 
     def action_toggle_speculative(self) -> None:
         speculative = not self.app.settings.speculative
-        self.app.update_settings(speculative=speculative)
+        self._set_chat_value(speculative=speculative)
         self.notify(f"Speculative decoding {'on' if speculative else 'off'} for the next message")
+
+    def _set_chat_value(self, **changes) -> None:
+        """A key's change of the open chat's own values: kept with the chat at once (the saved
+        defaults change only from the settings screen)."""
+        self.app.update_settings(**changes)
+        if self.conversation.chat_id is not None:
+            self.app.store.set_chat_settings(self.conversation.chat_id, self.app.chat_settings())
 
     def action_toggle_accepted(self) -> None:
         self.app.update_settings(show_accepted=not self.app.settings.show_accepted)
@@ -205,7 +221,7 @@ class ChatScreen(Screen):
     def action_toggle_thinking(self) -> None:
         modes = THINKING_MODES
         mode = modes[(modes.index(self.app.settings.thinking) + 1) % len(modes)]
-        self.app.update_settings(thinking=mode)
+        self._set_chat_value(thinking=mode)
         warning = self.app.thinking_warning()
         self.notify(f"Thinking {mode}" + (f": {warning}" if warning else ""),
                     severity="warning" if warning else "information")
@@ -244,17 +260,28 @@ class ChatScreen(Screen):
         view = self._selected_view()
         if view is not None:
             self.app.copy_to_clipboard(view.text)
+            self._code_copied = None  # Ctrl+B starts from the last block again
             left_out = ", not its reasoning" if view.reasoning else ""
             self.notify(f"Copied {len(view.text)} characters{left_out}")
 
     def action_copy_code(self) -> None:
+        """The answer's last code block; pressed again on the same reply, the block before it
+        (the notice says which of how many). A block cut by max tokens or Esc counts."""
         view = self._selected_view()
         blocks = code_blocks(view.text) if view is not None else []  # the answer's alone
         if not blocks:
             self.notify("No code block in that message", severity="warning")
             return
-        self.app.copy_to_clipboard(blocks[-1])
-        self.notify(f"Copied a code block ({len(blocks[-1])} characters)")
+        index = code_block_to_copy(self._code_copied, view.message_id, len(blocks))
+        self._code_copied = (view.message_id, index, len(blocks))
+        self.app.copy_to_clipboard(blocks[index])
+        if len(blocks) == 1:
+            self.notify(f"Copied the code block ({len(blocks[0])} characters)")
+            return
+        keys = key_label(effective_keys(BY_ID["copy_code"], self.app.settings.keymap))
+        before = (index - 1) % len(blocks)
+        self.notify(f"Copied code block {index + 1} of {len(blocks)} ({len(blocks[index])} "
+                    f"characters); {keys} again copies block {before + 1}")
 
     def action_rename_chat(self) -> None:
         if self.conversation.chat_id is not None:
@@ -273,7 +300,7 @@ class ChatScreen(Screen):
     async def action_system_prompt(self) -> None:
         store = self.app.store
         if self.conversation.chat_id is None:
-            await self.open_chat(store.create_chat("New chat", self.app.settings.system_prompt).id)
+            await self._open_new_chat("New chat")
         chat = store.chat(self.current_chat_id())
 
         def save(prompt: str | None) -> None:
@@ -321,6 +348,14 @@ NARROW_COLUMNS = 110  # below this the chat list and the speed panel step aside
 def reply_snapshot(meta: dict) -> SpeedSnapshot:
     """A stored reply's figures for the speed panel (none: the panel says so)."""
     return final_snapshot(meta["stats"]) if meta.get("stats") else SpeedSnapshot()
+
+
+def code_block_to_copy(copied: tuple[int, int, int] | None, message_id: int, count: int) -> int:
+    """Which of a reply's `count` code blocks Ctrl+B copies: the last, or after a copy from the
+    same reply (with as many blocks), the one before that copy's (wrapping round)."""
+    if copied is None or copied[0] != message_id or copied[2] != count:
+        return count - 1
+    return (copied[1] - 1) % count
 
 
 def export_path(data_dir: Path, chat_id: int) -> Path:

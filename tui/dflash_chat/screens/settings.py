@@ -1,4 +1,5 @@
-"""Settings: sampling, thinking, theme, the system prompt for new chats, and the keymap.
+"""Settings: the user's defaults (sampling, thinking, theme, the system prompt for new chats)
+and the keymap. A chat keeps its own sampling values; what is changed here applies to it too.
 Saved to settings.toml only when every field is valid; the problems are listed otherwise, above
 the form where they are seen. The first field has the focus when the screen opens."""
 
@@ -25,7 +26,7 @@ NUMBERS = (  # field, label, type
     ("draft_window", "Draft window, context rows (0 = the pair's default)", int),
 )
 SWITCHES = (
-    ("speculative", "Speculative decoding (F2 flips it per message)"),
+    ("speculative", "Speculative decoding (F2 flips it for the open chat)"),
     ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),
 )
 
@@ -57,9 +58,11 @@ class SettingsScreen(Screen):
     AUTO_FOCUS = "#num-temperature"
 
     def compose(self) -> ComposeResult:
-        settings: Settings = self.app.settings
+        settings: Settings = self.app.defaults  # the user's, not the open chat's own values
         yield Static(id="problems", markup=False)
         with VerticalScroll(id="form"):
+            yield Static("Your defaults, for new chats. A chat keeps its own (F2, Ctrl+T change "
+                         "the open chat's); a change saved here applies to it too.", classes="note")
             yield Label("Sampling", classes="section")
             for name, label, _ in NUMBERS:
                 with Horizontal(classes="row"):
@@ -101,7 +104,7 @@ class SettingsScreen(Screen):
 
     def action_save(self) -> None:
         settings, problems = settings_from_form(
-            self.app.settings,
+            self.app.defaults,
             numbers={name: self.query_one(f"#num-{name}", Input).value for name, _, _ in NUMBERS},
             switches={name: self.query_one(f"#sw-{name}", Switch).value for name, _ in SWITCHES},
             choices={"thinking": self.query_one("#sel-thinking", Select).value,
@@ -113,9 +116,9 @@ class SettingsScreen(Screen):
             self.query_one("#problems").display = True
             self.notify("\n".join(problems), title="Not saved", severity="error")
             return
-        if settings == self.app.settings:
+        if settings == self.app.defaults:
             self.notify("Nothing changed: nothing to save")
         else:
-            self.app.apply_settings(settings)
+            self.app.save_defaults(settings)
             self.notify("Settings saved")
         self.app.pop_screen()

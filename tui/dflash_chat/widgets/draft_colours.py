@@ -9,15 +9,19 @@ character, and the rendered text takes that character's colour. Rendering is nev
 
 from __future__ import annotations
 
+from typing import ClassVar
 from weakref import WeakKeyDictionary
 
 from rich.text import Text
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
-DRAFT_STYLE = "bold green"
-COPY_STYLE = "bold cyan"  # accepted drafts copied from the context (prompt lookup), not drafted
+# A tint behind the text, from the theme's own colours (resolved when painted, so a theme change
+# follows): the text keeps its colour, syntax colours in code included, and reads on any theme.
+DRAFT_STYLE = "on $success 20%"
+COPY_STYLE = "on $accent 20%"  # accepted drafts copied from the context (prompt lookup)
 MATCH_WINDOW = 48  # how far past markup (a link's URL, a fence's info) a character is looked for
 
 
@@ -106,3 +110,22 @@ def colour_markdown(markdown: Markdown, text: str, rounds: list[list[int]],
             start = text.find("\n", start, end) + 1 or start
         painted[block] = coloured(content, text[start:end], styles, start)
         block.set_content(painted[block])
+
+
+class PaintedFence(MarkdownFence):
+    """A code block that says when a style change (the theme, its first styles) highlighted it
+    again: that drops the colours painted on it."""
+
+    class Rehighlighted(Message):
+        pass
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.post_message(self.Rehighlighted())
+
+
+class PaintedMarkdown(Markdown):
+    """A reply's Markdown: its code blocks are PaintedFences."""
+
+    BLOCKS: ClassVar[dict[str, type[MarkdownBlock]]] = {
+        **Markdown.BLOCKS, "fence": PaintedFence, "code_block": PaintedFence}

@@ -1,8 +1,10 @@
-"""One chat message. A reply streams into its Markdown through `Markdown.get_stream()` (one
-widget update per batch, never per token). The Markdown is always rendered; with colouring on,
-the drafter's accepted tokens show green on the rendered text and tokens a prompt-lookup copy
-brought cyan (draft_colours.py), painted whenever the Markdown finishes a full render and, while
-a reply streams, every PAINT_EVERY_S over what the stream has rendered so far.
+"""One chat message: the user's prompt as literal text (as typed or pasted), a reply as
+Markdown. A reply streams into its Markdown through `Markdown.get_stream()` (one widget update
+per batch, never per token). The Markdown is always rendered; with colouring on,
+the drafter's accepted tokens have a green tint on the rendered text and tokens a prompt-lookup
+copy brought an amber one (draft_colours.py), painted whenever the Markdown finishes a full
+render or highlights a code block again and, while a reply streams, every PAINT_EVERY_S over
+what the stream has rendered so far.
 
 The service sends one text delta per round, with how many of its characters the accepted
 drafts made (and of those, a prompt-lookup copy); from other servers the split between the
@@ -27,7 +29,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from dflash_chat.storage import Message
 from dflash_chat.widgets import widget_css
-from dflash_chat.widgets.draft_colours import colour_markdown
+from dflash_chat.widgets.draft_colours import PaintedFence, PaintedMarkdown, colour_markdown
 from dflash_chat.widgets.reasoning import (
     ReasoningBlock,
     collapse_reasoning,
@@ -37,11 +39,33 @@ from dflash_chat.widgets.reasoning import (
 
 __all__ = ["MessageView", "code_blocks", "describe"]
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
-CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 
 
 def code_blocks(text: str) -> list[str]:
-    return CODE_BLOCK.findall(text)
+    """The fenced code blocks of a Markdown text, in order (``` or ~~~, indented in a list too);
+    a fence left open, as in a reply cut by max tokens or Esc, runs to the end of the text."""
+    blocks: list[str] = []
+    fence, indent, lines = "", 0, []
+    for line in text.splitlines(keepends=True):
+        if not fence:
+            opening = FENCE.match(line.rstrip("\n"))
+            if opening and not (opening["fence"][0] == "`" and "`" in opening["info"]):
+                fence, indent, lines = opening["fence"], len(opening["indent"]), []
+        elif _closes(line, fence):
+            blocks.append("".join(lines))
+            fence = ""
+        else:  # a fence indented in a list: its lines lose that indentation
+            lines.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
+    if fence and lines:
+        blocks.append("".join(lines))
+    return blocks
+
+
+def _closes(line: str, fence: str) -> bool:
+    """A closing fence: the opening's character, at least as many, nothing else on the line."""
+    mark = line.strip()
+    return len(mark) >= len(fence) and mark == fence[0] * len(mark)
 
 
 def line_break_parser() -> MarkdownIt:
@@ -83,10 +107,14 @@ class MessageView(Vertical, can_focus=True):
         yield Static(self.header, classes="header", markup=False)
         if self.reasoning:
             yield ReasoningBlock(self.reasoning, collapsed=True)
-        yield Markdown(self.text, classes="body", parser_factory=line_break_parser)
+        if self.role == "user":  # the user's words as written: code keeps its indentation
+            yield Static(self.text, classes="prompt-text", markup=False)
+        else:
+            yield PaintedMarkdown(self.text, classes="body", parser_factory=line_break_parser)
 
     @property
     def body(self) -> Markdown:
+        """A reply's rendered Markdown (a prompt is literal text, never Markdown)."""
         return self.query_one(".body", Markdown)
 
     @property
@@ -102,7 +130,7 @@ class MessageView(Vertical, can_focus=True):
         if not self.is_mounted or self._stream is not None:
             return  # a streaming reply's painter reads the flag itself
         if show:
-            colour_markdown(self.body, self.text, self.rounds)
+            colour_markdown(self.body, self.text, self.rounds, self._painted)
         else:  # a fresh render drops the colours
             await self.body.update(self.text)
 
@@ -110,7 +138,14 @@ class MessageView(Vertical, can_focus=True):
         """Posted after every full render: paint it (a streaming reply has its painter)."""
         event.stop()
         if self.show_accepted and self._stream is None:
-            colour_markdown(self.body, self.text, self.rounds)
+            colour_markdown(self.body, self.text, self.rounds, self._painted)
+
+    def on_painted_fence_rehighlighted(self, event: PaintedFence.Rehighlighted) -> None:
+        """A code block highlighted again (a theme change) lost its colours: paint it again
+        (the other blocks still show theirs and are skipped)."""
+        event.stop()
+        if self.show_accepted:
+            colour_markdown(self.body, self.text, self.rounds, self._painted)
 
     # --- streaming ---
 

@@ -51,6 +51,18 @@ def figures_text(snap: SpeedSnapshot) -> Text:
     return text
 
 
+def compact_speed_text(snap: SpeedSnapshot) -> str:
+    """The status bar's one-line figures, at every width: tok/s now (the average once the reply
+    has ended) and τ; empty with no reply shown."""
+    if not (snap.live or snap.final):
+        return ""
+    if snap.waiting:
+        return "waiting for the first token"
+    rate = snap.tokens_per_s if snap.final else snap.tokens_per_s_now
+    tau = f" τ {snap.tau:.2f}" if snap.speculative and snap.rounds else " plain"
+    return f"{rate:.1f} tok/s{tau}"
+
+
 def speculation_text(snap: SpeedSnapshot) -> Text:
     text = Text()
     if not (snap.live or snap.final):

@@ -1,4 +1,5 @@
-"""One line above the footer: the service, the loaded pair, and the modes the next message uses."""
+"""One line above the footer: the service, the shown reply's speed (live while it streams: the
+line that stays when the speed panel steps aside), the loaded pair, and the next message's modes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class StatusBar(Widget):
     thinking: reactive[str] = reactive("auto")
     show_accepted: reactive[bool] = reactive(True)
     warning: reactive[str] = reactive("")
+    speed: reactive[str] = reactive("")  # compact_speed_text of the reply the panel shows
     busy_since: reactive[float | None] = reactive(None)  # set while the service is not ready
 
     def on_mount(self) -> None:
@@ -48,6 +50,8 @@ class StatusBar(Widget):
         down = self.service.startswith(DOWN_STATES)
         style = "reverse green" if ready else "reverse red" if down else "reverse yellow"
         text.append(f" {state} ", style=style)
+        if self.speed:
+            text.append(f" {self.speed} ", style="bold")
         if self.model:
             text.append(f" {self.model} ")
         text.append(" | ")
