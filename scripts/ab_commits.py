@@ -28,15 +28,21 @@ from pathlib import Path
 WORKER = r"""
 import json, sys
 from dflash_local import events
-from dflash_local.cli.main import pair_names
 from dflash_local.engines import load_engine
+try:  # the layout with method/ and pairs/, typed engine options
+    from dflash_local.engines.options import EngineOptions
+    from dflash_local.pairs.default_pair import pair_names
+    options, trace_module = {"options": EngineOptions(dtype="auto")}, "dflash_local.method.round_trace"
+except ImportError:  # before it: modules at the package's root, options as keywords
+    from dflash_local.cli import pair_names
+    options, trace_module = {"dtype": "auto"}, "dflash_local.round_trace"
 auto = events.AUTO if hasattr(events, "AUTO") else "auto"
 target, _ = pair_names(None, None, speculative=True)
-engine = load_engine(sys.argv[1], target, sys.argv[2], dtype="auto")
+engine = load_engine(sys.argv[1], target, sys.argv[2], **options)
 engine.prepare(auto)
 if len(sys.argv) > 3:  # a round trace, where the checkout has one
-    from dflash_local.method.round_trace import RoundTrace
-    engine.round_trace = RoundTrace(sys.argv[3])
+    import importlib
+    engine.round_trace = importlib.import_module(trace_module).RoundTrace(sys.argv[3])
 print(json.dumps({"ready": engine.name}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
