@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 from dflash_local.errors import InvalidRequestError
@@ -226,20 +225,3 @@ def check_draft_window(window: int | None, context: int | None = None) -> None:
         raise InvalidRequestError(f"draft_window {window} > the target's context of {context} "
                                   f"tokens: a window must fit in the context")
 
-
-def draft_window_arg(value: str) -> int:
-    """The command-line form of the draft window: an integer >= 1."""
-    try:
-        window = int(value)
-        check_draft_window(window)
-    except (ValueError, InvalidRequestError):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
-    return window
-
-
-def block_size_arg(value: str) -> BlockSize:
-    """The command-line form of GenerationParams.block_size: an integer >= 1 or "auto"."""
-    try:
-        return parse_block_size(value if value == "auto" else int(value))
-    except (ValueError, InvalidRequestError):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {value!r}") from None
