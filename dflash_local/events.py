@@ -131,10 +131,10 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt's tokens, those a kept prefix gave (not computed)
-    block_size: int = 1  # width used this round (1 = plain step)
+    width: int = 1  # this round's width: the anchor and the drafted tokens (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
-    copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
-    copied_chars: int = 0  # of `accepted_chars`, the last ones those copied tokens made
+    lookup_accepted: int = 0  # of `accepted`, the last ones a prompt-lookup draft brought, not the drafter
+    lookup_accepted_chars: int = 0  # of `accepted_chars`, the last ones those lookup tokens made
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (planning/)
     finish_reason: str | None = None  # "stop" | "length" on the last event
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when params.logprobs asks

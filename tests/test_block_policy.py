@@ -16,8 +16,8 @@ from dflash_local.events import AUTO, GenerationParams, parse_block_size
 from dflash_local.method import calibration
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.planning.auto import AutoPlanner
-from dflash_local.method.planning.copies import LookupPolicy
 from dflash_local.method.planning.costs import RoundCosts, expected_committed
+from dflash_local.method.planning.lookups import LookupPolicy
 from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
 from dflash_local.method.planning.planner import timed_rounds
 from dflash_local.method.planning.trees import TreeSizer
@@ -200,7 +200,7 @@ def check_phases(tokens, events, reference):
     assert FALLBACK in modes and PROBE in modes
     first_fallback = modes.index(FALLBACK)
     assert SPECULATIVE in modes[first_fallback:], "never came back after the drafter recovered"
-    assert all(e.block_size == 1 for e in events[1:] if e.mode == FALLBACK)
+    assert all(e.width == 1 for e in events[1:] if e.mode == FALLBACK)
     assert any(e.accepted == RIGHT_PREFIX for e in events[1:] if e.mode == SPECULATIVE)
 
 

@@ -243,7 +243,7 @@ def test_speculation_off_needs_a_plain_server(vllm_stand_in):
         assert engine.capabilities.speculative_toggle
         events = list(engine.stream_chat(MESSAGES, GenerationParams(speculative=False)))
         assert len(plain.requests) == 1 and len(vllm_stand_in.requests) == 0
-        assert {e.block_size for e in events} == {1} and sum(e.accepted for e in events) == 0
+        assert {e.width for e in events} == {1} and sum(e.accepted for e in events) == 0
         assert engine.last_stats.source == "none"
         engine.close()
 
@@ -343,12 +343,12 @@ def test_remote_stream_equals_the_local_engines_round_for_round(service, remote,
     # the service gives a request with no block size its default ("auto" for a local pair)
     local = local_events(service[0], replace(params, block_size=service[0].loaded.default_block_size),
                          COPYING_MESSAGES)
-    fields = ("token_ids", "drafted", "draft_depth", "accepted", "copied", "accepted_chars", "copied_chars",
-              "round_index", "block_size", "mode")
+    fields = ("token_ids", "drafted", "draft_depth", "accepted", "lookup_accepted", "accepted_chars",
+              "lookup_accepted_chars", "round_index", "width", "mode")
     assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
     assert "".join(e.text for e in events) == "".join(e.text for e in local)
-    if speculative:  # the copied fields made the trip with something in them
-        assert sum(e.copied for e in local) > 0 and sum(e.copied_chars for e in local) > 0
+    if speculative:  # the lookup fields made the trip with something in them
+        assert sum(e.lookup_accepted for e in local) > 0 and sum(e.lookup_accepted_chars for e in local) > 0
     stats = remote.last_stats
     assert stats.source == "dflash" and stats.per_round_exact
     assert stats.completion_tokens == 48 and stats.prompt_tokens > 0

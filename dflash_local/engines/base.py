@@ -197,12 +197,12 @@ class LocalEngine(Engine):
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
                                           resume, self.round_trace)) as events:
             for event in events:
-                # how much of the text the drafter's accepted tokens made, then a copy's: a
-                # client colours exactly what each wrote
+                # how much of the text the drafter's accepted tokens made, then a lookup
+                # draft's: a client colours exactly what each wrote
                 text, (drafter_chars, accepted_chars) = detokenizer.add_split(
-                    event.token_ids, (event.accepted - event.copied, event.accepted))
+                    event.token_ids, (event.accepted - event.lookup_accepted, event.accepted))
                 yield replace(event, text=text, accepted_chars=accepted_chars,
-                              copied_chars=accepted_chars - drafter_chars)
+                              lookup_accepted_chars=accepted_chars - drafter_chars)
 
     def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
                        params: GenerationParams, thinking: bool | None,
