@@ -66,7 +66,7 @@ def script_engine(engine, monkeypatch, prompt_ids, script, block_size=16):
 
     def make_drafter(window=None):
         inner = DraftSession(engine.drafter, window=window)
-        drafters.append(ScriptedDrafter(prompt_ids, script, block_size=block_size, inner=inner))
+        drafters.append(ScriptedDrafter(prompt_ids, script, drafter_block=block_size, inner=inner))
         return drafters[-1]
 
     monkeypatch.setattr(engine, "make_drafter", make_drafter)

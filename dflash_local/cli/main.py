@@ -161,9 +161,9 @@ def run_generate(args: argparse.Namespace) -> int:
         engine.close()
         if trace is not None:
             trace.close()
-    block_size = widest_block(params, engine.pair.block_size)
+    widest = widest_block(params, engine.pair.drafter_block)  # the widest round it could run
     if args.json:
-        report = _report(engine, prompt_ids, token_ids, reply, stats, block_size)
+        report = _report(engine, prompt_ids, token_ids, reply, stats, widest)
         if params.logprobs is not None:  # per token: its logprob, then [id, logprob] best first
             report["logprobs"] = [{"logprob": entry.logprob,
                                    "top": list(zip(entry.top_ids, entry.top_logprobs))}
@@ -172,7 +172,7 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print(
             f"[{stats.completion_tokens} tokens, tau {stats.tau:.2f}, "
-            f"{stats.decode_tokens_per_s:.1f} tok/s, {engine.name}, block {block_size}]",
+            f"{stats.decode_tokens_per_s:.1f} tok/s, {engine.name}, block {widest}]",
             file=sys.stderr,
         )
     return 0
@@ -199,7 +199,7 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
 
 
 def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
-            block_size: int) -> dict:
+            widest: int) -> dict:
     pair = engine.pair
     return {
         "prompt_token_ids": list(prompt_ids),
@@ -210,7 +210,7 @@ def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
         "tau": stats.tau,
         "tokens_per_second": stats.decode_tokens_per_s,
         "engine": engine.name,
-        "block_size": block_size,
+        "block_size": widest,
         "target_path": str(pair.target_path) if pair.target_path else None,
         "drafter_path": str(pair.drafter_path) if pair.drafter_path else None,
         "finish_reason": stats.finish_reason,

@@ -104,17 +104,17 @@ class DrafterChain:
 
 @dataclass(frozen=True)
 class DrafterTree:
-    """The drafter's `nodes` most probable paths; `keep` (the auto planner's tree sizer) says how
+    """The drafter's `nodes` most probable paths; `size` (the auto planner's tree sizer) says how
     many of them, best first, are worth verifying (None: all)."""
 
     nodes: int
     mode: str = SPECULATIVE
-    keep: Callable[[DraftTree], int] | None = None
+    size: Callable[[DraftTree], int] | None = None
 
     def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
         tree = sources.tree(anchor_id, self.nodes)
-        if self.keep is not None:
-            tree = tree.prefix(self.keep(tree))
+        if self.size is not None:
+            tree = tree.prefix(self.size(tree))
         return Draft(tree, self.mode, drafter_nodes=len(tree.token_ids))
 
 

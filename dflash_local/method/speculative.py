@@ -97,7 +97,7 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
                     params: GenerationParams, costs: RoundCosts | None = None,
                     prior: Sequence[float] = ()) -> Planner:
     """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration)."""
-    widest = widest_block(params, drafter.block_size if drafter is not None else None)
+    widest = widest_block(params, drafter.drafter_block if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
 

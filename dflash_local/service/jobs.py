@@ -200,7 +200,7 @@ def usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
     """Chat's usage (OpenAI's token counts and our `dflash` totals); other APIs rename from it."""
     params = job.request.params
     return responses.usage(finished.stats, loaded.engine.pair.engine,
-                           widest_block(params, loaded.engine.pair.block_size), params.speculative,
+                           widest_block(params, loaded.engine.pair.drafter_block), params.speculative,
                            auto=isinstance(params.block_size, Auto) and params.speculative)
 
 

@@ -62,7 +62,7 @@ class AutoPlanner:
             self._planned = (choice.width, self.policy.expected_tokens(choice.width))
             return DrafterChain(choice.width, choice.mode)
         self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
-        tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
+        tree = DrafterTree(limit - 1, choice.mode, size=lambda drafted: self.sizer.size(
             drafted.path_probs, limit))
         return tree if lookup is None else GraftedLookup(tree, lookup, self._graft_length)
 
