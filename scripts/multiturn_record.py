@@ -24,9 +24,9 @@ MEMORY_NOTE = ("The default budget is 64K tokens of the pair's cache, at most 1/
                "memory (23 GiB here, so 1/8). A smaller budget evicts the least recently used "
                "conversations whole: their second turns reuse only what they share with a kept "
                "one (the chat template's opening).")
-NOISE = ("The machine was shared with other engineers' tests and benchmarks while these ran (load "
-         "average {load} on 2 cores), so every time here is noisy; the three ways rotate which "
-         "goes first per conversation to spread the noise over all.")
+NOISE = ("The machine was shared while these ran (load average {load} on 2 cores), so every time "
+         "here is noisy; the three ways rotate which goes first per conversation to spread the "
+         "noise over all.")
 
 
 def turn_rows(raw: dict) -> list[dict]:
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "conversations: prompt and cached tokens, time to first token (ttft: request to the "
             "first token, a restore included) and end to end, in seconds; turn 2 / turn 1: the "
             "turn 2 ttft over the turn 1 ttft after a pause (the medians', and the worst "
-            "conversation's; the bars read this), and the worst with no pause; identical: the "
+            "conversation's), and the worst with no pause; identical: the "
             "answers of all three, token for token."),
         "dataset": "multiturn (4 two-turn conversations, MT-Bench's question format)",
         "row_header": "4 conversations", **common(raws),

@@ -3,8 +3,10 @@ of README.md and models/README.md marked `<!-- benchmark:NAME -->` ... `<!-- /be
 
 A record is one benchmark run: title, what was measured, the command that made it, the day, the
 machine, engine, dataset, settings, and its rows of figures. The prose never holds a figure the
-records do not, so it cannot drift from them. Deterministic: records newest day first, then by
-name.
+records do not, so it cannot drift from them. The page shows the current tables (CURRENT, in that
+order) in full; every other record is a development comparison, listed in an index by what it
+`compares` (a field those records must have), sorted by name. Notes render on the page; a
+record's `analysis` stays in the record.
 
     .venv/bin/python scripts/render_benchmarks.py          # rewrite the files
     .venv/bin/python scripts/render_benchmarks.py --check  # exit 1 when a file is out of date
@@ -25,6 +27,10 @@ BLOCK_FILES = (Path("README.md"), Path("models/README.md"))
 BLOCK = re.compile(r"(<!-- benchmark:(?P<name>[\w.-]+) -->\n).*?(<!-- /benchmark -->)", re.DOTALL)
 REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "dataset", "settings",
             "row_header", "columns", "rows", "source")
+# The newest record of each kind for the shipped pair, in the order a reader asks: per engine on
+# held-out prompts, chat, against the Mac peers, multi-turn
+CURRENT = ("held-out-30-prompts", "chat-set-four-tries", "mac-peers-shipped", "prefix-cache-multiturn",
+           "prefix-cache-memory")
 
 
 def load_records(root: Path = ROOT) -> dict[str, dict]:
@@ -101,12 +107,6 @@ def record_section(name: str, record: dict) -> str:
     return "\n\n".join(parts)
 
 
-def order(item: tuple[str, dict]) -> tuple:
-    name, record = item
-    year, month, day = (int(part) for part in record["date"].split("-"))
-    return (-year, -month, -day, name)
-
-
 HOW_TO_RUN = """## Running the peers and served engines
 
 `dflash-local bench --peers` times, beside plain decoding and DFlash, the engine's in-process \
@@ -154,17 +154,35 @@ server and a plain twin. Block sizes per request only on our service; `--lookup`
 the server's own settings there."""
 
 
+def development_index(records: dict[str, dict]) -> str:
+    """One line per record that is not a current table: its file and what it compares."""
+    lines = []
+    for name, record in sorted(records.items()):
+        if name in CURRENT:
+            continue
+        if not record.get("compares"):
+            raise ValueError(f"{name}.json: a record outside CURRENT needs a 'compares' line")
+        lines.append(f"- [`records/{name}.json`](records/{name}.json): {record['compares']}")
+    return ("## Development records\n\n"
+            "Comparisons made while building the method (A/B of code, loop variants, drafters, "
+            "earlier drafters): kept as records, not rendered.\n\n" + "\n".join(lines))
+
+
 def render_benchmarks(records: dict[str, dict]) -> str:
+    missing = [name for name in CURRENT if name not in records]
+    if missing:
+        raise ValueError(f"CURRENT names records that {RECORDS_DIR} lacks: {', '.join(missing)}")
     head = ("# Benchmarks\n\n"
             "Rendered by `scripts/render_benchmarks.py` from the records in "
             "[`records/`](records/): edit a record and rerun the script, not this page. "
-            "Newest first. Every figure was measured on a shared virtual machine whose speed "
-            "drifts between runs: compare figures within one table.\n\n"
+            "The current tables of the shipped pair; the other records are listed at the end. "
+            "Every figure was measured on a shared virtual machine whose speed drifts between "
+            "runs: compare figures within one table.\n\n"
             "How to read them: speedup is decode tokens per second over plain decoding's in the "
             "same run; τ is the mean number of tokens each round commits (accepted drafts plus "
-            "the target's own token).\n\n" + HOW_TO_RUN)
-    sections = [record_section(name, record) for name, record in sorted(records.items(), key=order)]
-    return "\n\n".join([head, *sections]) + "\n"
+            "the target's own token).")
+    sections = [record_section(name, records[name]) for name in CURRENT]
+    return "\n\n".join([head, *sections, HOW_TO_RUN, development_index(records)]) + "\n"
 
 
 def render_block(name: str, records: dict[str, dict]) -> str:

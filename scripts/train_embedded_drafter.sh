@@ -3,7 +3,7 @@
 # regenerate responses with SmolLM2-135M-Instruct itself, then train a 2-layer DFlash drafter.
 # About 115 minutes on 2 cores (50 min bf16 regeneration at batch 128 + 60 min bf16 training +
 # loading); resumable: rerun the same command after a kill and it continues where it stopped.
-# The shipped weights took a ten-step path whose first step is this size (models/README.md).
+# The shipped drafter took thirteen v1 steps, the first of this size, then a DFlash 2 step (models/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET="$(.venv/bin/python -c 'from dflash_local.pairs.embedded import embedded_target_dir; print(embedded_target_dir())')"

@@ -42,6 +42,29 @@ def test_every_record_is_rendered_and_names_its_source():
         assert not HISTORY.search(str(record)), f"{name}: clock time or run stamp in the record"
 
 
+
+def test_the_page_shows_the_current_tables_and_lists_the_other_records():
+    renderer = load_renderer()
+    records = renderer.load_records(ROOT)
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^## (.+)$", page, re.MULTILINE))
+    for name, record in records.items():
+        if name in renderer.CURRENT:
+            assert record["title"] in headings, name
+            assert all(f"`{command}`" in page for command in renderer.commands(record)), name
+        else:
+            assert record["title"] not in headings, f"{name} is a development record: index it"
+            assert f"(records/{name}.json): {record['compares']}\n" in page, name
+
+
+def test_a_record_outside_the_current_tables_needs_what_it_compares():
+    renderer = load_renderer()
+    records = renderer.load_records(ROOT)
+    name = next(name for name in sorted(records) if name not in renderer.CURRENT)
+    del records[name]["compares"]
+    with pytest.raises(ValueError, match=name):
+        renderer.render_benchmarks(records)
+
 def test_readme_is_short_and_has_no_run_history():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= README_MAX_LINES
@@ -64,3 +87,11 @@ def test_relative_links_point_at_files(path):
         if not (path.parent / target.split("#")[0]).exists():
             missing.append(target)
     assert missing == [], f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_every_experiment_script_is_indexed():
+    folder = ROOT / "scripts" / "experiments"
+    index = (folder / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^- `([^`]+)`: \S", index, re.MULTILINE))
+    scripts = {path.name for path in folder.iterdir() if path.suffix in (".py", ".sh")}
+    assert listed == scripts, f"unlisted: {sorted(scripts - listed)}; gone: {sorted(listed - scripts)}"

@@ -448,8 +448,8 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
     """`serve --engine openai --remote-api-key K` then POST /dflash/load of a local pair: the
     local engine gets --dtype only, never the relay's keyword options (that was a TypeError)."""
     from dflash_local.cli.main import build_parser
+    from dflash_local.service.api_errors import LoadFailedError
     from dflash_local.service.cli_serve import _load_options
-    from dflash_local.service.errors import LoadFailedError
     from dflash_local.service.state import ServiceState
 
     args = build_parser().parse_args(["serve", "--engine", "openai", "--base-url", "http://127.0.0.1:9",

@@ -13,7 +13,7 @@ import pytest
 from service_support import make_pair
 
 from dflash_local.errors import CheckpointError, ModelNotFoundError
-from dflash_local.pairs.catalog import ENGINES, THINKING_MODES, load_catalog, locate
+from dflash_local.pairs.catalog import THINKING_MODES, load_catalog, locate, pair_engines
 from dflash_local.pairs.hub import is_repo_id
 
 
@@ -32,7 +32,7 @@ def test_embedded_pair_comes_first(catalog):
 def test_every_pair_is_complete(catalog):
     assert len({pair.id for pair in catalog.pairs}) == len(catalog.pairs)
     for pair in catalog.pairs:
-        assert set(pair.engines) <= set(ENGINES) and pair.thinking in THINKING_MODES
+        assert set(pair.engines) <= set(pair_engines()) and pair.thinking in THINKING_MODES
         assert {engine for engine, _ in pair.block_sizes} == set(pair.engines), pair.id
         for model in (pair.target, pair.drafter):
             assert model.source != "hub" or is_repo_id(model.repo), model

@@ -357,7 +357,7 @@ def test_a_calibration_that_fails_fails_the_load_and_frees_the_engine(pair, empt
                                                                       monkeypatch):
     from dflash_local.engines.torch_engine import TorchEngine
     from dflash_local.method import calibration
-    from dflash_local.service.errors import LoadFailedError
+    from dflash_local.service.api_errors import LoadFailedError
 
     state, server, _seen = empty_service
     closed = []

@@ -70,7 +70,7 @@ def test_what_an_engine_cannot_do_is_refused(fields):
     from dflash_local.errors import InvalidRequestError
     from dflash_local.events import EngineCapabilities
     from dflash_local.service.jobs import check_capabilities
-    from dflash_local.service.schemas import ChatCompletionRequest
+    from dflash_local.service.openai_chat_schemas import ChatCompletionRequest
 
     fixed = EngineCapabilities(speculative_toggle=False, sampling=False, max_context=4096,
                                block_size_per_request=False)

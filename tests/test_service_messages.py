@@ -11,7 +11,7 @@ import openai
 import pytest
 from service_support import EOS_PROMPT, LONG_PROMPT, serve_module
 
-from dflash_local.service.anthropic_schemas import MessagesRequest
+from dflash_local.service.anthropic_messages_schemas import MessagesRequest
 
 KEY = "s3cret"
 SYSTEM = "Be brief."

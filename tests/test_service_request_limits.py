@@ -9,8 +9,8 @@ import anthropic
 import openai
 import pytest
 
-from dflash_local.service.anthropic_schemas import MAX_CONTENT_BLOCKS
-from dflash_local.service.schemas import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS
+from dflash_local.service.anthropic_messages_schemas import MAX_CONTENT_BLOCKS
+from dflash_local.service.request_fields import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_TOOLS
 
 EMPTY = {"role": "user", "content": ""}
 TOOL = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}

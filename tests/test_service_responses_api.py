@@ -11,7 +11,7 @@ import openai
 import pytest
 from service_support import EOS_PROMPT, LONG_PROMPT, assert_openai_error, serve_module
 
-from dflash_local.service.responses_api_schemas import ResponsesRequest
+from dflash_local.service.openai_responses_schemas import ResponsesRequest
 
 SYSTEM = "Be brief."
 
@@ -189,7 +189,7 @@ def test_replies_and_events_validate_as_the_sdks_types(server):
 def test_an_error_after_the_stream_began_is_an_error_event():
     from openai.types.responses import ResponseErrorEvent
 
-    from dflash_local.service.responses_api import ResponsesEncoder
+    from dflash_local.service.openai_responses import ResponsesEncoder
 
     encoder = ResponsesEncoder("resp_1", "tiny", ResponsesRequest.model_validate({"input": "Hi"}))
     sent = encoder.failed(503, "the generation was cancelled", "cancelled").decode()

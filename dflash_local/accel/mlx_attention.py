@@ -3,7 +3,7 @@
 On MLX's CPU backend `mx.fast.scaled_dot_product_attention` has no fused kernel: it falls back
 to matmul, softmax, matmul, and the softmax's `exp` costs about twice `mx.power(2, x)` on a
 CPU. A verify of many rows over a long context pays that rows x context x heads times per layer
-(`scripts/mlx_tree_verify_cost.py --attention both` measures the difference). `grouped_attention` computes the softmax as 2^((s - max) * log2 e), and the scores of each KV
+(`scripts/experiments/mlx_tree_verify_cost.py --attention both` measures the difference). `grouped_attention` computes the softmax as 2^((s - max) * log2 e), and the scores of each KV
 head's group of query heads in one matmul; results match the stock kernel to float32 rounding
 (tests), masked-out keys as the stock CPU kernel masks them (the dtype's lowest value, so a row
 with no key visible stays finite).

@@ -4,9 +4,9 @@ Transformers' "sdpa" attention copies every layer's whole key and value cache to
 KV heads (`repeat_kv`) whenever several query rows come with a mask: every verify block and
 every draft tree, never a 1-token step. On the CPU that copy grows with the context (a 16-row
 verify of the embedded target: 1.40 plain steps with "sdpa", 1.29 with this, in the
-calibrations of `scripts/ab_loop_variants.py`; `scripts/torch_verify_cost.py --gqa` times them
+calibrations of `scripts/experiments/ab_loop_variants.py`; `scripts/experiments/torch_verify_cost.py --gqa` times them
 at 300 and 1,500 tokens of context). PyTorch's CPU flash kernel takes the mask and `enable_gqa` together and gives the same
-numbers bit for bit (`scripts/torch_verify_cost.py --gqa` compares), so this implementation,
+numbers bit for bit (`scripts/experiments/torch_verify_cost.py --gqa` compares), so this implementation,
 registered under its own name, sends those passes there and everything else to "sdpa" as it is.
 `install(model)` registers it with Transformers and switches the model to it; `uninstall()`
 switches the model back and, with the last install, takes the name out of the registries.

@@ -5,7 +5,7 @@ Stock `nn.Linear` on a CPU goes to MKL: a 1-row GEMV streams the weight once, bu
 pass of width 2 cost 1.7-2.0x and of width 16 2.1-2.2x a 1-token step on the embedded target. With the
 weight reordered once at load for up to `rows_hint` rows, oneDNN's kernel costs about the same
 for 1 to 16 rows, and a row's result does not depend on how many rows came with it (the verify
-rows equal plain decoding's bit for bit in these layers). Measured: scripts/torch_verify_cost.py.
+rows equal plain decoding's bit for bit in these layers). Measured: scripts/experiments/torch_verify_cost.py.
 
 The reordered weight replaces the original (no second copy), except where the weight is shared
 with another module (a tied LM head keeps the embedding table alive anyway). `install(model)`

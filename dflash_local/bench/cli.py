@@ -9,10 +9,9 @@ from pathlib import Path
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
 from dflash_local.cli import flags
+from dflash_local.engines.table import LAUNCHED, RELAY, engine_names, kind_of
 from dflash_local.errors import DFlashError
 from dflash_local.events import GenerationParams
-
-SERVED = ("openai", "vllm", "sglang")  # the server templates, tokenizes and reports acceptance
 
 
 def add_parser(subparsers) -> None:
@@ -21,9 +20,8 @@ def add_parser(subparsers) -> None:
         description="Plain and speculative decoding through the same loop, interleaved per "
                     "sample, on the same prompts; writes a JSON record and a PNG plot.",
     )
-    flags.add_engine_flag(parser, ["auto", "transformers", "mlx", *SERVED],
-                          help="openai: a running OpenAI-compatible server (--base-url; our "
-                               "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
+    flags.add_engine_flag(parser, help="openai: a running OpenAI-compatible server (--base-url; our "
+                                       "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
     flags.add_server_url_flags(
         parser, base_url_help="--engine openai: the server's URL",
         plain_help="--engine openai: a plain server of the same target, for a server that cannot "
@@ -92,40 +90,49 @@ def mac_peer_names(text: str) -> tuple[str, ...]:
 
 
 def _check_served_options(args: argparse.Namespace) -> None:
-    if args.engine == "openai" and not args.base_url:
-        raise DFlashError(f"--engine openai needs --base-url URL, the server to measure "
+    if kind_of(args.engine) == RELAY and not args.base_url:
+        raise DFlashError(f"--engine {args.engine} needs --base-url URL, the server to measure "
                           f"(got {'an empty one' if args.base_url == '' else 'none'})")
-    if args.engine != "openai" and args.base_url is not None:
-        raise DFlashError(f"--base-url {args.base_url!r} goes with --engine openai only; "
+    if kind_of(args.engine) != RELAY and args.base_url is not None:
+        raise DFlashError(f"--base-url {args.base_url!r} goes with --engine {_relays()} only; "
                           f"--engine {args.engine} {_engine_source(args.engine)}")
-    if args.engine in SERVED and (args.lookup != "on" or args.tree != "on"):
+    if _is_served(args.engine) and (args.lookup != "on" or args.tree != "on"):
         raise DFlashError(f"--lookup and --tree are the server's own settings with --engine "
                           f"{args.engine} (got --lookup {args.lookup}, --tree {args.tree})")
-    if args.trace is not None and args.engine in SERVED:
+    if args.trace is not None and _is_served(args.engine):
         raise DFlashError(f"--trace times our own loop's rounds: --engine {args.engine} runs a "
                           f"server's")
     given = [flag for flag, value in (("--plain-base-url", args.plain_base_url),
                                       ("--api-key", args.api_key)) if value is not None]
-    if args.engine != "openai" and given:
-        raise DFlashError(f"{' and '.join(given)} go with --engine openai only "
+    if kind_of(args.engine) != RELAY and given:
+        raise DFlashError(f"{' and '.join(given)} go with --engine {_relays()} only "
                           f"(got --engine {args.engine})")
+
+
+def _is_served(engine: str) -> bool:
+    """A server templates, tokenizes and reports acceptance (a launched or relayed engine)."""
+    return kind_of(engine) in (LAUNCHED, RELAY)
+
+
+def _relays() -> str:
+    return " or ".join(engine_names(RELAY))
 
 
 def _engine_source(engine: str) -> str:
     """Where an engine other than openai gets its pair: what --base-url would contradict."""
-    if engine in SERVED:
+    if _is_served(engine):
         return "starts its own server (--target, --drafter)"
     return "runs the pair here (--target, --drafter)"
 
 
 def _engine_options(args: argparse.Namespace) -> dict:
-    if args.engine == "openai":
+    if kind_of(args.engine) == RELAY:
         if args.draft_window is not None:
             raise DFlashError(f"--draft-window {args.draft_window}: a relayed server keeps its own "
                               f"draft window (set it where that server starts)")
         return {"api_key": args.api_key, "plain_base_url": args.plain_base_url}
     options = {"dtype": args.dtype, "draft_window": args.draft_window}
-    if args.engine in SERVED:  # a plain twin: vLLM and SGLang speculate on every request
+    if _is_served(args.engine):  # a plain twin: vLLM and SGLang speculate on every request
         options["plain_twin"] = True
     else:  # every method runs every prompt: a kept prefix would let the later ones skip the prefill
         options["prefix_cache"] = False
@@ -150,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                                       f"(known: {', '.join(DATASETS)})")
     prompts = {name: load_prompts(name, args.max_samples) for name in names}  # fail before loading
     _check_served_options(args)
-    if args.engine == "openai":
+    if kind_of(args.engine) == RELAY:
         target, drafter = args.base_url, None  # the server names its pair
     else:
         target, drafter = pair_names(args.target, args.drafter, speculative=True)
@@ -158,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             raise DFlashError("bench compares speculative with plain decoding: it needs a "
                               "drafter (--drafter DIR|REPO)")
     if args.multi_turn:
-        if args.engine in SERVED:
+        if _is_served(args.engine):
             raise DFlashError(f"--multi-turn measures a local engine's prefix cache (off and on); "
                               f"--engine {args.engine} is a server")
         if args.trace is not None:

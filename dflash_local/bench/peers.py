@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from dflash_local.bench.measure import RunFigures
+from dflash_local.engines.table import MLX, TRANSFORMERS
 from dflash_local.errors import IncompatiblePairError
 from dflash_local.events import GenerationParams
 
@@ -40,12 +41,8 @@ def peers_for(engine, ar_draft: str | None, peer_python: str | None = None,
               mac_peers: tuple[str, ...] = (), log: Callable[[str], None] = print,
               greedy: bool = True) -> list[Peer]:
     """The in-process peers of the engine, then the Mac peers named in `mac_peers`."""
-    if engine.name == "transformers":
-        peers = transformers_peers(engine, ar_draft)
-    elif engine.name == "mlx":
-        peers = mlx_peers(engine, ar_draft)
-    else:
-        peers = []
+    in_process = {TRANSFORMERS.name: transformers_peers, MLX.name: mlx_peers}.get(engine.name)
+    peers = in_process(engine, ar_draft) if in_process is not None else []
     return peers + process_peers(engine, peer_python, mac_peers, log, greedy)
 
 

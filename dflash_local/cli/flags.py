@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from dflash_local.engines.table import engine_names
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import AUTO, BlockSize, check_draft_window, parse_block_size
 from dflash_local.pairs.precision import DTYPE_CHOICES
@@ -48,10 +49,11 @@ def draft_window_arg(value: str) -> int:
     return window
 
 
-def add_engine_flag(parser: argparse.ArgumentParser, choices: Sequence[str],
+def add_engine_flag(parser: argparse.ArgumentParser, kinds: Sequence[str] = (),
                     help: str | None = None) -> None:
-    """`--engine`: `choices` are the engines the command can run (generate: the local ones)."""
-    parser.add_argument("--engine", choices=list(choices), default="auto", help=help)
+    """`--engine`: "auto" or an engine of these kinds (engines/table.py; none named: every
+    kind; generate runs the local ones)."""
+    parser.add_argument("--engine", choices=["auto", *engine_names(*kinds)], default="auto", help=help)
 
 
 def add_server_url_flags(parser: argparse.ArgumentParser, base_url_help: str, plain_help: str) -> None:

@@ -17,6 +17,7 @@ from dflash_local.bench import cli as bench_cli
 from dflash_local.cli import flags
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
+from dflash_local.engines.table import LOCAL
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
     GenerationParams,
@@ -65,7 +66,7 @@ def _add_generate(commands) -> None:
                     "streams to stderr, dimmed on a terminal, so stdout holds the answer alone "
                     "(--json: its text, and the reasoning as reasoning_content).")
     gen.add_argument("prompt", metavar="PROMPT")
-    flags.add_engine_flag(gen, ["auto", "transformers", "mlx"])
+    flags.add_engine_flag(gen, [LOCAL])
     flags.add_pair_flags(gen, target_help="target model (default: the embedded pair)")
     flags.add_block_size_flag(gen)
     flags.add_draft_window_flag(gen)

@@ -10,6 +10,7 @@ layers, only the ones listed here, whose modeling hands the cache one state per 
 
 from __future__ import annotations
 
+from dflash_local.engines.table import LAUNCHED, MLX, TRANSFORMERS, engines_of_kind, find_engine
 from dflash_local.errors import CheckpointError
 
 MLX_MODEL_TYPES = frozenset({
@@ -19,20 +20,22 @@ MLX_MODEL_TYPES = frozenset({
 # hybrid targets whose GatedDeltaNet layers compute per-row recurrent states when the cache
 # asks (`recurrent_states_to_keep`): what a rollback restores
 TORCH_RECURRENT_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next"})
-ENGINE_FLAGS = {"mlx": "--engine mlx", "transformers": "--engine transformers"}
 
 
 def runs_elsewhere(model_type: str, engine: str) -> str:
     """The end of a refusal: the local engine that runs this architecture, if one does."""
-    if engine != "mlx" and model_type in MLX_MODEL_TYPES:
-        return f"; the MLX engine runs it ({ENGINE_FLAGS['mlx']})"
-    if engine != "transformers" and model_type in MLX_MODEL_TYPES | TORCH_RECURRENT_MODEL_TYPES:
-        return f"; the Transformers engine runs it ({ENGINE_FLAGS['transformers']})"
-    return "; vLLM or SGLang may serve it (--engine vllm, --engine sglang)"
+    if engine != MLX.name and model_type in MLX_MODEL_TYPES:
+        return f"; the {MLX.label} engine runs it (--engine {MLX.name})"
+    if engine != TRANSFORMERS.name and model_type in MLX_MODEL_TYPES | TORCH_RECURRENT_MODEL_TYPES:
+        return f"; the {TRANSFORMERS.label} engine runs it (--engine {TRANSFORMERS.name})"
+    servers = engines_of_kind(LAUNCHED)
+    return (f"; {' or '.join(spec.label for spec in servers)} may serve it "
+            f"({', '.join(f'--engine {spec.name}' for spec in servers)})")
 
 
 def refuse(model_type: str, engine: str, why: str) -> CheckpointError:
     """The error an engine raises for a target it cannot run, before loading it."""
-    label = {"mlx": "MLX", "transformers": "Transformers"}.get(engine, engine)
+    spec = find_engine(engine)
+    label = spec.label if spec is not None else engine
     return CheckpointError(f"target model_type {model_type!r} is not supported by the {label} "
                            f"engine ({why}){runs_elsewhere(model_type, engine)}")

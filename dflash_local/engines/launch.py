@@ -32,6 +32,7 @@ from dflash_local.drafter.config import parse_drafter_config
 from dflash_local.engines import server_flags
 from dflash_local.engines.openai_engine import RemoteEngine
 from dflash_local.engines.server_flags import LaunchSpec
+from dflash_local.engines.table import find_engine
 from dflash_local.errors import DFlashError, EngineUnavailableError
 
 LOG_TAIL_LINES = 40
@@ -61,16 +62,17 @@ print(json.dumps(found))"""
 def installed_distribution(server: str, python: str | None = None) -> tuple[str, str]:
     """(distribution, version) of the server package in `python` (default: this interpreter);
     a missing package names the extra to install."""
-    dists = server_flags.DISTRIBUTIONS[server]
+    spec = find_engine(server)
+    dists = spec.distributions
     if python is None:
         found = {}
-        if importlib.util.find_spec(server) is not None:
+        if importlib.util.find_spec(spec.detect) is not None:
             for dist in dists:
                 with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                     found[dist] = importlib.metadata.version(dist)
     else:
         try:
-            out = subprocess.run([python, "-c", _PROBE, server, *dists], capture_output=True,
+            out = subprocess.run([python, "-c", _PROBE, spec.detect, *dists], capture_output=True,
                                  text=True, timeout=120, check=True).stdout
             found = json.loads(out.strip().splitlines()[-1])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
@@ -79,8 +81,8 @@ def installed_distribution(server: str, python: str | None = None) -> tuple[str,
     if not found:
         where = f" in {python}" if python else ""
         raise EngineUnavailableError(
-            f"the {server} engine needs the {server} package, which is not installed{where}: "
-            f"{server_flags.EXTRA_HINT[server]}")
+            f"the {server} engine needs the {spec.detect} package, which is not installed{where}: "
+            f"{spec.install_hint}")
     return next(iter(found.items()))
 
 
@@ -231,7 +233,7 @@ class LaunchedEngine(RemoteEngine):
     so a server release that cannot run it is refused before it starts.
     """
 
-    server = ""  # "vllm" | "sglang"
+    server = ""  # the engine table's name of the server (VLLM.name, SGLANG.name)
     health_path = "/health"
 
     def build_args(self, spec: LaunchSpec, version: str,

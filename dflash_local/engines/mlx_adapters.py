@@ -25,6 +25,7 @@ from mlx_lm.utils import MODEL_REMAPPING
 
 from dflash_local.accel import Installed, mlx_rope
 from dflash_local.engines.architectures import refuse
+from dflash_local.engines.table import MLX
 
 
 @dataclass
@@ -250,11 +251,11 @@ ADAPTERS: dict[str, TargetAdapter] = {
 def adapter_for(model_type: str) -> TargetAdapter:
     """The adapter of an architecture this mlx-lm has a model class for; refused otherwise."""
     if model_type not in ADAPTERS:
-        raise refuse(model_type, "mlx", f"supported: {', '.join(sorted(ADAPTERS))}")
+        raise refuse(model_type, MLX.name, f"supported: {', '.join(sorted(ADAPTERS))}")
     module = f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}"
     try:
         importlib.import_module(module)
     except ImportError:
-        raise refuse(model_type, "mlx", f"mlx-lm {mlx_lm.__version__} has no {module}: "
+        raise refuse(model_type, MLX.name, f"mlx-lm {mlx_lm.__version__} has no {module}: "
                                         "a newer mlx-lm has it") from None
     return ADAPTERS[model_type]

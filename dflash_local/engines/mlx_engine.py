@@ -34,6 +34,7 @@ from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.base import LocalEngine, PairInfo
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixStates
+from dflash_local.engines.table import MLX
 from dflash_local.errors import CheckpointError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, check_draft_window
 from dflash_local.method.draft_tree import DraftTree
@@ -209,7 +210,7 @@ def _precision_warnings(dtype: str, quantized: bool) -> list[str]:
 
 
 class MLXEngine(LocalEngine):
-    name = "mlx"
+    name = MLX.name
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32",
@@ -228,7 +229,7 @@ class MLXEngine(LocalEngine):
         self.adapter = adapter_for(model_type_of(raw_config))
         drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
                           if drafter_path else None)
-        # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+        # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)
         quantized = config_quantized(raw_config)

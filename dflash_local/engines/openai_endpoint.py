@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from dflash_local.engines.server_flags import parse_prometheus, sglang_counters, vllm_counters
+from dflash_local.engines.table import OPENAI, SGLANG, VLLM
 from dflash_local.errors import (
     DFlashError,
     EngineUnavailableError,
@@ -24,7 +25,11 @@ from dflash_local.errors import (
 )
 
 SERVER_SIDE_DRAFTER = "(server-side DFlash)"  # pair.drafter when the server speculates unnamed
-OWNERS = {"dflash-local": "dflash-local", "vllm": "vllm", "sglang": "sglang"}  # /v1/models owned_by
+# the servers whose speculation this module reads (each its own counters and server info)
+SPECULATING_SERVERS = (VLLM, SGLANG)
+# /v1/models owned_by -> the endpoint's kind: our own service, or a speculating server's engine
+OWNERS = {"dflash-local": "dflash-local",
+          **{spec.owned_by: spec.name for spec in SPECULATING_SERVERS}}
 ERRORS_BY_CODE = {cls.code: cls for cls in (PromptTooLongError, InvalidRequestError,
                                             ModelNotFoundError, EngineUnavailableError,
                                             GenerationCancelled)}
@@ -62,7 +67,7 @@ class Endpoint:
     url: str
     client: httpx.Client
     model: str = ""
-    kind: str = "openai"
+    kind: str = OPENAI.name  # else a value of OWNERS
     max_context: int = 0  # 0 = not reported (the server checks the context itself)
     drafter: str | None = None  # what the server speculates with; None = plain
     block_size: int = 1  # the server's B (1 = plain)
@@ -101,7 +106,7 @@ def connect(url: str, api_key: str | None, model: str | None, read_timeout_s: fl
         names = ", ".join(str(m.get("id")) for m in models) or "none"
         raise ModelNotFoundError(f"{url} does not serve model {model!r} (it serves: {names})")
     endpoint.model = entry["id"]
-    endpoint.kind = OWNERS.get(entry.get("owned_by"), "openai")
+    endpoint.kind = OWNERS.get(entry.get("owned_by"), OPENAI.name)
     endpoint.max_context = int(entry.get("max_model_len") or 0)
     if endpoint.kind == "dflash-local":
         described = entry.get("dflash") or {}
@@ -110,13 +115,18 @@ def connect(url: str, api_key: str | None, model: str | None, read_timeout_s: fl
     return endpoint
 
 
+def reads_speculation(endpoint: Endpoint) -> bool:
+    """A vLLM or SGLang server: its speculation is probed and its counters read."""
+    return endpoint.kind in (spec.name for spec in SPECULATING_SERVERS)
+
+
 def probe_speculation(endpoint: Endpoint) -> None:
     """Whether a vLLM/SGLang server speculates, and its B, from what it exposes."""
-    if endpoint.kind == "vllm":
+    if endpoint.kind == VLLM.name:
         per_pos = vllm_counters(parse_prometheus(endpoint.get("/metrics").text))["per_pos"]
         if per_pos:  # vLLM registers these counters only with a speculative config
             endpoint.drafter, endpoint.block_size = SERVER_SIDE_DRAFTER, len(per_pos) + 1
-    elif endpoint.kind == "sglang":
+    elif endpoint.kind == SGLANG.name:
         info = endpoint.get("/get_server_info").json()
         if info.get("speculative_algorithm"):
             endpoint.drafter = info.get("speculative_draft_model_path") or SERVER_SIDE_DRAFTER
@@ -125,7 +135,7 @@ def probe_speculation(endpoint: Endpoint) -> None:
 
 def read_counters(endpoint: Endpoint) -> dict | None:
     """vLLM/SGLang speculative counters now (None: not that kind of server, or no /metrics)."""
-    if endpoint.kind not in ("vllm", "sglang"):
+    if not reads_speculation(endpoint):
         return None
     return _counters_once(endpoint)
 
@@ -134,7 +144,7 @@ def settled_counters(endpoint: Endpoint, before: dict, min_rounds: int) -> dict 
     """Counters once they cover the rounds the client saw and two reads agree. A server counts a
     step just after streaming it, so the first read after [DONE] can still be short."""
     reading, deadline = _counters_once(endpoint), time.monotonic() + SETTLE_TIMEOUT_S
-    rounds_key = "drafts" if endpoint.kind == "vllm" else "verify_calls"
+    rounds_key = "drafts" if endpoint.kind == VLLM.name else "verify_calls"
     while reading is not None and time.monotonic() < deadline:
         time.sleep(SETTLE_S)
         again = _counters_once(endpoint)
@@ -149,7 +159,7 @@ def _counters_once(endpoint: Endpoint) -> dict | None:
         samples = parse_prometheus(endpoint.get("/metrics").text)
     except DFlashError:
         return None  # no /metrics (SGLang without --enable-metrics): no totals, not an error
-    return vllm_counters(samples) if endpoint.kind == "vllm" else sglang_counters(samples)
+    return vllm_counters(samples) if endpoint.kind == VLLM.name else sglang_counters(samples)
 
 
 def json_or_text(response: httpx.Response) -> object:

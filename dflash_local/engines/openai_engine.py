@@ -23,9 +23,11 @@ from dflash_local.engines.openai_endpoint import (
     json_or_text,
     probe_speculation,
     read_counters,
+    reads_speculation,
     settled_counters,
 )
 from dflash_local.engines.openai_stream import EventBuilder, RemoteStats, request_body, sse_chunks
+from dflash_local.engines.table import OPENAI
 from dflash_local.errors import EngineUnavailableError, InvalidRequestError
 from dflash_local.events import EngineCapabilities, GenerationParams, StepEvent
 
@@ -34,19 +36,19 @@ class RemoteEngine(Engine):
     """Streams from a server; `plain` (optional) is a second server of the same target without
     speculation, used when a request asks for speculation off and the main server cannot."""
 
-    name = "openai"
+    name = OPENAI.name
 
     def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
                  plain_base_url: str | None = None, drafter: str | None = None,
                  block_size: int | None = None, read_timeout_s: float = 600.0,
-                 engine_name: str = "openai", counters: bool = True):
+                 engine_name: str = OPENAI.name, counters: bool = True):
         self.main = connect(base_url, api_key, model, read_timeout_s)
         self.plain: Endpoint | None = None
         try:
             if drafter is not None:  # the launcher knows what it started
                 self.main.drafter = drafter
                 self.main.block_size = block_size or self.main.block_size
-            elif self.main.kind in ("vllm", "sglang"):
+            elif reads_speculation(self.main):
                 probe_speculation(self.main)
             if plain_base_url:
                 self.plain = connect(plain_base_url, api_key, None, read_timeout_s)

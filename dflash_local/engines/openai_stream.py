@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from dflash_local.engines.openai_endpoint import Endpoint, error_from
+from dflash_local.engines.openai_endpoint import Endpoint, error_from, reads_speculation
 from dflash_local.engines.server_flags import counter_delta
+from dflash_local.engines.table import VLLM
 from dflash_local.errors import EngineUnavailableError
 from dflash_local.events import GenerationParams, StepEvent, decode_rate
 
@@ -63,13 +64,14 @@ def request_body(endpoint: Endpoint, messages: list[dict], params: GenerationPar
         body["speculative"] = speculative
         if params.block_size.request_value is not None:
             body["block_size"] = params.block_size.request_value
-    elif endpoint.kind in ("vllm", "sglang"):
+    elif reads_speculation(endpoint):
         body["stream_options"]["continuous_usage_stats"] = True
         if params.top_k:
             body["top_k"] = params.top_k
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
-        body["return_token_ids" if endpoint.kind == "vllm" else "return_spec_tokens_details"] = True
+        details = "return_token_ids" if endpoint.kind == VLLM.name else "return_spec_tokens_details"
+        body[details] = True
     return body
 
 
@@ -177,7 +179,7 @@ class EventBuilder:
                 "spec_verify_ct", "spec_num_proposed_drafts", "spec_num_correct_drafts"))
         elif before and after:
             delta = counter_delta(before, after)
-            if self.endpoint.kind == "vllm":
+            if self.endpoint.kind == VLLM.name:
                 stats.source = "vllm-metrics"
                 stats.accepted_per_position = [int(v) for v in delta["per_pos"]]
                 server = (delta["drafts"], delta["draft_tokens"], delta["accepted_tokens"])

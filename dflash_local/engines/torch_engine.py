@@ -35,6 +35,7 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
 from dflash_local.engines.base import LocalEngine, PairInfo
+from dflash_local.engines.table import TRANSFORMERS
 from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
 from dflash_local.events import EngineCapabilities, check_draft_window
@@ -214,7 +215,7 @@ def _load_target(target_path: Path, config, dtype: torch.dtype, device: str):
 
 
 class TorchEngine(LocalEngine):
-    name = "transformers"
+    name = TRANSFORMERS.name
 
     def __init__(self, target_path: Path, drafter_path: Path | None, *, target_name: str | None = None,
                  drafter_name: str | None = None, dtype: str = "float32", device: str = "cpu",
@@ -235,12 +236,12 @@ class TorchEngine(LocalEngine):
                           if drafter_path else None)
         draft_ids = None
         if drafter_config is not None:
-            # draft_vocab=False: the full head (scripts/draft_vocab_ab.py compares)
+            # draft_vocab=False: the full head (scripts/experiments/draft_vocab_ab.py compares)
             draft_ids = load_draft_vocab(drafter_path, drafter_config.vocab_size) if draft_vocab else None
         tokenizer, self.model = _load_target(target_path, config, torch_dtype, device)
         self.accelerations: list[Installed] = [torch_attention.install(self.model)]
         rows_hint = drafter_config.block_size if drafter_config else DEFAULT_ROWS_HINT
-        # pack_cpu_linears=False: stock PyTorch linears (scripts/torch_verify_cost.py compares)
+        # pack_cpu_linears=False: stock PyTorch linears (scripts/experiments/torch_verify_cost.py compares)
         self.packed = (install_causal_lm(self.model, rows_hint) if pack_cpu_linears
                        else Installed("torch_linear"))
         self.drafter = None

@@ -30,6 +30,7 @@ from transformers.cache_utils import (
 
 from dflash_local.drafter.config import model_type_of
 from dflash_local.engines.architectures import TORCH_RECURRENT_MODEL_TYPES, refuse
+from dflash_local.engines.table import TRANSFORMERS
 
 # layer kinds (Transformers' names) by how they roll back: cropped as they are; sliding windows
 # and recurrent states, from the record of their past
@@ -54,7 +55,7 @@ def transformers_config(target_path: str | Path, model_type: str) -> PreTrainedC
         return AutoConfig.from_pretrained(target_path)
     except (ValueError, KeyError, OSError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise refuse(model_type, "transformers",
+        raise refuse(model_type, TRANSFORMERS.name,
                      f"transformers {transformers.__version__} cannot read its config: {first_line}")
 
 
@@ -73,22 +74,22 @@ def _check_layer_kinds(model_type: str, layer_types: list[str]) -> None:
     version = transformers.__version__
     for kind in dict.fromkeys(layer_types):
         if DYNAMIC_LAYER_TYPE_MAPPING.get(kind) is None:
-            raise refuse(model_type, "transformers",
+            raise refuse(model_type, TRANSFORMERS.name,
                          f"transformers {version} has no cache for its {kind!r} layers")
         if kind in SLIDING and not sliding_rollback_available():
-            raise refuse(model_type, "transformers",
+            raise refuse(model_type, TRANSFORMERS.name,
                          f"its {kind!r} layers cannot be rolled back: transformers {version} "
                          "has no past recording for sliding-window caches")
         if kind in RECURRENT and not recurrent_rollback_available():
-            raise refuse(model_type, "transformers",
+            raise refuse(model_type, TRANSFORMERS.name,
                          f"its {kind!r} layers cannot be rolled back: transformers {version} "
                          "keeps no per-row recurrent states (no past recording)")
         if kind in RECURRENT and model_type not in TORCH_RECURRENT_MODEL_TYPES:
-            raise refuse(model_type, "transformers",
+            raise refuse(model_type, TRANSFORMERS.name,
                          f"its {kind!r} layers are not known to hand their cache per-row "
                          f"states (known: {', '.join(sorted(TORCH_RECURRENT_MODEL_TYPES))})")
         if kind not in CROPPED + SLIDING + RECURRENT:
-            raise refuse(model_type, "transformers",
+            raise refuse(model_type, TRANSFORMERS.name,
                          f"its {kind!r} layers have no rollback here "
                          f"(known: {', '.join(CROPPED + SLIDING + RECURRENT)})")
 

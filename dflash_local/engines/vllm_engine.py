@@ -9,10 +9,11 @@ from __future__ import annotations
 from dflash_local.engines import server_flags
 from dflash_local.engines.launch import LaunchedEngine
 from dflash_local.engines.server_flags import LaunchSpec
+from dflash_local.engines.table import VLLM
 
 
 class VLLMEngine(LaunchedEngine):
-    server = "vllm"
+    server = VLLM.name
     health_path = "/health"
 
     def build_args(self, spec: LaunchSpec, version: str,

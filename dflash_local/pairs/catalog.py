@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from dflash_local import paths
+from dflash_local.engines.table import LAUNCHED, LOCAL, engine_names, find_engine
 from dflash_local.errors import CheckpointError, ModelNotFoundError
 from dflash_local.pairs.memory_fit import QUANT_BYTES_PER_PARAM
 from dflash_local.pairs.snapshot_manifest import INCOMPLETE, IncompleteSnapshotError
 
-ENGINES = ("mlx", "transformers", "vllm", "sglang")
-LOCAL_ENGINES = ("mlx", "transformers")  # run in this process; the others are servers
 THINKING_MODES = ("off", "on", "none")
 SOURCES = ("hub", "embedded", "shipped")
 DRAFTER_VERSIONS = (1, 2)  # DFlash (DFlashDraftModel) and DFlash 2 (DFlash2DraftModel)
@@ -100,7 +99,7 @@ class Catalog:
         """Each target architecture a local engine is said to run -> those engines."""
         found: dict[str, set[str]] = {}
         for pair in self.pairs:
-            local = {engine for engine in pair.engines if engine in LOCAL_ENGINES}
+            local = {engine for engine in pair.engines if engine in engine_names(LOCAL)}
             if local:
                 found.setdefault(pair.model_type, set()).update(local)
         return {model_type: frozenset(engines) for model_type, engines in found.items()}
@@ -111,6 +110,11 @@ class Catalog:
             model.repo for pair in self.pairs for model in (pair.target, pair.drafter)
             if model.source == "hub"
         )
+
+
+def pair_engines() -> tuple[str, ...]:
+    """The engines a pair may name: those that load it (a relay serves its server's own pair)."""
+    return engine_names(LOCAL, LAUNCHED)
 
 
 def catalog_path() -> Path:
@@ -138,9 +142,10 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
     pair_id = _field(entry, "id", str, where)
     where = f"{where} ({pair_id!r})"
     engines = tuple(_field(entry, "engines", list, where))
-    unknown = [engine for engine in engines if engine not in ENGINES]
-    if not engines or unknown:
-        raise CheckpointError(f"{where}: engines {list(engines)} must be a non-empty subset of {ENGINES}")
+    known = pair_engines()
+    if not engines or any(engine not in known for engine in engines):
+        raise CheckpointError(f"{where}: engines {list(engines)} must be a non-empty subset of "
+                              f"{known}")
     thinking = _field(entry, "thinking", str, where)
     if thinking not in THINKING_MODES:
         raise CheckpointError(f"{where}: thinking {thinking!r} is not one of {THINKING_MODES}")
@@ -158,9 +163,10 @@ def _parse_pair(entry: dict[str, Any], where: str) -> PairSpec:
     window = entry.get("draft_window")
     if window is not None and (type(window) is not int or window < 1):
         raise CheckpointError(f"{where}: draft_window {window!r} must be an integer >= 1")
-    if window is not None and "vllm" in engines:  # vLLM reads a window from the drafter's config
-        raise CheckpointError(f"{where}: draft_window {window} on a pair vllm serves: vllm takes no "
-                              f"draft window at launch")
+    refusing = [engine for engine in engines if not find_engine(engine).takes_draft_window]
+    if window is not None and refusing:  # vLLM reads a window from the drafter's config only
+        raise CheckpointError(f"{where}: draft_window {window} on a pair {refusing[0]} serves: "
+                              f"{refusing[0]} takes no draft window at launch")
     return PairSpec(
         id=pair_id, engines=engines, thinking=thinking, drafter_version=version, draft_window=window,
         hybrid=bool(entry.get("hybrid", False)), model_type=_field(entry, "model_type", str, where),

@@ -17,15 +17,17 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from dflash_local.engines.selection import (
-    ENGINE_PACKAGES,
-    INSTALL_HINTS,
-    PlatformInfo,
-    detect_platform,
+from dflash_local.engines.selection import PlatformInfo, detect_platform
+from dflash_local.engines.table import (
+    LAUNCHED,
+    LOCAL,
+    METAL,
+    engine_names,
+    engines_of_kind,
+    find_engine,
 )
 
 SMALL_MAC_BYTES = 36 * 2**30  # macOS lets the GPU wire 2/3 of RAM up to here, 3/4 above
-SERVED_ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -54,18 +56,20 @@ def metal_default_limit(ram_bytes: int) -> int:
 
 
 def budget_for(engine: str, info: PlatformInfo, memory: MachineMemory) -> EngineBudget:
-    if engine in SERVED_ENGINES and not info.cuda:  # the first reason: installing would not help
+    spec = find_engine(engine)
+    if spec.kind == LAUNCHED and not info.cuda:  # the first reason: installing would not help
         return EngineBudget(engine, False, "-", None,
                             "needs a CUDA GPU (none here); a remote server can be relayed "
                             "with serve --engine openai --base-url URL")
-    if ENGINE_PACKAGES[engine] not in info.installed:
-        return EngineBudget(engine, False, "-", None, f"not installed ({INSTALL_HINTS[engine]})")
-    if engine in SERVED_ENGINES:
+    if spec.detect not in info.installed:
+        return EngineBudget(engine, False, "-", None, f"not installed ({spec.install_hint})")
+    if spec.kind == LAUNCHED:
         return _cuda_budget(engine, memory)
-    if engine == "mlx":
+    if spec.accelerator == METAL:
         if not memory.metal:
             return EngineBudget(engine, True, "CPU", memory.ram_bytes,
-                                "MLX has no Metal device here: it runs on the CPU, within RAM")
+                                f"{spec.label} has no Metal device here: it runs on the CPU, "
+                                f"within RAM")
         if memory.metal_working_set_bytes:
             return EngineBudget(engine, True, "Metal GPU (unified memory)",
                                 memory.metal_working_set_bytes, "Metal's recommended working set")
@@ -85,8 +89,10 @@ def _cuda_budget(engine: str, memory: MachineMemory) -> EngineBudget:
                         memory.cuda_bytes, "the GPU's memory (torch)")
 
 
-def engine_budgets(engines: tuple[str, ...] = tuple(ENGINE_PACKAGES)) -> dict[str, EngineBudget]:
+def engine_budgets(engines: tuple[str, ...] | None = None) -> dict[str, EngineBudget]:
+    """Each engine's budget (default: every engine that runs on this machine: local, launched)."""
     info, memory = machine()
+    engines = engine_names(LOCAL, LAUNCHED) if engines is None else engines
     return {engine: budget_for(engine, info, memory) for engine in engines}
 
 
@@ -106,7 +112,8 @@ def machine_memory(info: PlatformInfo) -> MachineMemory:
 
 
 def _metal(info: PlatformInfo) -> tuple[bool, int | None]:
-    if not info.apple_silicon or "mlx" not in info.installed:
+    metal_packages = {spec.detect for spec in engines_of_kind(LOCAL) if spec.accelerator == METAL}
+    if not info.apple_silicon or not metal_packages & info.installed:
         return False, None
     import mlx.core as mx
 

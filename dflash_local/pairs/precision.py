@@ -3,7 +3,7 @@
 On a CPU: float32. Speculative decoding is lossless only if the verify pass (many rows) and plain
 decoding (one row) give the same argmax; in bfloat16 the two kernel paths round differently and
 measured here they did not (8 of 24 embedded-pair generations identical, 96 tokens each), while
-float32 is identical in every test (scripts/torch_verify_cost.py --check-bf16 8). On a GPU (CUDA, Metal): the checkpoint's own type, so an 8B
+float32 is identical in every test (scripts/experiments/torch_verify_cost.py --check-bf16 8). On a GPU (CUDA, Metal): the checkpoint's own type, so an 8B
 bf16 target is not doubled to 32 GB; a checkpoint that names none runs in bfloat16.
 """
 

@@ -1,5 +1,7 @@
-"""The local generation service: an OpenAI-compatible HTTP API over one loaded engine.
+"""The local generation service: the HTTP APIs over one loaded engine.
 
-app.py (routes) -> chat.py (request -> job -> SSE/JSON) -> worker.py (the generation thread);
-state.py owns the loaded pair, downloads.py the hub downloads. FastAPI is imported only here.
+app.py mounts one router per API (openai_chat.py, openai_responses.py, anthropic_messages.py,
+management.py; each beside its `<api>_schemas.py`) -> jobs.py (request -> job -> SSE/JSON) ->
+worker.py (the generation thread); state.py owns the loaded pair, downloads.py the hub
+downloads. FastAPI is imported only here.
 """

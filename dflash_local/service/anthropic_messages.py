@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 
-from dflash_local.service import jobs, responses
-from dflash_local.service.anthropic_schemas import MessagesRequest
+from dflash_local.service import jobs
+from dflash_local.service.anthropic_messages_schemas import MessagesRequest
+from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
+from dflash_local.service.usage import step_dflash
 from dflash_local.service.worker import Chunk, JobRequest
 
 MESSAGES_PATH = "/v1/messages"
@@ -26,6 +29,16 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error"}
 
+router = APIRouter()
+
+
+@router.post(MESSAGES_PATH)
+async def messages(body: MessagesRequest, request: Request, state: ServiceStateDep):
+    loaded = state.require_model(body.model)
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
+                          body.stream, id_prefix="msg_")
+
 
 def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
@@ -33,12 +46,6 @@ def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     return JobRequest(messages=body.template_messages(), params=params, max_tokens_given=True,
                       thinking=body.thinking_mode(), stop=tuple(body.stop_sequences or ()),
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
-
-
-async def create(body: MessagesRequest, loaded: LoadedPair, request: Request):
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
-                          body.stream, id_prefix="msg_")
 
 
 def tool_use_id(call_id: str) -> str:
@@ -91,8 +98,8 @@ class MessagesEncoder:
             self.finish = (chunk.finish_reason, chunk.stop_sequence)
         if not events:
             events.append(self._empty_delta())
-        events[-1]["dflash"] = responses.step_dflash(chunk.event)  # each event is this chunk's own dict
-        return b"".join(responses.named_sse(e) for e in events)
+        events[-1]["dflash"] = step_dflash(chunk.event)  # each event is this chunk's own dict
+        return b"".join(named_sse(e) for e in events)
 
     def _empty_delta(self) -> dict:
         """Carries a round that showed nothing: an empty delta of the open block, else a ping."""
@@ -138,10 +145,10 @@ class MessagesEncoder:
                        "stop_sequence": stop_sequence},
              "usage": anthropic_usage(usage)},
             {"type": "message_stop"}]
-        return b"".join(responses.named_sse(e) for e in events)
+        return b"".join(named_sse(e) for e in events)
 
     def failed(self, status: int, message: str, code: str | None) -> bytes:
-        return responses.named_sse({"type": "error", "error": {
+        return named_sse({"type": "error", "error": {
             "type": ERROR_TYPES.get(status, "api_error"), "message": message}})
 
     # --- one body ---

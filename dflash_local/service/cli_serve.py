@@ -12,9 +12,9 @@ import shlex
 import sys
 
 from dflash_local.cli import flags
+from dflash_local.engines.table import LAUNCHED, LOCAL, RELAY, engine_names, kind_of
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
-SERVED = ("openai", "vllm", "sglang")  # engines whose server tokenizes and decodes
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -22,8 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve a pair over an OpenAI-compatible HTTP API (plus DFlash extensions)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
-    flags.add_engine_flag(serve, ["auto", "transformers", "mlx", *SERVED],
-                          help="openai: relay a running server (--base-url); vllm/sglang: start one")
+    flags.add_engine_flag(serve, help="openai: relay a running server (--base-url); vllm/sglang: start one")
     flags.add_server_url_flags(
         serve, base_url_help="--engine openai: the server's /v1 URL",
         plain_help="--engine openai: a plain server of the same target (speculation off, races)")
@@ -77,17 +76,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pair and args.target:
         raise InvalidRequestError("give --pair or --target, not both")
-    if (args.engine == "openai") != bool(args.base_url):
-        raise InvalidRequestError("--base-url goes with --engine openai (and it needs one)")
-    if (args.server_python or args.server_args) and args.engine not in ("vllm", "sglang"):
-        raise InvalidRequestError(f"--server-python and --server-args go with --engine vllm or "
-                                  f"sglang, not --engine {args.engine}")
+    if (kind_of(args.engine) == RELAY) != bool(args.base_url):
+        raise InvalidRequestError(f"--base-url goes with --engine "
+                                  f"{' or '.join(engine_names(RELAY))} (and it needs one)")
+    if (args.server_python or args.server_args) and kind_of(args.engine) != LAUNCHED:
+        raise InvalidRequestError(f"--server-python and --server-args go with --engine "
+                                  f"{' or '.join(engine_names(LAUNCHED))}, "
+                                  f"not --engine {args.engine}")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_body_bytes < 1:
         raise InvalidRequestError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     _check_prefix_cache(args)
-    if args.recalibrate and (args.no_load or args.engine in SERVED):
+    if args.recalibrate and (args.no_load or kind_of(args.engine) in (LAUNCHED, RELAY)):
         raise InvalidRequestError("--recalibrate measures the local pair serve loads: not with "
                                   "--no-load or a served engine (POST /dflash/load takes "
                                   "\"recalibrate\": true)")
@@ -124,8 +125,8 @@ def _initial_load(state, args: argparse.Namespace) -> None:
     from dflash_local.pairs.hub import resolve_model
     from dflash_local.service.state import pick_engine
 
-    if args.engine == "openai":
-        state.load("openai", args.base_url, None, served_name=args.base_url,
+    if kind_of(args.engine) == RELAY:
+        state.load(args.engine, args.base_url, None, served_name=args.base_url,
                    block_size=args.block_size, draft_window=args.draft_window)
         return
     if args.target:  # the local user's own names: paths and repo ids (downloaded if needed)
@@ -161,13 +162,14 @@ def _load_options(args: argparse.Namespace) -> dict[str, dict]:
     """Loader options per engine. --dtype applies to every engine that takes it, the prefix
     cache's flags to the local engines; the relay's and the launchers' flags only to the engine
     they were given with."""
-    options = {engine: {"dtype": args.dtype} for engine in ("transformers", "mlx", "vllm", "sglang")}
-    for engine in ("transformers", "mlx"):
+    options = {engine: {"dtype": args.dtype} for engine in engine_names(LOCAL, LAUNCHED)}
+    for engine in engine_names(LOCAL):
         options[engine].update(prefix_cache=not args.no_prefix_cache,
                                prefix_cache_mb=args.prefix_cache_mb)
-    if args.engine == "openai":
-        options["openai"] = {"api_key": args.remote_api_key, "plain_base_url": args.plain_base_url}
-    elif args.engine in SERVED:  # vllm / sglang: the launcher starts a plain twin for comparisons
+    if kind_of(args.engine) == RELAY:
+        options[args.engine] = {"api_key": args.remote_api_key,
+                                "plain_base_url": args.plain_base_url}
+    elif kind_of(args.engine) == LAUNCHED:  # the launcher starts a plain twin for comparisons
         options[args.engine].update(plain_twin=args.plain_twin, server_python=args.server_python,
                                     extra_args=tuple(shlex.split(args.server_args)))
     return options

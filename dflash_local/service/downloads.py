@@ -17,7 +17,7 @@ from dflash_local.pairs.catalog import Catalog, PairSpec, find_local
 from dflash_local.pairs.hub_download import TERMINAL_STATUSES, Download, RepoRef
 from dflash_local.pairs.memory_budget import engine_budgets
 from dflash_local.pairs.pair_fit import ModelFiles, pair_fits
-from dflash_local.service.errors import NotFoundError
+from dflash_local.service.api_errors import NotFoundError
 from dflash_local.service.validation import redact_paths
 
 KEEP_FINISHED = 32  # finished downloads kept for GET .../events after the fact

@@ -25,14 +25,14 @@ from dflash_local.events import (
     parse_block_size,
     widest_block,
 )
-from dflash_local.service import responses
-from dflash_local.service.errors import status_of
+from dflash_local.service.api_errors import status_of
+from dflash_local.service.sse import SSE_HEADERS
 from dflash_local.service.state import LoadedPair
+from dflash_local.service.usage import reply_usage
 from dflash_local.service.worker import Chunk, Failed, Finished, Job, JobRequest, ToolCallDelta
 
 DEFAULT_MAX_TOKENS = 512
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ClientDisconnected(Exception):
@@ -68,7 +68,19 @@ class Reply:
 
     def tool_calls(self) -> list[dict]:
         """OpenAI's whole calls: {"id", "type", "function": {"name", "arguments": JSON text}}."""
-        return responses.whole_tool_calls(tuple(self.tool_deltas))
+        return whole_tool_calls(tuple(self.tool_deltas))
+
+
+def whole_tool_calls(pieces: tuple[ToolCallDelta, ...]) -> list[dict]:
+    """A reply's streamed pieces joined into OpenAI's `message.tool_calls`."""
+    calls: dict[int, dict] = {}
+    for piece in pieces:
+        call = calls.setdefault(piece.index, {"id": None, "type": "function",
+                                              "function": {"name": None, "arguments": ""}})
+        call["id"] = piece.id or call["id"]
+        call["function"]["name"] = piece.name or call["function"]["name"]
+        call["function"]["arguments"] += piece.arguments
+    return [calls[index] for index in sorted(calls)]
 
 
 def shows_text(text: str, tool_calls: list) -> bool:
@@ -91,7 +103,7 @@ class ReplyEncoder(Protocol):
 
 def check_capabilities(options, temperature: float | None, capabilities: EngineCapabilities) -> None:
     """Refuse what the engine declares it cannot do, rather than silently ignoring it.
-    `options` holds our extensions (schemas.DFlashOptions)."""
+    `options` holds our extensions (request_fields.DFlashOptions)."""
     if options.speculative is not None and not capabilities.speculative_toggle:
         raise InvalidRequestError("this engine cannot switch speculation per request")
     if options.block_size is not None and not capabilities.block_size_per_request:
@@ -199,9 +211,9 @@ def _encode(item, job: Job, encoder: ReplyEncoder, loaded: LoadedPair) -> tuple[
 def usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
     """Chat's usage (OpenAI's token counts and our `dflash` totals); other APIs rename from it."""
     params = job.request.params
-    return responses.usage(finished.stats, loaded.engine.pair.engine,
-                           widest_block(params, loaded.engine.pair.drafter_block), params.speculative,
-                           auto=isinstance(params.block_size, Auto) and params.speculative)
+    return reply_usage(finished.stats, loaded.engine.pair.engine,
+                       widest_block(params, loaded.engine.pair.drafter_block), params.speculative,
+                       auto=isinstance(params.block_size, Auto) and params.speculative)
 
 
 async def _next(job: Job, watcher: asyncio.Task):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.engines.base import Engine
+from dflash_local.engines.table import LOCAL, PORTABLE, RELAY, engine_names, kind_of
 from dflash_local.errors import (
     DFlashError,
     EngineUnavailableError,
@@ -28,14 +29,13 @@ from dflash_local.errors import (
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
+from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
-from dflash_local.service.errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
 log = logging.getLogger("dflash_local.service")
 Loader = Callable[..., Engine]  # (engine, target, drafter, **opts) -> Engine
-LOCAL_ENGINES = ("transformers", "mlx")  # these load from local directories
 DEFAULT_NAMES = (None, "", "default")
 WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
@@ -96,9 +96,7 @@ def _recommended(pair, engine: str) -> BlockSize | None:
 def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None) -> str:
     """The engine asked for, else the installed one `engines.choose_engine` prefers, if it fits."""
     if requested not in (None, "auto"):
-        from dflash_local.engines import ENGINES  # the registry alone: no framework is imported
-
-        known = (*ENGINES, "openai")  # openai: the relay, built by load_engine itself
+        known = engine_names()
         if requested not in known:
             raise InvalidRequestError(f"engine: unknown engine {requested!r} (known: auto, "
                                       f"{', '.join(known)})")
@@ -108,7 +106,7 @@ def pick_engine(requested: str | None, supported: tuple[str, ...] | None = None)
 
         chosen = choose_engine()
     except (ImportError, DFlashError):
-        chosen = supported[0] if supported else "transformers"
+        chosen = supported[0] if supported else PORTABLE.name
     return chosen if supported is None or chosen in supported else supported[0]
 
 
@@ -166,7 +164,7 @@ class ServiceState:
         if engine not in pair.engines:
             raise InvalidRequestError(f"pair {pair_id!r} runs on {', '.join(pair.engines)}, "
                                       f"not on engine {engine!r}")
-        if engine in LOCAL_ENGINES:
+        if kind_of(engine) == LOCAL:  # it loads from local directories
             target = locate(pair.target, prepare=True, cache_dir=self.hub_cache_dir)
             drafter, warning = self._locate_drafter(pair)
         else:  # a served engine fetches the models itself
@@ -190,9 +188,9 @@ class ServiceState:
     def load_repos(self, engine: str | None, target: str, drafter: str | None,
                    block_size: BlockSize | None = None, recalibrate: bool = False,
                    draft_window: int | None = None) -> LoadedPair:
-        if engine == "openai":  # a caller must not point the relay at a URL of its choosing
-            raise InvalidRequestError("engine: 'openai' relays the server given to serve "
-                                      "--base-url; POST /dflash/load cannot load it")
+        if kind_of(engine) == RELAY:  # a caller must not point the relay at a URL of its choosing
+            raise InvalidRequestError(f"engine: {engine!r} relays the server given to serve "
+                                      f"--base-url; POST /dflash/load cannot load it")
         engine = pick_engine(engine)
         self._ensure_idle()
         for name in (target, drafter):
@@ -200,7 +198,7 @@ class ServiceState:
                 check_model_name(name)
                 if not is_repo_id(name):
                     raise InvalidRequestError(f"{name!r} is not a known model (not a hub repo id)")
-        if engine in LOCAL_ENGINES:
+        if kind_of(engine) == LOCAL:  # it loads from local directories
             cache = self.hub_cache_dir
             target_path = resolve_model(target, local_only=True, cache_dir=cache)
             drafter_path = resolve_model(drafter, local_only=True, cache_dir=cache) if drafter else None
@@ -222,12 +220,12 @@ class ServiceState:
         drafter's context (the engine checks it against the target's)."""
         options = dict(self.load_options.get(engine, {}))
         if draft_window is not None:
-            if engine == "openai":
+            if kind_of(engine) == RELAY:
                 raise InvalidRequestError(f"draft_window {draft_window}: a relayed server keeps its "
                                           f"own draft window (set it where that server starts)")
             options["draft_window"] = draft_window
         if block_size is None:
-            block_size = AUTO if engine in LOCAL_ENGINES and drafter is not None else WHOLE_BLOCK
+            block_size = AUTO if kind_of(engine) == LOCAL and drafter is not None else WHOLE_BLOCK
         if not self._load_lock.acquire(blocking=False):
             raise BusyError("another load is in progress")
         try:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from dflash_local.engines.base import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
-from dflash_local.service.errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.api_errors import NoModelLoadedError, QueueFullError
 from dflash_local.service.harmony import HarmonySplitter
-from dflash_local.service.logprobs import LogprobEntries
+from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
 

@@ -1,4 +1,6 @@
-"""Errors as the service shows them: OpenAI-style JSON with the right status, never a traceback.
+"""Errors as the HTTP API shows them: the service's own error kinds, and every error as
+OpenAI-style JSON with the right status, never a traceback (the one error tree is
+dflash_local/errors.py).
 
 DFlashError subclasses map to a status by their `code`; validation errors become 400.
 """

@@ -11,7 +11,7 @@ engine, greedy, block size auto, lookup and trees on, held-out prompts):
   next token, so both chains are counted against that (a chain matching all of it is cut there).
   Drafting a shorter block would cost less; this says what it would do to the drafts.
 
-    .venv/bin/python scripts/drafter_diagnostics.py [--samples 10] [--max-tokens 128] [--width 8]
+    .venv/bin/python scripts/experiments/drafter_diagnostics.py [--samples 10] [--max-tokens 128] [--width 8]
         [--out runs/drafter-diagnostics.json]
 """
 

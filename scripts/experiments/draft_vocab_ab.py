@@ -1,6 +1,6 @@
 """Drafting over the draft vocabulary vs the full head, side by side in one run.
 
-    .venv/bin/python scripts/draft_vocab_ab.py [--engine transformers|mlx] [--datasets embedded,humaneval]
+    .venv/bin/python scripts/experiments/draft_vocab_ab.py [--engine transformers|mlx] [--datasets embedded,humaneval]
         [--samples 6] [--tokens 128] [--block-size auto] [--recalibrate]
 
 Two engines over the same shipped pair, one drafting from `draft_vocab.json` and one from the

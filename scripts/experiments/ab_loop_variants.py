@@ -1,7 +1,7 @@
 """Side by side in one process: the speculative loop with and without two of its parts, on the
 embedded pair, each prompt's runs back to back (a shared machine's drift hits every variant alike).
 
-    .venv/bin/python scripts/ab_loop_variants.py [--engine transformers|mlx] [--samples 30]
+    .venv/bin/python scripts/experiments/ab_loop_variants.py [--engine transformers|mlx] [--samples 30]
         [--max-tokens 128] [--context N] [--variants sdpa,mlx-stock,no-graft,graft,flat]
         [--out runs/ab-loop.json]
 

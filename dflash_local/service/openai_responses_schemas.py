@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from dflash_local.service.schemas import (
+from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,

@@ -14,12 +14,25 @@ from __future__ import annotations
 
 import time
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 
-from dflash_local.service import jobs, responses
-from dflash_local.service.responses_api_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service import jobs
+from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.openai_responses_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
+from dflash_local.service.usage import step_dflash
 from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, state: ServiceStateDep):
+    loaded = state.require_model(body.model)
+    return await jobs.run(job_request(body, loaded), loaded, request,
+                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
+                          body.stream, id_prefix="resp_")
 
 
 def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
@@ -27,12 +40,6 @@ def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
     return JobRequest(messages=body.template_messages(), params=params,
                       max_tokens_given=body.max_output_tokens is not None,
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
-
-
-async def create(body: ResponsesRequest, loaded: LoadedPair, request: Request):
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
-                          body.stream, id_prefix="resp_")
 
 
 def responses_usage(usage: dict) -> dict:
@@ -54,7 +61,7 @@ def text_part(text: str) -> dict:
 
 
 def function_call_item(item_id: str, call: dict, status: str) -> dict:
-    """`call` in OpenAI chat's whole form (responses.whole_tool_calls)."""
+    """`call` in OpenAI chat's whole form (jobs.whole_tool_calls)."""
     return {"type": "function_call", "id": item_id, "call_id": call["id"],
             "name": call["function"]["name"], "arguments": call["function"]["arguments"],
             "status": status}
@@ -119,8 +126,8 @@ class ResponsesEncoder:
         self.finish_reason = chunk.finish_reason or self.finish_reason
         if len(events) == shown:
             events.append(self._empty_delta())
-        events[-1]["dflash"] = responses.step_dflash(chunk.event)
-        return b"".join(responses.named_sse(e) for e in events)
+        events[-1]["dflash"] = step_dflash(chunk.event)
+        return b"".join(named_sse(e) for e in events)
 
     def _where(self) -> dict:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
@@ -176,7 +183,7 @@ class ResponsesEncoder:
                                     "part": text_part(text)})]
             done = message_item(item["id"], text, status)
         else:
-            call = responses.whole_tool_calls(tuple(self.tool_deltas))[-1]
+            call = jobs.whole_tool_calls(tuple(self.tool_deltas))[-1]
             events.append(self._event({"type": "response.function_call_arguments.done", **where,
                                        "name": call["function"]["name"],
                                        "arguments": call["function"]["arguments"]}))
@@ -191,10 +198,10 @@ class ResponsesEncoder:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event({"type": kind, "response": self.response(
             status, self.items, responses_usage(usage))}))
-        return b"".join(responses.named_sse(e) for e in events)
+        return b"".join(named_sse(e) for e in events)
 
     def failed(self, status: int, message: str, code: str | None) -> bytes:
-        return responses.named_sse(self._event({"type": "error", "code": code or "server_error",
+        return named_sse(self._event({"type": "error", "code": code or "server_error",
                                                 "message": message, "param": None}))
 
     # --- one body ---

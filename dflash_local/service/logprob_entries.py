@@ -1,6 +1,6 @@
 """OpenAI's `logprobs.content` entries of a reply, each sent with the chunk that carries its text.
 
-The engine gives every committed token a TokenLogprob (logprobs.py); here each becomes
+The engine gives every committed token a TokenLogprob (method/logprobs.py); here each becomes
 {token, logprob, bytes, top_logprobs}, where a token's string is the tokenizer's decode of that
 one id (special tokens by their markup) and `bytes` the token's own bytes (detokenize.py).
 A chunk's text is not always its round's tokens' text: the detokenizer holds a split multi-byte

@@ -8,8 +8,8 @@ the first event (or SSE chunk) to the last. CPU seconds per token (this process 
 the server process for HTTP) are reported too: on a machine shared with other jobs, wall-clock
 rates swing run to run, CPU time much less.
 
-    .venv/bin/python scripts/bench_service_overhead.py              # the embedded target
-    .venv/bin/python scripts/bench_service_overhead.py --target DIR --drafter DIR --runs 7
+    .venv/bin/python scripts/experiments/bench_service_overhead.py              # the embedded target
+    .venv/bin/python scripts/experiments/bench_service_overhead.py --target DIR --drafter DIR --runs 7
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `dflash-local train` writes it itself (`--draft-vocab N`); this is for a drafter trained before
 (it counts the responses of --data's training split, as the trainer does: pass the data the
 drafter was trained on).
-Usage: .venv/bin/python scripts/write_draft_vocab.py --data runs/smol-regen --out models/smollm2-135m-dflash
+Usage: .venv/bin/python scripts/experiments/write_draft_vocab.py --data runs/smol-regen --out models/smollm2-135m-dflash
 """
 
 from __future__ import annotations

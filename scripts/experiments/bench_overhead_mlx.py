@@ -4,7 +4,7 @@ engine vs `mlx_lm.stream_generate` on the same model, same prompt, same token co
 The bar is >= 0.9x mlx-lm's decode tokens/s. Runs alternate between the two (this machine is
 shared), and the median of each is reported.
 
-    .venv/bin/python scripts/bench_overhead_mlx.py [--tokens 128] [--runs 5] [--target DIR]
+    .venv/bin/python scripts/experiments/bench_overhead_mlx.py [--tokens 128] [--runs 5] [--target DIR]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The ratio decides what speculative decoding can gain (DFLASH.md): it runs the en
 MLXTargetRunner on a random ~50M-parameter Qwen3 (float32, context 256, 3 taps collected), once
 in a child process with DFLASH_BLAS=off (the wheel's reference BLAS) and once as users get it.
 
-    .venv/bin/python scripts/mlx_verify_cost.py [--context 256] [--repeats 20]
+    .venv/bin/python scripts/experiments/mlx_verify_cost.py [--context 256] [--repeats 20]
 """
 
 from __future__ import annotations

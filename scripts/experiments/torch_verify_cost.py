@@ -2,7 +2,7 @@
 whether bfloat16 keeps speculative == plain (the figures behind cpu_linear, cpu_attention and
 dtype auto).
 
-    .venv/bin/python scripts/torch_verify_cost.py [--dtype float32 bfloat16] [--check-bf16 N] [--gqa]
+    .venv/bin/python scripts/experiments/torch_verify_cost.py [--dtype float32 bfloat16] [--check-bf16 N] [--gqa]
 
 Target: the imported embedded SmolLM2-135M. For float32 it alternates two loads of the target in
 the same run, the engine's (oneDNN-packed linears) and stock nn.Linear, median of 4 repetitions

@@ -5,7 +5,7 @@ The bar is >= 0.9x generate()'s tokens/s. Both sides are timed end to end (prefi
 tokens, N forced: min_new_tokens there, an unused stop id here), in wall and in CPU time; runs
 alternate between the two (this machine is shared) and the median of each is reported.
 
-    .venv/bin/python scripts/bench_overhead_torch.py [--tokens 128] [--runs 5] [--target DIR]
+    .venv/bin/python scripts/experiments/bench_overhead_torch.py [--tokens 128] [--runs 5] [--target DIR]
                                                      [--threads 1]
 
 Default target: the embedded SmolLM2-135M when DFLASH_EMBEDDED_TARGET names an imported

@@ -4,11 +4,11 @@
 # archive, retapped once), v2 with `--version 2` (identity convolutions, a neutral selector at
 # first), v1 continued as it is. Then teacher-forced on the held-out prompts, and end to end on
 # 30 held-out prompts, each against plain decoding in its own run.
-#   STEPS=1200 EVERY=10 OUT=runs/compare-v2 V1=DIR scripts/compare_embedded_drafters.sh
+#   STEPS=1200 EVERY=10 OUT=runs/compare-v2 V1=DIR scripts/experiments/compare_embedded_drafters.sh
 # V1: the v1 drafter both start from; the embedded drafter's step 13 (models/smollm2-135m-dflash
 # before DFlash 2 shipped there: `git log -- models/smollm2-135m-dflash/model.safetensors`).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STEPS="${STEPS:-1200}"
 EVERY="${EVERY:-10}"
 OUT="${OUT:-runs/compare-v2}"

@@ -6,7 +6,7 @@ output equals plain's token for token. Writes a record for scripts/render_benchm
 Each prompt is ~`--context-tokens` of held-out prompts of the bench's `embedded` set, followed by
 one more as the question.
 
-    .venv/bin/python scripts/draft_window_bench.py --engines transformers,mlx --windows 256,1024 \\
+    .venv/bin/python scripts/experiments/draft_window_bench.py --engines transformers,mlx --windows 256,1024 \\
         --out docs/records/draft-window-embedded.json
 """
 
@@ -131,7 +131,7 @@ def row(engine_name: str, name: str, entry: dict, plain_rate: float, prompts: in
 
 def make_record(args, rows: list[dict], prompt_lengths: list[int]) -> dict:
     machine = machine_info()
-    command = " ".join(["scripts/draft_window_bench.py", *sys.argv[1:]])
+    command = " ".join(["scripts/experiments/draft_window_bench.py", *sys.argv[1:]])
     return {
         "title": "The draft sliding window at a long context",
         "measured": ("Plain decoding, DFlash auto with the drafter's whole context, and DFlash "
@@ -151,7 +151,7 @@ def make_record(args, rows: list[dict], prompt_lengths: list[int]) -> dict:
                     {"key": "draft_kv_mib", "label": "draft KV (MiB)", "decimals": 2},
                     {"key": "identical", "label": "identical to plain"}],
         "rows": rows,
-        "source": "scripts/draft_window_bench.py",
+        "source": "scripts/experiments/draft_window_bench.py",
     }
 
 

@@ -1,9 +1,9 @@
-"""Request bodies as pydantic models: the OpenAI chat fields we honour, and our extensions.
+"""POST /v1/chat/completions bodies: the OpenAI chat fields we honour, and our extensions.
 
-Strict types (no "5" for 5, no true for 1); OpenAI fields we do not implement are refused by
-name (unsupported.py), fields unknown to OpenAI are ignored, as vLLM does. Range checks mirror
-OpenAI's (temperature in [0, 2], n == 1); numbers are finite; text is valid Unicode. Responses are plain dicts
-built in responses.py: they are ours to shape, and dicts stream fastest.
+OpenAI fields we do not implement are refused by name (openai_chat_unsupported.py), fields
+unknown to OpenAI are ignored, as vLLM does. Range checks mirror OpenAI's (temperature in
+[0, 2], n == 1). What the other APIs share with chat (text, caps, tools' template form) is
+request_fields.py's.
 """
 
 from __future__ import annotations
@@ -11,69 +11,28 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dflash_local.engines.base import unicode_problem
 from dflash_local.events import MAX_TOP_LOGPROBS
-from dflash_local.service.unsupported import UnsupportedMessageFields, UnsupportedOpenAIFields
-
-MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
-MAX_STOP_STRINGS = 8
-# A request's counts, far past what a real conversation sends (a long agent session has hundreds
-# to a few thousand messages, an agent with many MCP servers a few hundred tools), yet refused
-# before one item is validated: 10^6 empty messages would hold the worker in the template.
-MAX_MESSAGES = 10_000
-MAX_TOOLS = 1_000
-MAX_STOP_CHARS = 1_000  # a stop string longer than any reply we would write cannot match
-# a fixed width, or "auto": the calibrated policy picks each round's width (1 = plain fallback)
-BlockSize = Annotated[int, Field(ge=1, le=256)] | Literal["auto"]
-
-
-def check_unicode(value: str) -> str:
-    if (problem := unicode_problem(value)) is not None:
-        raise ValueError(problem)
-    return value
-
-
-Text = Annotated[str, AfterValidator(check_unicode)]
-
-
-def joined_text(content: str | list | None) -> str | None:
-    """A content given as a string or as text parts (each with `.text`), as one string."""
-    if content is None or isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
-
-
-def check_count(values: list, limit: int, what: str) -> None:
-    """A list's count within its cap; the error (type "too_many") names the count and the cap."""
-    if len(values) > limit:
-        raise PydanticCustomError("too_many", "at most {limit} {what}, got {count}",
-                                  {"limit": limit, "what": what, "count": len(values)})
-
-
-def at_most(limit: int, what: str) -> BeforeValidator:
-    """A list field's cap, checked before its items are validated."""
-    def check(value: Any) -> Any:
-        if isinstance(value, list):
-            check_count(value, limit, what)
-        return value
-
-    return BeforeValidator(check)
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+from dflash_local.service.openai_chat_unsupported import (
+    UnsupportedMessageFields,
+    UnsupportedOpenAIFields,
+)
+from dflash_local.service.request_fields import (
+    MAX_MESSAGES,
+    MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
+    DFlashOptions,
+    FunctionCall,
+    StrictModel,
+    Text,
+    ToolName,
+    at_most,
+    check_stop_strings,
+    joined_text,
+    template_call,
+    template_tool,
+)
 
 
 class TextPart(StrictModel):
@@ -82,8 +41,6 @@ class TextPart(StrictModel):
 
 
 # --- tools (OpenAI function tools; tool_calls.py takes them to the worker) ---
-
-ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 class FunctionDefinition(StrictModel):
@@ -109,14 +66,6 @@ class Tool(StrictModel):
         return template_tool(self.function.name, self.function.description, self.function.parameters)
 
 
-def template_tool(name: str, description: str | None, parameters: dict | None) -> dict:
-    """A function tool as chat templates take it; every endpoint's tools end up in this form,
-    so one conversation renders the same prompt whichever API it came through."""
-    return {"type": "function", "function": {
-        "name": name, "description": description or "",
-        "parameters": parameters or {"type": "object", "properties": {}}}}
-
-
 class ToolChoiceFunction(StrictModel):
     name: ToolName
 
@@ -126,23 +75,6 @@ class NamedToolChoice(StrictModel):
     function: ToolChoiceFunction
 
 
-class FunctionCall(StrictModel):
-    name: ToolName
-    arguments: Text  # an object's JSON text, as OpenAI sends it
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_object(cls, arguments: str) -> str:
-        try:
-            value = json.loads(arguments)
-        except ValueError as exc:
-            raise ValueError(f"must be an object's JSON text: {exc}") from None
-        if not isinstance(value, dict):
-            # pydantic words a ValueError as this field's error (a TypeError would escape it)
-            raise ValueError(f"must be an object's JSON text, got a {type(value).__name__}")  # noqa: TRY004
-        return arguments
-
-
 class ToolCall(StrictModel):
     id: Text = Field(min_length=1, max_length=200)
     type: Literal["function"]
@@ -150,11 +82,6 @@ class ToolCall(StrictModel):
 
     def as_template_call(self) -> dict:
         return template_call(self.id, self.function.name, json.loads(self.function.arguments))
-
-
-def template_call(call_id: str, name: str, arguments: dict) -> dict:
-    """An earlier reply's call as chat templates take it (arguments a dict), whichever API sent it."""
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ChatMessage(UnsupportedMessageFields, StrictModel):
@@ -205,24 +132,6 @@ class ChatMessage(UnsupportedMessageFields, StrictModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
-
-
-class DFlashOptions(StrictModel):
-    """Our extensions, the same on every generating endpoint (chat, messages, responses)."""
-
-    speculative: bool | None = None
-    block_size: BlockSize | None = None
-    prompt_lookup: bool | None = None  # with block_size "auto": may verify prompt-lookup drafts
-    tree: bool | None = None  # verify a tree of drafts per round (default on)
-    draft_window: int | None = Field(None, ge=1)  # context rows the drafter keeps (local engines)
-
-
-def check_stop_strings(stops: list[str]) -> None:
-    check_count(stops, MAX_STOP_STRINGS, "stop strings per request")
-    for index, text in enumerate(stops):
-        if not 1 <= len(text) <= MAX_STOP_CHARS:
-            raise ValueError(f"stop string {index} has {len(text)} characters: each must have "
-                             f"1 to {MAX_STOP_CHARS}")
 
 
 class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
@@ -304,29 +213,3 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-
-class LoadRequest(StrictModel):
-    """Load a catalog pair by id, or a target (+ drafter) by repo id from the local cache."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    pair: str | None = Field(None, min_length=1, max_length=200)
-    engine: str | None = Field(None, min_length=1, max_length=40)
-    target: str | None = Field(None, min_length=1, max_length=200)
-    drafter: str | None = Field(None, min_length=1, max_length=200)
-    block_size: BlockSize | None = None  # default block size for requests
-    draft_window: int | None = Field(None, ge=1)  # default draft window (None: the catalog's)
-    recalibrate: bool = False  # measure this machine's round costs again (block size auto)
-
-    @model_validator(mode="after")
-    def _one_form(self) -> LoadRequest:
-        if (self.pair is None) == (self.target is None):
-            raise ValueError("give either pair (a catalog id) or target (a repo id), not both")
-        if self.pair is not None and self.drafter is not None:
-            raise ValueError("drafter goes with target, not with pair")
-        return self
-
-
-class DownloadRequest(StrictModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    pair: str = Field(min_length=1, max_length=200)
-    context_tokens: int = Field(4096, ge=1, le=10_000_000)  # for the will-it-fit estimate

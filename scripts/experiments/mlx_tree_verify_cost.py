@@ -9,7 +9,7 @@ both times every pass with mlx-lm's stock attention and with
 dflash_local/accel/mlx_attention.py, in turn (the engine's choice on a CPU; --attention
 shipped times that alone).
 
-    .venv/bin/python scripts/mlx_tree_verify_cost.py [--contexts 300,1000,1500] [--width 16]
+    .venv/bin/python scripts/experiments/mlx_tree_verify_cost.py [--contexts 300,1000,1500] [--width 16]
         [--repeats 15] [--attention shipped|both] [--out runs/mlx-tree-verify.json]
 """
 
