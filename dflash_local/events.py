@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 from dflash_local.errors import InvalidRequestError
@@ -132,10 +131,10 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt's tokens, those a kept prefix gave (not computed)
-    block_size: int = 1  # width used this round (1 = plain step)
+    width: int = 1  # this round's width: the anchor and the drafted tokens (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
-    copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
-    copied_chars: int = 0  # of `accepted_chars`, the last ones those copied tokens made
+    lookup_accepted: int = 0  # of `accepted`, the last ones a prompt-lookup draft brought, not the drafter
+    lookup_accepted_chars: int = 0  # of `accepted_chars`, the last ones those lookup tokens made
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (planning/)
     finish_reason: str | None = None  # "stop" | "length" on the last event
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when params.logprobs asks
@@ -226,20 +225,3 @@ def check_draft_window(window: int | None, context: int | None = None) -> None:
         raise InvalidRequestError(f"draft_window {window} > the target's context of {context} "
                                   f"tokens: a window must fit in the context")
 
-
-def draft_window_arg(value: str) -> int:
-    """The command-line form of the draft window: an integer >= 1."""
-    try:
-        window = int(value)
-        check_draft_window(window)
-    except (ValueError, InvalidRequestError):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
-    return window
-
-
-def block_size_arg(value: str) -> BlockSize:
-    """The command-line form of GenerationParams.block_size: an integer >= 1 or "auto"."""
-    try:
-        return parse_block_size(value if value == "auto" else int(value))
-    except (ValueError, InvalidRequestError):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {value!r}") from None

@@ -93,10 +93,10 @@ class ScriptedDrafter:
 
     tree_drafts = False  # ScriptedTreeDrafter drafts trees
 
-    def __init__(self, prompt_ids: list[int], script: Script, block_size: int = 16, inner=None):
+    def __init__(self, prompt_ids: list[int], script: Script, drafter_block: int = 16, inner=None):
         self.prompt_ids = list(prompt_ids)
         self.script = script
-        self.block_size = block_size
+        self.drafter_block = drafter_block
         self.inner = inner
         self.context: list[int] = []
         self._last_block: list[int] | None = None
@@ -127,9 +127,9 @@ class ScriptedTreeDrafter(ScriptedDrafter):
     verified rows: node 1 is a wrong token; node 2 starts the script's drafts (`follow`), a chain
     of `chain` nodes under the anchor; the rest are wrong siblings along that chain."""
 
-    def __init__(self, prompt_ids, script: Script, chain: int, block_size: int = 16, inner=None,
+    def __init__(self, prompt_ids, script: Script, chain: int, drafter_block: int = 16, inner=None,
                  vocab: int = tiny_models.VOCAB):
-        super().__init__(prompt_ids, script, block_size, inner)
+        super().__init__(prompt_ids, script, drafter_block, inner)
         self.tree_drafts = True
         self.chain, self.vocab = chain, vocab
 
@@ -181,7 +181,7 @@ class ReferenceDrafter:
     def __init__(self, inner, prompt_len: int, reference: list[int],
                  right: Callable[[int, int], bool]):
         self.inner, self.prompt_len, self.reference, self.right = inner, prompt_len, reference, right
-        self.block_size = inner.block_size
+        self.drafter_block = inner.drafter_block
         self.rows = 0
 
     def propose(self, anchor_id, new_taps, width):

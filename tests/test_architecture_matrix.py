@@ -61,7 +61,7 @@ class PartlyRightDrafter:
 
     def __init__(self, inner, plain: list[int]):
         self.inner, self.plain = inner, plain
-        self.block_size = inner.block_size
+        self.drafter_block = inner.drafter_block
         self.taps: list[np.ndarray] = []
         self.rows = 0
 

@@ -11,9 +11,10 @@ import pytest
 from fixtures_tiny import tiny_pair
 
 from dflash_local.bench import datasets, noise
-from dflash_local.bench.cli import block_sizes, mac_peer_names
+from dflash_local.bench.cli import mac_peer_names
 from dflash_local.bench.measure import RunFigures, fastest, histogram
 from dflash_local.bench.report import format_table
+from dflash_local.cli.flags import block_size_list_arg
 from dflash_local.cli.main import main
 from dflash_local.events import AUTO, Fixed
 from dflash_local.method.round_trace import read_trace
@@ -242,10 +243,10 @@ def test_embedded_and_adversarial_prompts_are_offline_and_fixed():
 
 
 def test_block_size_option_and_histogram():
-    assert block_sizes("auto,4,16,4") == (AUTO, Fixed(4), Fixed(16))
-    assert block_sizes("8") == (Fixed(8),)
+    assert block_size_list_arg("auto,4,16,4") == (AUTO, Fixed(4), Fixed(16))
+    assert block_size_list_arg("8") == (Fixed(8),)
     with pytest.raises(Exception, match="integer >= 1 or 'auto'"):
-        block_sizes("0")
+        block_size_list_arg("0")
     assert histogram([1, 1, 3, 4], 4) == [2, 0, 1, 1]
 
 

@@ -16,8 +16,8 @@ from dflash_local.events import AUTO, GenerationParams, parse_block_size
 from dflash_local.method import calibration
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.planning.auto import AutoPlanner
-from dflash_local.method.planning.copies import LookupPolicy
 from dflash_local.method.planning.costs import RoundCosts, expected_committed
+from dflash_local.method.planning.lookups import LookupPolicy
 from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
 from dflash_local.method.planning.planner import timed_rounds
 from dflash_local.method.planning.trees import TreeSizer
@@ -200,7 +200,7 @@ def check_phases(tokens, events, reference):
     assert FALLBACK in modes and PROBE in modes
     first_fallback = modes.index(FALLBACK)
     assert SPECULATIVE in modes[first_fallback:], "never came back after the drafter recovered"
-    assert all(e.block_size == 1 for e in events[1:] if e.mode == FALLBACK)
+    assert all(e.width == 1 for e in events[1:] if e.mode == FALLBACK)
     assert any(e.accepted == RIGHT_PREFIX for e in events[1:] if e.mode == SPECULATIVE)
 
 
@@ -240,7 +240,7 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
     engine = tiny_engine(tiny_pair(tmp_path_factory, "llama"))
     engine.calibration = None
     measured = engine.calibrate()
-    block = engine.pair.block_size
+    block = engine.pair.drafter_block
     seconds = measured.costs.seconds
     assert len(seconds) == block and len(measured.prior) == block - 1
     assert all(b >= a for a, b in itertools.pairwise(seconds)) and seconds[1] > seconds[0]
@@ -281,7 +281,7 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
 
     monkeypatch.setattr(engine, "make_drafter", recording_drafter)
     prompt_ids = engine.encode_chat([{"role": "user", "content": "Once upon a time"}])
-    max_tokens = 3 * engine.pair.block_size
+    max_tokens = 3 * engine.pair.drafter_block
     _, events = collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=max_tokens, block_size=parse_block_size("auto"), stop_token_ids=(-1,), prompt_lookup=False,
         tree=tree)))
@@ -289,7 +289,7 @@ def test_auto_prices_its_tree_rounds_as_whole_block_drafts(tmp_path_factory, mon
     left, allowed = max_tokens, []  # the tokens left before each drafter round
     for event in events:
         if event.drafted:
-            allowed.append(min(engine.pair.block_size, left) - 1)
+            allowed.append(min(engine.pair.drafter_block, left) - 1)
         left -= len(event.token_ids)
     # each tree drafted as wide as the block, or as the tokens left, allow; no trees without
     assert nodes == (allowed if tree else []) and (nodes or not tree)
@@ -322,7 +322,7 @@ def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch
     seconds = tuple(1.0 + 0.05 * (w - 1) for w in range(1, 17))
     costs = RoundCosts(seconds, seconds, base_context=1, context_slopes=tuple([0.001] * 16))
     priced = []
-    policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.block_size, whole_block_drafts=True)
+    policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.drafter_block, whole_block_drafts=True)
     price_context = policy.price_context
     policy.price_context = lambda tokens: priced.append(tokens) or price_context(tokens)
     use_policy(monkeypatch, lambda width, whole: policy)

@@ -102,7 +102,7 @@ def test_generate_with_auto_calibrates_at_load_as_a_visible_phase_then_reads_the
     engine = tiny_engine(pair)
     report = json.loads(second.stdout)
     assert report["token_ids"] == plain_tokens(pair, report["prompt_token_ids"], 12)
-    assert report["block_size"] == engine.pair.block_size  # auto: up to the drafter's block
+    assert report["block_size"] == engine.pair.drafter_block  # auto: up to the drafter's block
 
 
 def test_raw_prompt_skips_the_chat_template(pair, cli_env):

@@ -136,7 +136,7 @@ def test_decodes_as_zlabs_reference_loop_token_for_token_and_round_for_round(
         max_tokens=max_tokens, block_size=16, tree=False, stop_token_ids=(NEVER,))))
     assert tokens == expected.output_ids[0, len(prompt_ids):].tolist()
     ours = [len(event.token_ids) for event in events[1:]]
-    full_rounds = [index for index, event in enumerate(events[1:]) if event.block_size == 16]
+    full_rounds = [index for index, event in enumerate(events[1:]) if event.width == 16]
     assert len(full_rounds) >= 3 and any(ours[i] > 2 for i in full_rounds)  # drafts were kept
     assert [ours[i] for i in full_rounds] == expected.acceptance_lengths[: len(full_rounds)]
 

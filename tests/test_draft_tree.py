@@ -294,7 +294,7 @@ def test_scripted_trees_keep_the_right_branch_and_equal_plain(engine, monkeypatc
     tokens, events = collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=24, stop_token_ids=(NEVER,), block_size=parse_block_size(block_size))))
     assert tokens == plain
-    full = [event for event in events[1:] if event.block_size == block_size]
+    full = [event for event in events[1:] if event.width == block_size]
     assert len(full) >= 2
     keep = block_size - 2 if right is None else min(right, block_size - 2)
     assert all(event.drafted == block_size - 1 for event in full)
@@ -312,4 +312,4 @@ def test_sampling_verifies_trees_unless_asked_for_chains(engine):
     _, events = collect(engine.stream(prompt_ids, sampled))
     assert any(event.draft_depth < event.drafted for event in events[1:])
     _, chains = collect(engine.stream(prompt_ids, replace(sampled, tree=False)))
-    assert all(event.draft_depth == event.drafted == event.block_size - 1 for event in chains[1:])
+    assert all(event.draft_depth == event.drafted == event.width - 1 for event in chains[1:])

@@ -93,7 +93,7 @@ def test_a_windowed_drafter_with_partial_acceptance_is_lossless(engine, monkeypa
     plain = generate(engine, speculative=False)
     # right for the first 2 drafts of every block: rollbacks of the target and the windowed cache
     sessions = recording(engine, monkeypatch, wrap=lambda session: ScriptedDrafter(
-        PROMPT, follow(plain, len(PROMPT), right=2), block_size=BLOCK, inner=session))
+        PROMPT, follow(plain, len(PROMPT), right=2), drafter_block=BLOCK, inner=session))
     tokens, events = collect(engine.stream(PROMPT, params_of(
         max_tokens=MAX_TOKENS, stop_token_ids=(NEVER,), block_size=BLOCK, draft_window=WINDOW,
         tree=False)))

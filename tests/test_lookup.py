@@ -12,8 +12,8 @@ from fixtures_tiny import ReferenceDrafter, collect, tiny_engine, tiny_pair, use
 
 from dflash_local.events import GenerationParams, parse_block_size
 from dflash_local.method.lookup import NgramIndex
-from dflash_local.method.planning.copies import LookupPolicy
 from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.lookups import LookupPolicy
 from dflash_local.method.planning.modes import LOOKUP
 from dflash_local.method.planning.widths import BlockPolicy
 
@@ -120,10 +120,10 @@ def check(engine, monkeypatch):
     assert tokens == reference  # token for token
     lookups = [e for e in events[1:] if e.mode == LOOKUP]
     assert lookups and sum(e.accepted for e in lookups) > 0
-    assert all(e.drafted == e.block_size - 1 for e in lookups)
+    assert all(e.drafted == e.width - 1 for e in lookups)
     # a lookup round's accepted drafts are all copies: the chat app colours them as such
-    assert all(e.copied == e.accepted and e.copied_chars == e.accepted_chars for e in lookups)
-    assert any(e.copied_chars > 0 for e in lookups)
+    assert all(e.lookup_accepted == e.accepted and e.lookup_accepted_chars == e.accepted_chars for e in lookups)
+    assert any(e.lookup_accepted_chars > 0 for e in lookups)
 
     without, events_off = lookup_run(engine, monkeypatch, prompt_ids, reference, prompt_lookup=False)
     assert without == reference and LOOKUP not in {e.mode for e in events_off}
@@ -207,19 +207,19 @@ def test_lookup_drafts_ride_along_in_drafter_trees_and_stay_lossless(tmp_path_fa
     with_lookup = run()
     assert with_lookup and max(e.accepted for e in with_lookup) >= 2
     # what the drafter got right is told apart from what a grafted copy brought after it
-    assert all(e.accepted - e.copied <= 1 for e in with_lookup)
-    assert all(e.copied >= 1 for e in with_lookup if e.accepted >= 2)
-    assert any(e.copied >= 1 and e.accepted - e.copied == 1 for e in with_lookup)  # both kept
+    assert all(e.accepted - e.lookup_accepted <= 1 for e in with_lookup)
+    assert all(e.lookup_accepted >= 1 for e in with_lookup if e.accepted >= 2)
+    assert any(e.lookup_accepted >= 1 and e.accepted - e.lookup_accepted == 1 for e in with_lookup)  # both kept
     for e in with_lookup:  # and the text says which characters each made
-        copied_text = engine.decode(e.token_ids[e.accepted - e.copied : e.accepted])
+        copied_text = engine.decode(e.token_ids[e.accepted - e.lookup_accepted : e.accepted])
         if "\ufffd" not in engine.decode(e.token_ids):
-            assert e.text[e.accepted_chars - e.copied_chars : e.accepted_chars] == copied_text
-    assert any(e.copied_chars > 0 for e in with_lookup)
+            assert e.text[e.accepted_chars - e.lookup_accepted_chars : e.accepted_chars] == copied_text
+    assert any(e.lookup_accepted_chars > 0 for e in with_lookup)
     # the drafter is judged on its own drafts: never right past the first, so its estimate never
     # saw a round reach the third position, whatever copies grafted on kept
     assert policies[-1].estimate.seen[2] == 0 and policies[-1].rates()[1] < 0.5
     alone = run(prompt_lookup=False)
-    assert max(e.accepted for e in alone) <= 1 and not any(e.copied for e in alone)  # the control
+    assert max(e.accepted for e in alone) <= 1 and not any(e.lookup_accepted for e in alone)  # the control
     # sampling walks grafted trees too (acceptance.sampled_walk): it runs to max_tokens
     sampled = collect(engine.stream(prompt_ids, GenerationParams(
         max_tokens=len(reference), block_size=parse_block_size("auto"), temperature=0.7, seed=1, stop_token_ids=(-1,))))[1]

@@ -36,7 +36,7 @@ class ScriptedDrafter:
 
     def __init__(self, inner, reference: list[int]):
         self.inner, self.reference = inner, reference
-        self.block_size = inner.block_size
+        self.drafter_block = inner.drafter_block
         self.position = None  # index in the output of the current anchor
         self.rounds = 0
 

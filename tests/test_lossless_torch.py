@@ -56,7 +56,7 @@ def test_speculative_equals_plain(engine, plain_runs, block_size):
         expected = plain(engine, prompt_ids, plain_runs, max_tokens=20)
         tokens, events = run(engine, prompt_ids, max_tokens=20, block_size=block_size)
         assert tokens == expected, text
-        assert all(event.block_size <= block_size for event in events)
+        assert all(event.width <= block_size for event in events)
         assert events[-1].finish_reason in ("stop", "length")
 
 
@@ -66,7 +66,7 @@ def script_engine(engine, monkeypatch, prompt_ids, script, block_size=16):
 
     def make_drafter(window=None):
         inner = DraftSession(engine.drafter, window=window)
-        drafters.append(ScriptedDrafter(prompt_ids, script, block_size=block_size, inner=inner))
+        drafters.append(ScriptedDrafter(prompt_ids, script, drafter_block=block_size, inner=inner))
         return drafters[-1]
 
     monkeypatch.setattr(engine, "make_drafter", make_drafter)
@@ -122,7 +122,7 @@ def scripted_stats(engine, monkeypatch, right, block_size, max_tokens):
 def test_forced_right_drafter_commits_whole_blocks(engine, monkeypatch):
     stats, events, _ = scripted_stats(engine, monkeypatch, right=None, block_size=4, max_tokens=20)
     assert stats.accepted_per_round == [4, 4, 4, 4, 3]  # 1 + 19 tokens: the last round is partial
-    assert all(event.accepted == event.drafted == event.block_size - 1 for event in events[1:])
+    assert all(event.accepted == event.drafted == event.width - 1 for event in events[1:])
 
 
 def test_forced_wrong_drafter_commits_one_token_per_round(engine, monkeypatch):

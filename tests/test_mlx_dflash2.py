@@ -211,7 +211,7 @@ def test_speculative_equals_plain(engine, plain_tokens, block_size, tree, monkey
                         lambda *args: trees.append(propose_tree(*args)) or trees[-1])
     tokens, events = _generate(engine, block_size=block_size, tree=tree)
     assert tokens == plain_tokens
-    assert any(event.block_size > 1 for event in events)
+    assert any(event.width > 1 for event in events)
     assert bool(trees) == (tree and block_size != Fixed(2))  # a 2-row round is a chain
 
 
@@ -222,7 +222,7 @@ def test_rounds_shorter_than_the_kernel(engine, plain_tokens):
     for max_tokens in (3, 5):
         tokens, events = _generate(engine, max_tokens=max_tokens, block_size=Fixed(16), tree=False)
         assert tokens == plain_tokens[:max_tokens]
-        widths |= {event.block_size for event in events}
+        widths |= {event.width for event in events}
     assert {2, 3} <= widths
 
 

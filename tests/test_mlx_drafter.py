@@ -120,7 +120,7 @@ def test_draft_session_proposes_argmax(tmp_path, target_dir, embedding):
     session = model_mlx.DraftSession(drafter)
     taps = mx.array(np.ones((1, 3, 2 * HIDDEN), np.float32))
     proposal = session.propose(9, taps, width=5)
-    assert session.block_size == 8 and len(proposal) == 4
+    assert session.drafter_block == 8 and len(proposal) == 4
     assert all(isinstance(token, int) and 0 <= token < VOCAB for token in proposal)
 
 

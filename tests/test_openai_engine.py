@@ -204,7 +204,7 @@ def test_the_exposition_parses_with_vllms_counter_names(vllm_stand_in):
 
 def test_vllm_acceptance_is_the_counter_delta_around_the_request(vllm_stand_in):
     engine = RemoteEngine(vllm_stand_in.url)
-    assert (engine.main.kind, engine.pair.drafter, engine.pair.block_size) == ("vllm", SERVER_SIDE_DRAFTER, K + 1)
+    assert (engine.main.kind, engine.pair.drafter, engine.pair.drafter_block) == ("vllm", SERVER_SIDE_DRAFTER, K + 1)
     assert not engine.capabilities.speculative_toggle and not engine.capabilities.block_size_per_request
     events = list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20)))
     assert vllm_stand_in.requests[-1]["return_token_ids"] is True
@@ -243,7 +243,7 @@ def test_speculation_off_needs_a_plain_server(vllm_stand_in):
         assert engine.capabilities.speculative_toggle
         events = list(engine.stream_chat(MESSAGES, GenerationParams(speculative=False)))
         assert len(plain.requests) == 1 and len(vllm_stand_in.requests) == 0
-        assert {e.block_size for e in events} == {1} and sum(e.accepted for e in events) == 0
+        assert {e.width for e in events} == {1} and sum(e.accepted for e in events) == 0
         assert engine.last_stats.source == "none"
         engine.close()
 
@@ -252,7 +252,7 @@ def test_speculation_off_needs_a_plain_server(vllm_stand_in):
 def test_sglang_acceptance_from_details_or_counters(details):
     with StandIn("sglang", sglang_details=details) as server:
         engine = RemoteEngine(server.url)
-        assert engine.pair.block_size == K + 1
+        assert engine.pair.drafter_block == K + 1
         events = list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20)))
         assert server.requests[-1]["return_spec_tokens_details"] is True
         assert "".join(e.text for e in events) == "".join(chr(97 + t % 26) for s in STEPS for t in s)
@@ -343,12 +343,12 @@ def test_remote_stream_equals_the_local_engines_round_for_round(service, remote,
     # the service gives a request with no block size its default ("auto" for a local pair)
     local = local_events(service[0], replace(params, block_size=service[0].loaded.default_block_size),
                          COPYING_MESSAGES)
-    fields = ("token_ids", "drafted", "draft_depth", "accepted", "copied", "accepted_chars", "copied_chars",
-              "round_index", "block_size", "mode")
+    fields = ("token_ids", "drafted", "draft_depth", "accepted", "lookup_accepted", "accepted_chars",
+              "lookup_accepted_chars", "round_index", "width", "mode")
     assert [[getattr(e, f) for f in fields] for e in events] == [[getattr(e, f) for f in fields] for e in local]
     assert "".join(e.text for e in events) == "".join(e.text for e in local)
-    if speculative:  # the copied fields made the trip with something in them
-        assert sum(e.copied for e in local) > 0 and sum(e.copied_chars for e in local) > 0
+    if speculative:  # the lookup fields made the trip with something in them
+        assert sum(e.lookup_accepted for e in local) > 0 and sum(e.lookup_accepted_chars for e in local) > 0
     stats = remote.last_stats
     assert stats.source == "dflash" and stats.per_round_exact
     assert stats.completion_tokens == 48 and stats.prompt_tokens > 0
@@ -382,7 +382,7 @@ def test_a_vllm_servers_usage_without_details_is_no_cache_hit(vllm_stand_in):
 
 
 def test_own_service_capabilities(remote):
-    assert remote.main.kind == "dflash-local" and remote.pair.block_size == 8
+    assert remote.main.kind == "dflash-local" and remote.pair.drafter_block == 8
     assert remote.capabilities.speculative_toggle and remote.capabilities.block_size_per_request
     assert remote.pair.drafter is not None
 

@@ -46,7 +46,7 @@ def test_the_loop_writes_a_line_per_round_as_its_events_and_prices_say(engine, t
         assert len(generation["rounds"]) == len(events)
         for record, event in zip(generation["rounds"], events):
             assert (record["mode"], record["rows"], record["committed"]) == (
-                event.mode, event.block_size, len(event.token_ids))
+                event.mode, event.width, len(event.token_ids))
             assert record["kept"] >= event.accepted and all(record[step] >= 0 for step in STEPS)
     plain, auto = (g["rounds"] for g in generations)
     assert {r["mode"] for r in plain} == {PLAIN} and all(r["priced_s"] is None for r in plain)

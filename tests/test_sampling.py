@@ -273,7 +273,7 @@ def sample_runs(engine, prompt_ids, params, tables, seeds, speculate=True) -> li
     for seed in range(seeds):
         seeded = GenerationParams(**{**params.__dict__, "seed": seed, "max_tokens": MAX_TOKENS,
                                      "stop_token_ids": (10_000,)})
-        drafter = (ScriptedDrafter(prompt_ids, greedy_script(len(prompt_ids), tables), block_size=4)
+        drafter = (ScriptedDrafter(prompt_ids, greedy_script(len(prompt_ids), tables), drafter_block=4)
                    if speculate else None)
         runner = engine.make_runner(collect_taps=speculate)
         events = speculative.generate(runner, drafter, prompt_ids, seeded)
@@ -356,7 +356,7 @@ class TableTreeDrafter:
     first by their probability under the target: accepted often, through either branch, and
     the third token of a top-3 filter is left to the residual draw."""
 
-    block_size = 4
+    drafter_block = 4
     tree_drafts = True
 
     def __init__(self, runner: RecordingRunner, prompt_len: int, tables: dict):

@@ -209,18 +209,18 @@ def test_exact_accepted_characters_win_over_the_estimate():
 
 
 def test_copied_drafts_are_coloured_apart_from_the_drafters():
-    from dflash_chat.widgets.draft_colours import COPY_STYLE, DRAFT_STYLE, accepted_text
+    from dflash_chat.widgets.draft_colours import DRAFT_STYLE, LOOKUP_STYLE, accepted_text
 
     # round 1: the drafter's accepted tokens made "He", a grafted copy's "llo", the bonus "X";
     # round 2 (an older record: no copy count): its accepted draft "a", the bonus "b"
     text = accepted_text("HelloXab", [[6, 4, 5, 5, 3], [2, 1, 2, 1]])
     assert text.plain == "HelloXab"
     spans = [(str(s.style), text.plain[s.start:s.end]) for s in text.spans if s.end > s.start]
-    assert spans == [(DRAFT_STYLE, "He"), (COPY_STYLE, "llo"), (DRAFT_STYLE, "a")]
+    assert spans == [(DRAFT_STYLE, "He"), (LOOKUP_STYLE, "llo"), (DRAFT_STYLE, "a")]
     # a stop string cut the round after "Hel": the drafter's "He" stays green, not the copy's colour
     cut = accepted_text("Hel", [[3, 4, 5, 5, 3]])
     assert [(str(s.style), cut.plain[s.start:s.end]) for s in cut.spans] == [
-        (DRAFT_STYLE, "He"), (COPY_STYLE, "l")]
+        (DRAFT_STYLE, "He"), (LOOKUP_STYLE, "l")]
     unsaid = accepted_text("Hel", [[3, 2, 3, 2, None]])  # a service that sends no copy count
     assert [(str(s.style), unsaid.plain[s.start:s.end]) for s in unsaid.spans if s.end > s.start] == [
         (DRAFT_STYLE, "He")]

@@ -8,16 +8,10 @@ from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
+from dflash_local.cli import flags
 from dflash_local.engines.table import LAUNCHED, RELAY, engine_names, kind_of
 from dflash_local.errors import DFlashError
-from dflash_local.events import (
-    AUTO,
-    BlockSize,
-    GenerationParams,
-    block_size_arg,
-    draft_window_arg,
-)
-from dflash_local.pairs.precision import DTYPE_CHOICES
+from dflash_local.events import GenerationParams
 
 
 def add_parser(subparsers) -> None:
@@ -26,37 +20,31 @@ def add_parser(subparsers) -> None:
         description="Plain and speculative decoding through the same loop, interleaved per "
                     "sample, on the same prompts; writes a JSON record and a PNG plot.",
     )
-    parser.add_argument("--engine", choices=["auto", *engine_names()],
-                        default="auto",
-                        help="openai: a running OpenAI-compatible server (--base-url; our "
-                             "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
-    parser.add_argument("--base-url", metavar="URL", help="--engine openai: the server's URL")
-    parser.add_argument("--plain-base-url", metavar="URL",
-                        help="--engine openai: a plain server of the same target, for a server "
-                             "that cannot turn speculation off per request (vLLM, SGLang)")
+    flags.add_engine_flag(parser, help="openai: a running OpenAI-compatible server (--base-url; our "
+                                       "service, vLLM, SGLang); vllm/sglang: start one with a plain twin")
+    flags.add_server_url_flags(
+        parser, base_url_help="--engine openai: the server's URL",
+        plain_help="--engine openai: a plain server of the same target, for a server that cannot "
+                   "turn speculation off per request (vLLM, SGLang)")
     parser.add_argument("--api-key", metavar="KEY", help="--engine openai: the server's API key")
-    parser.add_argument("--target", metavar="DIR|REPO", help="default: the embedded pair")
-    parser.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
+    flags.add_pair_flags(parser, target_help="default: the embedded pair")
     parser.add_argument("--dataset", metavar="NAME[,NAME]",
                         help=f"one or more of: {', '.join(DATASETS)} (default: embedded,chat; "
                              f"multiturn with --multi-turn)")
     parser.add_argument("--max-samples", type=int, default=10, metavar="N")
-    parser.add_argument("--block-size", type=block_sizes, default=(AUTO,), metavar="B|auto",
-                        help="block size, 'auto', or a comma-separated list measured side by "
-                             "side (e.g. auto,4,16); default auto")
+    flags.add_block_size_flag(parser, several=True,
+                              help="block size, 'auto', or a comma-separated list measured side by "
+                                   "side (e.g. auto,4,16); default auto")
     parser.add_argument("--lookup", choices=["on", "off", "both"], default="on",
                         help="auto's prompt-lookup rounds; both: measure auto with and without "
                              "them side by side")
     parser.add_argument("--tree", choices=["on", "off", "both"], default="on",
                         help="drafter rounds verify a tree of drafts (on) or one chain "
                              "(off); both: measure every DFlash method both ways side by side")
-    parser.add_argument("--draft-window", type=draft_window_arg, metavar="N",
-                        help="the drafter keeps only the last N context rows (the draft sliding "
-                             "window): draft cost and memory stay flat on long contexts; "
-                             "default: unbounded")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    flags.add_draft_window_flag(parser)
+    flags.add_temperature_flag(parser)
     parser.add_argument("--thinking", choices=["on", "off"], help="chat template thinking switch")
-    parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    flags.add_max_tokens_flag(parser)
     parser.add_argument("--peers", action="store_true",
                         help="also time Transformers generate / prompt lookup / assisted "
                              "(transformers engine) or mlx-lm generate / draft model (mlx), "
@@ -71,32 +59,24 @@ def add_parser(subparsers) -> None:
                              f"\"\": none, the in-process peers only)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                        help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
-    parser.add_argument("--seed", type=int, default=0)
+    flags.add_dtype_flag(parser)
+    flags.add_seed_flag(parser, default=0, metavar=None)
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times per sample, interleaved, and keep the "
                              "fastest try: removes most of a shared machine's noise, at N times "
                              "the time (default 1)")
-    parser.add_argument("--recalibrate", action="store_true",
-                        help="measure the block-width costs again instead of using the cache")
+    flags.add_recalibrate_flag(parser, help="measure the block-width costs again instead of using the cache")
     parser.add_argument("--multi-turn", action="store_true",
                         help="two-turn conversations with the prefix cache off and on: time to "
                              "first token and end to end per turn, then the cache's memory "
                              "under --conversations interleaved chats")
     parser.add_argument("--conversations", type=int, default=20, metavar="N",
                         help="--multi-turn: interleaved chats of the memory check (0: none)")
-    parser.add_argument("--prefix-cache-mb", type=int, metavar="N",
-                        help="--multi-turn: the cache's budget (default: as serve's)")
+    flags.add_prefix_cache_flag(parser, help="--multi-turn: the cache's budget (default: as serve's)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
-    parser.add_argument("--trace", type=Path, metavar="FILE",
-                        help="append every round's priced and measured costs to FILE (JSON lines, "
-                             "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
+    flags.add_trace_flag(parser, help="append every round's priced and measured costs to FILE (JSON lines, "
+                                      "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
     parser.set_defaults(handler=run)
-
-
-def block_sizes(text: str) -> tuple[BlockSize, ...]:
-    return tuple(dict.fromkeys(block_size_arg(part.strip().lower()) for part in text.split(",")))
 
 
 def mac_peer_names(text: str) -> tuple[str, ...]:

@@ -80,7 +80,7 @@ def run_ours(engine, prompt_ids: list[int], params: GenerationParams) -> RunFigu
         token_ids.extend(event.token_ids)
         pieces.append(event.text)
         if event.round_index:
-            widths.append(event.block_size)
+            widths.append(event.width)
             modes.append(event.mode)
     return RunFigures(
         prompt_tokens=len(prompt_ids), completion_tokens=stats.completion_tokens,
@@ -106,7 +106,7 @@ def run_served(engine, messages: list[dict], params: GenerationParams,
         pieces.append(event.text)
         if event.round_index:
             per_round.append(len(event.token_ids))
-            widths.append(event.block_size)
+            widths.append(event.width)
             modes.append(event.mode)
     server = engine.last_stats
     speculative = params.speculative and server.source != "none"

@@ -88,7 +88,7 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "machine": {**calibration.machine_info(), "load_average_end": _load()},
         "dtype": engine.pair.dtype, "threads": _threads(engine),
         "target": engine.pair.target, "drafter": engine.pair.drafter,
-        "drafter_block_size": engine.pair.block_size,
+        "drafter_block_size": engine.pair.drafter_block,
         "draft_vocab_size": engine.pair.draft_vocab_size,
         "context_length": engine.capabilities.max_context,
         "settings": {**settings.__dict__,
@@ -143,7 +143,7 @@ def _served_methods(engine, settings: BenchSettings) -> dict:
     if engine.pair.drafter is None:
         return methods
     if not engine.capabilities.block_size_per_request:
-        return {**methods, f"dflash (server, B={engine.pair.block_size})": served()}
+        return {**methods, f"dflash (server, B={engine.pair.drafter_block})": served()}
     for block_size in settings.block_sizes:
         methods[method_name(block_size)] = served(block_size=block_size)
     return methods
@@ -175,7 +175,7 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
             messages.append({"role": "assistant", "content": figures[spec_method].text})
             log(_progress(name, index, len(items), turn, figures))
     width = max((b.size or 0 for b in settings.block_sizes if isinstance(b, Fixed)), default=0)
-    max_width = max(width, engine.pair.block_size)
+    max_width = max(width, engine.pair.drafter_block)
     summaries = {method: summarize(method_runs, runs[PLAIN], max_width)
                  for method, method_runs in runs.items()}
     return {

@@ -14,20 +14,17 @@ import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
+from dflash_local.cli import flags
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
-from dflash_local.engines.table import LOCAL, engine_names
+from dflash_local.engines.table import LOCAL
 from dflash_local.errors import DFlashError
 from dflash_local.events import (
-    AUTO,
     GenerationParams,
     GenerationStats,
-    block_size_arg,
-    draft_window_arg,
     widest_block,
 )
 from dflash_local.pairs.default_pair import EMBEDDED_DRAFTER_DIR, pair_names
-from dflash_local.pairs.precision import DTYPE_CHOICES
 from dflash_local.service import cli_serve
 from dflash_local.train import cli as train_cli
 
@@ -69,24 +66,13 @@ def _add_generate(commands) -> None:
                     "streams to stderr, dimmed on a terminal, so stdout holds the answer alone "
                     "(--json: its text, and the reasoning as reasoning_content).")
     gen.add_argument("prompt", metavar="PROMPT")
-    gen.add_argument("--engine", choices=["auto", *engine_names(LOCAL)], default="auto")
-    gen.add_argument("--target", metavar="DIR|REPO",
-                     help="target model (default: the embedded pair)")
-    gen.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter checkpoint")
-    gen.add_argument("--block-size", type=block_size_arg, metavar="N|auto", default=AUTO,
-                     help="auto (default): the calibrated policy picks each round's width, plain "
-                          "decoding when speculation would lose; N: always draft N-1 tokens")
-    gen.add_argument("--draft-window", type=draft_window_arg, metavar="N",
-                     help="the drafter keeps only the last N context rows (the draft sliding "
-                          "window): draft cost and memory stay flat on long contexts; default: "
-                          "unbounded")
-    gen.add_argument("--max-tokens", type=int, default=256, metavar="N")
-    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = no cut")
-    gen.add_argument("--seed", type=int, metavar="S")
-    gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                     help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
+    flags.add_engine_flag(gen, [LOCAL])
+    flags.add_pair_flags(gen, target_help="target model (default: the embedded pair)")
+    flags.add_block_size_flag(gen)
+    flags.add_draft_window_flag(gen)
+    flags.add_max_tokens_flag(gen)
+    flags.add_sampling_flags(gen)
+    flags.add_dtype_flag(gen)
     gen.add_argument("--no-speculative", action="store_true", help="plain decoding (block size 1)")
     gen.add_argument("--no-lookup", action="store_true",
                      help="with --block-size auto: never verify prompt-lookup drafts, only the drafter's")
@@ -97,8 +83,7 @@ def _add_generate(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.add_argument("--logprobs", type=int, metavar="N",
                      help="with --json: each token's logprob and its N best alternatives (0-20)")
-    gen.add_argument("--trace", type=Path, metavar="FILE",
-                     help="append each round's priced and measured costs to FILE (JSON lines)")
+    flags.add_trace_flag(gen, help="append each round's priced and measured costs to FILE (JSON lines)")
     gen.set_defaults(handler=run_generate)
 
 
@@ -177,9 +162,9 @@ def run_generate(args: argparse.Namespace) -> int:
         engine.close()
         if trace is not None:
             trace.close()
-    block_size = widest_block(params, engine.pair.block_size)
+    widest = widest_block(params, engine.pair.drafter_block)  # the widest round it could run
     if args.json:
-        report = _report(engine, prompt_ids, token_ids, reply, stats, block_size)
+        report = _report(engine, prompt_ids, token_ids, reply, stats, widest)
         if params.logprobs is not None:  # per token: its logprob, then [id, logprob] best first
             report["logprobs"] = [{"logprob": entry.logprob,
                                    "top": list(zip(entry.top_ids, entry.top_logprobs))}
@@ -188,7 +173,7 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print(
             f"[{stats.completion_tokens} tokens, tau {stats.tau:.2f}, "
-            f"{stats.decode_tokens_per_s:.1f} tok/s, {engine.name}, block {block_size}]",
+            f"{stats.decode_tokens_per_s:.1f} tok/s, {engine.name}, block {widest}]",
             file=sys.stderr,
         )
     return 0
@@ -215,7 +200,7 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
 
 
 def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
-            block_size: int) -> dict:
+            widest: int) -> dict:
     pair = engine.pair
     return {
         "prompt_token_ids": list(prompt_ids),
@@ -226,7 +211,7 @@ def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
         "tau": stats.tau,
         "tokens_per_second": stats.decode_tokens_per_s,
         "engine": engine.name,
-        "block_size": block_size,
+        "block_size": widest,
         "target_path": str(pair.target_path) if pair.target_path else None,
         "drafter_path": str(pair.drafter_path) if pair.drafter_path else None,
         "finish_reason": stats.finish_reason,

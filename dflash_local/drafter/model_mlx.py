@@ -239,7 +239,7 @@ class DraftSession:
 
     def __init__(self, model: DFlashDrafter, window: int | None = None):
         self.model = model
-        self.block_size = model.config.block_size
+        self.drafter_block = model.config.block_size
         self.cache = model.new_cache(window)
 
     def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:

@@ -263,7 +263,7 @@ class DraftSession:
 
     def __init__(self, model: DFlashDrafter, window: int | None = None):
         self.model = model
-        self.block_size = model.config.block_size
+        self.drafter_block = model.config.block_size
         self.cache = model.new_cache(window)
         # the norm's weight: the linears' may be released after oneDNN packing (accel/torch_linear)
         self._device, self._dtype = model.norm.weight.device, model.norm.weight.dtype

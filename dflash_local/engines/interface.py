@@ -26,18 +26,18 @@ class PairInfo:
     target_path: Path | None = None  # resolved local directory
     drafter_path: Path | None = None
     dtype: str = "float32"
-    block_size: int = 1  # the drafter's trained block size (1 = no drafter)
+    drafter_block: int = 1  # the drafter's block: the width it was trained on (1 = no drafter)
     draft_vocab_size: int | None = None  # drafting scores this many ids (None: the whole vocabulary)
 
     @classmethod
     def local(cls, engine: str, target_path, drafter_path, target_name: str | None,
-              drafter_name: str | None, dtype: str, block_size: int,
+              drafter_name: str | None, dtype: str, drafter_block: int,
               draft_vocab_size: int | None = None) -> PairInfo:
         """A pair loaded from local directories; names default to the paths."""
         return cls(engine=engine, target=target_name or str(target_path),
                    drafter=(drafter_name or str(drafter_path)) if drafter_path else None,
                    target_path=Path(target_path), drafter_path=Path(drafter_path) if drafter_path else None,
-                   dtype=dtype, block_size=block_size, draft_vocab_size=draft_vocab_size)
+                   dtype=dtype, drafter_block=drafter_block, draft_vocab_size=draft_vocab_size)
 
 
 class Engine(abc.ABC):

@@ -216,7 +216,7 @@ class LocalEngine(Engine):
         check_draft_window(params.draft_window, self.capabilities.max_context)
         # plain decoding (block 1) runs without a drafter and collects no taps
         drafter = (self.make_drafter(params.draft_window)
-                   if widest_block(params, self.pair.block_size) > 1 else None)
+                   if widest_block(params, self.pair.drafter_block) > 1 else None)
         runner = self.make_runner(collect_taps=drafter is not None)
         measured = self.calibration
         planner = speculative.default_planner(
@@ -231,12 +231,12 @@ class LocalEngine(Engine):
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
                                           resume, self.round_trace)) as events:
             for event in events:
-                # how much of the text the drafter's accepted tokens made, then a copy's: a
-                # client colours exactly what each wrote
+                # how much of the text the drafter's accepted tokens made, then a lookup
+                # draft's: a client colours exactly what each wrote
                 text, (drafter_chars, accepted_chars) = detokenizer.add_split(
-                    event.token_ids, (event.accepted - event.copied, event.accepted))
+                    event.token_ids, (event.accepted - event.lookup_accepted, event.accepted))
                 yield replace(event, text=text, accepted_chars=accepted_chars,
-                              copied_chars=accepted_chars - drafter_chars)
+                              lookup_accepted_chars=accepted_chars - drafter_chars)
 
     def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
                        params: GenerationParams, thinking: bool | None,

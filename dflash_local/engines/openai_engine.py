@@ -60,7 +60,7 @@ class RemoteEngine(Engine):
         self.last_stats: RemoteStats | None = None
         own = self.main.kind == "dflash-local"
         self.pair = PairInfo(engine=engine_name, target=self.main.model, drafter=self.main.drafter,
-                             dtype="server", block_size=self.main.block_size)
+                             dtype="server", drafter_block=self.main.block_size)
         self.capabilities = EngineCapabilities(
             speculative_toggle=own or (self.plain is not None and self.main.drafter is not None),
             sampling=True, max_context=self.main.max_context, block_size_per_request=own,

@@ -103,7 +103,7 @@ class EventBuilder:
 
     def __init__(self, endpoint: Endpoint, speculative: bool, started: float):
         self.endpoint, self.speculative, self.started = endpoint, speculative, started
-        self.block_size = endpoint.block_size if speculative else 1
+        self.width = endpoint.block_size if speculative else 1  # a server round's, without counts
         self.first_at: float | None = None
         self.last_at = started
         self.rounds = self.accepted = self.drafted = self.tokens = 0
@@ -139,7 +139,7 @@ class EventBuilder:
         elif first or not counted:  # no count (a generic server): not a round we can measure
             drafted, accepted, round_index = 0, 0, 0 if first else max(self.rounds, 1)
         else:  # one chunk = one engine step: the bonus token is the one not drafted
-            drafted = self.block_size - 1 if self.speculative else 0
+            drafted = self.width - 1 if self.speculative else 0
             accepted, round_index = counted - 1 if self.speculative else 0, self.rounds + 1
         if round_index > 0 and counted:
             self.rounds = round_index
@@ -150,9 +150,10 @@ class EventBuilder:
             elapsed_s=now - self.first_at, prefill_s=self.first_at - self.started,
             prompt_tokens=int(usage.get("prompt_tokens") or (step or {}).get("prompt_tokens") or 0),
             cached_tokens=cached_tokens(usage),
-            block_size=step["block_size"] if step else self.block_size, finish_reason=finish,
+            width=step["block_size"] if step else self.width, finish_reason=finish,
             accepted_chars=int((step or {}).get("accepted_chars") or 0),
-            copied=int((step or {}).get("copied") or 0), copied_chars=int((step or {}).get("copied_chars") or 0),
+            lookup_accepted=int((step or {}).get("copied") or 0),
+            lookup_accepted_chars=int((step or {}).get("copied_chars") or 0),
             mode=(step or {}).get("mode") or ("speculative" if self.speculative else "plain"))
 
     def _usage_tokens(self, usage: dict) -> int:
@@ -187,7 +188,7 @@ class EventBuilder:
                 # completion = 1 (prefill) + rounds + accepted
                 rounds = delta["verify_calls"]
                 accepted = max(delta["generation_tokens"] - rounds - 1, 0)
-                server = (rounds, rounds * (self.block_size - 1), accepted)
+                server = (rounds, rounds * (self.width - 1), accepted)
         if server is not None:
             rounds, drafted, accepted = (int(value) for value in server)
             stats.per_round_exact = (rounds, accepted) == (self.rounds, self.accepted)

@@ -57,7 +57,7 @@ def _start(engine, ids: list[int], params: GenerationParams):
     if cache is None or states is None or len(ids) >= engine.capabilities.max_context:
         return NOTHING
     drafter = (engine.make_drafter(params.draft_window)
-               if widest_block(params, engine.pair.block_size) > 1 else None)
+               if widest_block(params, engine.pair.drafter_block) > 1 else None)
     if not states.accepts(drafter):
         return NOTHING
     hit = cache.lookup(ids, needs_taps=drafter is not None)

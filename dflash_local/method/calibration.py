@@ -143,7 +143,7 @@ def measure_costs(engine: Measurable, repetitions: int = REPETITIONS) -> RoundCo
     _, taps = runner.prefill(context_ids)
     anchor_id = context_ids[-1]
     drafter.propose(anchor_id, taps, 2)  # the context enters the drafter's cache once
-    block = drafter.block_size
+    block = drafter.drafter_block
     shapes = timed_rounds(block, runner.supports_tree and drafter.tree_drafts)
     filler = (context_ids * block)[:block]
     # each verify below keeps one row: on average they run on half of those rows more context
@@ -236,10 +236,10 @@ def lower_quartile(values: list[float]) -> float:
     return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
 
 
-def measure_prior(engine: Measurable, block_size: int, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
+def measure_prior(engine: Measurable, drafter_block: int, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:
     """Per-position acceptance of generations at the drafter's full block on PRIOR_PROMPTS."""
-    hits, trials = [0] * (block_size - 1), [0] * (block_size - 1)
-    params = GenerationParams(max_tokens=max_tokens, block_size=Fixed(block_size))
+    hits, trials = [0] * (drafter_block - 1), [0] * (drafter_block - 1)
+    params = GenerationParams(max_tokens=max_tokens, block_size=Fixed(drafter_block))
     for text in PRIOR_PROMPTS:
         prompt_ids = engine.encode_chat([{"role": "user", "content": text}])
         for event in engine.stream(prompt_ids, params):
@@ -267,7 +267,7 @@ def calibration_key(pair, threads: int | None) -> dict:
     """What a calibration holds for: the pair (engines/interface.PairInfo) as loaded, on this machine
     with this many compute threads and these framework versions."""
     return {
-        "engine": pair.engine, "dtype": pair.dtype, "block_size": pair.block_size,
+        "engine": pair.engine, "dtype": pair.dtype, "block_size": pair.drafter_block,
         "target": str(pair.target_path or pair.target), "drafter": str(pair.drafter_path or pair.drafter),
         "drafter_weights": _weights_stamp(pair.drafter_path),
         "draft_vocab": pair.draft_vocab_size,  # a smaller draft head is a cheaper draft pass

@@ -39,7 +39,7 @@ class TargetRunner(Protocol):
 class Drafter(Protocol):
     """One generation's view of the drafter: owns the draft context cache."""
 
-    block_size: int
+    drafter_block: int  # the width it was trained on: at most drafter_block - 1 drafts a round
     tree_drafts: bool  # propose_tree works; False: chains only
 
     def propose(self, anchor_id: int, new_taps: Any, width: int) -> list[int]:

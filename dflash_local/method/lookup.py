@@ -1,11 +1,11 @@
 """Prompt lookup: a second proposal source for the speculative loop, free of any model pass.
 
-Text that copies from its context (code edits, quotes, summaries, repeated names) continues the
+Text that repeats its context (code edits, quotes, summaries, repeated names) continues the
 way it went the last time the same few tokens appeared. `NgramIndex` remembers, for every
 n-gram of length 1..max_ngram seen so far, where its latest continuation starts, updated as
 tokens are committed (O(max_ngram) per token), and proposes the tokens that followed the
 longest suffix of the text that occurred before. The loop verifies them like DFlash drafts
-(acceptance.py), so output stays exactly the target's; planning/copies.py decides per
+(acceptance.py), so output stays exactly the target's; planning/lookups.py decides per
 round whether a lookup draft is expected to beat the drafter's block or a plain step.
 """
 
@@ -41,7 +41,7 @@ class NgramIndex:
     def propose(self, max_tokens: int) -> LookupDraft | None:
         """What followed the latest earlier occurrence of the longest matching suffix.
 
-        A copy that reaches the end of the text goes on with its own tokens (an overlapping copy,
+        A draft that reaches the end of the text goes on with its own tokens (an overlapping copy,
         as LZ77's): text repeating with a period shorter than max_tokens (a rule of dashes, a
         run of spaces, a list of repeated lines) is proposed as far as asked, not cut at one
         period."""
@@ -52,7 +52,7 @@ class NgramIndex:
             start = self._next.get(tuple(self.tokens[end - n :]))
             if start is not None:  # never the suffix itself: its continuation does not exist yet
                 draft = self.tokens[start : start + max_tokens]
-                while len(draft) < max_tokens:  # start < end: the copy's own tokens come first
+                while len(draft) < max_tokens:  # start < end: the draft's own tokens come first
                     draft.append(draft[len(draft) - (end - start)])
                 return LookupDraft(tuple(draft), n)
         return None

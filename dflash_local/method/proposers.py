@@ -25,13 +25,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Draft:
     """A round's draft and who proposed it: nodes 1..drafter_nodes are the drafter's, the nodes
-    after them a prompt-lookup copy's (`copy`); `grafted` is the copy's chain where it rides
+    after them a prompt-lookup draft's (`lookup`); `grafted` is the lookup chain where it rides
     along in a drafter tree (the tokens the tree already held included)."""
 
     tree: DraftTree
     mode: str
     drafter_nodes: int = 0
-    copy: LookupDraft | None = None
+    lookup: LookupDraft | None = None
     grafted: tuple[int, ...] = ()
 
     def kept_ids(self, path: list[int]) -> list[int]:
@@ -104,44 +104,44 @@ class DrafterChain:
 
 @dataclass(frozen=True)
 class DrafterTree:
-    """The drafter's `nodes` most probable paths; `keep` (the auto planner's tree sizer) says how
+    """The drafter's `nodes` most probable paths; `size` (the auto planner's tree sizer) says how
     many of them, best first, are worth verifying (None: all)."""
 
     nodes: int
     mode: str = SPECULATIVE
-    keep: Callable[[DraftTree], int] | None = None
+    size: Callable[[DraftTree], int] | None = None
 
     def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
         tree = sources.tree(anchor_id, self.nodes)
-        if self.keep is not None:
-            tree = tree.prefix(self.keep(tree))
+        if self.size is not None:
+            tree = tree.prefix(self.size(tree))
         return Draft(tree, self.mode, drafter_nodes=len(tree.token_ids))
 
 
 @dataclass(frozen=True)
 class LookupChain:
-    """A prompt-lookup copy verified alone: no drafter pass."""
+    """A prompt-lookup draft verified alone: no drafter pass."""
 
-    copy: LookupDraft
+    lookup: LookupDraft
 
     def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
-        return Draft(DraftTree.chain(self.copy.token_ids), LOOKUP, copy=self.copy)
+        return Draft(DraftTree.chain(self.lookup.token_ids), LOOKUP, lookup=self.lookup)
 
 
 @dataclass(frozen=True)
-class GraftedCopy:
-    """A drafter tree with a lookup copy grafted on as one more path (DraftTree.graft);
-    `length(tree, copy, drafted_width, held)` says how many of the copy's tokens pay their rows
-    (`held`: DraftTree.held of the copy)."""
+class GraftedLookup:
+    """A drafter tree with a lookup draft grafted on as one more path (DraftTree.graft);
+    `length(tree, lookup, drafted_width, held)` says how many of the lookup draft's tokens pay
+    their rows (`held`: DraftTree.held of the lookup chain)."""
 
     tree: DrafterTree
-    copy: LookupDraft
+    lookup: LookupDraft
     length: Callable[[DraftTree, LookupDraft, int, tuple[int, int]], int]
 
     def propose(self, sources: DraftSources, anchor_id: int) -> Draft:
         draft = self.tree.propose(sources, anchor_id)
-        chain = self.copy.token_ids[: self.tree.nodes]
+        chain = self.lookup.token_ids[: self.tree.nodes]
         node, shared = draft.tree.held(chain)
-        length = self.length(draft.tree, self.copy, self.tree.nodes + 1, (node, shared))
+        length = self.length(draft.tree, self.lookup, self.tree.nodes + 1, (node, shared))
         tree = draft.tree.graft(chain[:length], (node, min(shared, length)))
-        return replace(draft, tree=tree, copy=self.copy, grafted=chain[:length])
+        return replace(draft, tree=tree, lookup=self.lookup, grafted=chain[:length])

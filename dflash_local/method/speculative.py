@@ -3,7 +3,7 @@
 One round is plan -> propose -> verify -> accept -> commit:
 - plan: the planner (planning/) chooses a proposer and its width;
 - propose: the proposer (proposers.py) makes a DraftTree: the drafter's chain or tree, a
-  prompt-lookup copy, or both; a plain step is the empty tree;
+  prompt-lookup draft, or both; a plain step is the empty tree;
 - verify: the target runs the anchor and every node in one pass (`TargetRunner.verify`);
 - accept: the longest path the target agrees with, plus one token of its own (greedy:
   DraftTree.walk; sampling: acceptance.sampled_walk, exact rejection sampling);
@@ -97,7 +97,7 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
                     params: GenerationParams, costs: RoundCosts | None = None,
                     prior: Sequence[float] = ()) -> Planner:
     """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration)."""
-    widest = widest_block(params, drafter.block_size if drafter is not None else None)
+    widest = widest_block(params, drafter.drafter_block if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
 
@@ -143,8 +143,8 @@ def _round_event(draft: Draft, path: list[int], committed: list[int], **fields) 
     accepted = min(len(path), len(committed))
     drafted = len(draft.tree.token_ids)
     return StepEvent(token_ids=tuple(committed), drafted=drafted, mode=draft.mode,
-                     draft_depth=draft.tree.depth, accepted=accepted, block_size=drafted + 1,
-                     copied=max(0, accepted - draft.drafter_kept(path)), **fields)
+                     draft_depth=draft.tree.depth, accepted=accepted, width=drafted + 1,
+                     lookup_accepted=max(0, accepted - draft.drafter_kept(path)), **fields)
 
 
 def _logprobs(logits: np.ndarray, rows: list[int], committed: list[int], params: GenerationParams):

@@ -10,9 +10,8 @@ import ipaddress
 import os
 import sys
 
+from dflash_local.cli import flags
 from dflash_local.engines.table import LAUNCHED, RELAY, engine_names, kind_of
-from dflash_local.events import block_size_arg, draft_window_arg
-from dflash_local.pairs.precision import DTYPE_CHOICES
 
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"
 
@@ -22,11 +21,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve a pair over an OpenAI-compatible HTTP API (plus DFlash extensions)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
-    serve.add_argument("--engine", choices=["auto", *engine_names()], default="auto",
-                       help="openai: relay a running server (--base-url); vllm/sglang: start one")
-    serve.add_argument("--base-url", metavar="URL", help="--engine openai: the server's /v1 URL")
-    serve.add_argument("--plain-base-url", metavar="URL",
-                       help="--engine openai: a plain server of the same target (speculation off, races)")
+    flags.add_engine_flag(serve, help="openai: relay a running server (--base-url); vllm/sglang: start one")
+    flags.add_server_url_flags(
+        serve, base_url_help="--engine openai: the server's /v1 URL",
+        plain_help="--engine openai: a plain server of the same target (speculation off, races)")
     serve.add_argument("--plain-twin", action="store_true",
                        help="--engine vllm/sglang: also start a plain server (speculation off, races)")
     serve.add_argument("--server-python", metavar="PATH",
@@ -37,19 +35,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "(e.g. --server-args=\"--max-model-len 2048 --enforce-eager\")")
     serve.add_argument("--remote-api-key", metavar="KEY", help="the remote server's API key")
     serve.add_argument("--pair", metavar="ID", help="a catalog pair (default: embedded)")
-    serve.add_argument("--target", metavar="DIR|REPO", help="a target instead of a catalog pair")
-    serve.add_argument("--drafter", metavar="DIR|REPO", help="the DFlash drafter for --target")
-    serve.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
-                       help="default block size for requests (default: the catalog's for the pair, "
-                            "else auto for a local pair with a drafter)")
-    serve.add_argument("--draft-window", type=draft_window_arg, metavar="N",
-                       help="the drafter keeps only the last N context rows (the draft sliding "
-                            "window; default: the catalog's for the pair, else unbounded)")
-    serve.add_argument("--recalibrate", action="store_true",
-                       help="measure this machine's round costs for the pair again (block size "
-                            "auto), instead of the cached ones")
-    serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                       help="auto: float32 on a CPU (exactly lossless), the checkpoint's own on a GPU")
+    flags.add_pair_flags(serve, target_help="a target instead of a catalog pair",
+                         drafter_help="the DFlash drafter for --target")
+    flags.add_block_size_flag(serve, default=None,
+                              help="default block size for requests (default: the catalog's for the "
+                                   "pair, else auto for a local pair with a drafter)")
+    flags.add_draft_window_flag(serve, help="the drafter keeps only the last N context rows (the draft "
+                                            "sliding window; default: the catalog's for the pair, else "
+                                            "unbounded)")
+    flags.add_recalibrate_flag(serve, help="measure this machine's round costs for the pair again "
+                                           "(block size auto), instead of the cached ones")
+    flags.add_dtype_flag(serve)
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     serve.add_argument("--max-queue", type=int, default=8, metavar="N",
@@ -59,10 +55,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "allows any). Default: loopback names and the --host address")
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                        help="refuse larger request bodies with 413 (default: 4 MiB)")
-    serve.add_argument("--prefix-cache-mb", type=int, metavar="N",
-                       help="memory for recent conversations' caches, reused by their next turn "
-                            "(local engines; default: 64K tokens of the pair, at most 1/8 of "
-                            "this machine's memory)")
+    flags.add_prefix_cache_flag(serve, help="memory for recent conversations' caches, reused by their "
+                                            "next turn (local engines; default: 64K tokens of the pair, "
+                                            "at most 1/8 of this machine's memory)")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="compute every prompt whole (no conversation cache)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")

@@ -212,8 +212,8 @@ def usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
     """Chat's usage (OpenAI's token counts and our `dflash` totals); other APIs rename from it."""
     params = job.request.params
     return reply_usage(finished.stats, loaded.engine.pair.engine,
-                           widest_block(params, loaded.engine.pair.block_size), params.speculative,
-                           auto=isinstance(params.block_size, Auto) and params.speculative)
+                       widest_block(params, loaded.engine.pair.drafter_block), params.speculative,
+                       auto=isinstance(params.block_size, Auto) and params.speculative)
 
 
 async def _next(job: Job, watcher: asyncio.Task):

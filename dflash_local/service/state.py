@@ -75,7 +75,7 @@ class LoadedPair:
         pair = self.engine.pair
         return {"served_name": self.served_name, "pair": self.pair_id, "engine": pair.engine,
                 "target": self.names[0], "drafter": self.names[1], "dtype": pair.dtype,
-                "drafter_block_size": pair.block_size,
+                "drafter_block_size": pair.drafter_block,
                 "default_block_size": self.default_block_size.request_value,
                 "draft_window": self.draft_window}
 

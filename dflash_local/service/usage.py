@@ -3,9 +3,9 @@ usage (OpenAI's token counts plus the generation's `dflash` totals; the other AP
 from it).
 
 Per chunk, `dflash` says what that step committed: `token_ids`, of which the first `accepted`
-were drafts the target accepted (the last `copied` of them a prompt-lookup copy's, the others
+were drafts the target accepted (the last `copied` of them a prompt-lookup draft's, the others
 the drafter's; the rest is the target's bonus/correction token), `drafted` proposals,
-the `round` (0 = the prefill's token) and the `block_size` used. The final usage's `dflash`
+the `round` (0 = the prefill's token) and the round's width (`block_size`). The final usage's `dflash`
 holds the generation's totals: tau, tokens/s, drafted/accepted, the accepted-per-round histogram;
 with tree drafts `drafted` counts every node and `draft_depth` only the longest paths' drafts,
 the most that could have been accepted.
@@ -19,8 +19,8 @@ from dflash_local.events import GenerationStats, StepEvent
 def step_dflash(event: StepEvent) -> dict:
     return {"token_ids": list(event.token_ids), "drafted": event.drafted,
             "draft_depth": event.draft_depth, "accepted": event.accepted, "accepted_chars": event.accepted_chars,
-            "copied": event.copied, "copied_chars": event.copied_chars,
-            "round": event.round_index, "block_size": event.block_size, "mode": event.mode}
+            "copied": event.lookup_accepted, "copied_chars": event.lookup_accepted_chars,
+            "round": event.round_index, "block_size": event.width, "mode": event.mode}
 
 
 def accepted_histogram(stats: GenerationStats) -> list[int]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from dflash_local.cli import flags
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
 from dflash_local.train.chat_prompts import templated_chat_prompts
@@ -23,7 +24,7 @@ DEFAULT_BLOCK_SIZE = 16
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("train", help="train a DFlash drafter for a target")
-    parser.add_argument("--target", required=True, help="target model directory or hub repo id")
+    flags.add_target_flag(parser, "target model directory or hub repo id", required=True, metavar=None)
     parser.add_argument("--out", required=True, type=Path, help="output drafter directory")
     parser.add_argument("--data", type=Path, help="regenerated-data directory (default: <out>.data)")
     parser.add_argument("--regen-minutes", type=float, default=35.0)
@@ -73,7 +74,7 @@ def add_parser(subparsers) -> None:
                              "without their taps (a few MB: the data moves to another machine, "
                              "and --tokens restores it)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--seed", type=int, default=0)
+    flags.add_seed_flag(parser, default=0, metavar=None)
     parser.add_argument("--init-from", type=Path, metavar="DIR",
                         help="start from this drafter's weights (a longer second run) instead of the target's layers")
     parser.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")

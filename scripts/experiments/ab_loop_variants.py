@@ -47,7 +47,7 @@ from dflash_local.pairs.embedded import embedded_target_dir
 _SHIPPED_GRAFT = AutoPlanner._graft_length
 
 
-def _no_graft(self, tree, copy, drafted_width, held):
+def _no_graft(self, tree, lookup, drafted_width, held):
     return 0
 
 

@@ -19,7 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from dflash_local import paths
 from dflash_local.bench.datasets import load_prompts
 from dflash_local.bench.measure import run_ours, summarize
-from dflash_local.events import AUTO, GenerationParams, block_size_arg
+from dflash_local.cli.flags import block_size_arg
+from dflash_local.events import AUTO, GenerationParams
 from dflash_local.pairs.embedded import embedded_target_dir
 
 DRAFTER = paths.shipped_models_dir() / "smollm2-135m-dflash"

@@ -19,8 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dflash_local.bench.datasets import embedded_prompts
+from dflash_local.cli.flags import draft_window_arg
 from dflash_local.engines import load_engine
-from dflash_local.events import AUTO, GenerationParams, GenerationStats, draft_window_arg
+from dflash_local.events import AUTO, GenerationParams, GenerationStats
 from dflash_local.method.calibration import machine_info
 from dflash_local.pairs.default_pair import pair_names
 

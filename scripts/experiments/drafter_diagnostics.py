@@ -134,8 +134,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     engine = TorchEngine(embedded_target_dir(), args.drafter)
-    if args.width < 2 or args.width >= engine.pair.block_size:
-        parser.error(f"--width must be between 2 and the drafter's block size - 1 ({engine.pair.block_size - 1})")
+    if args.width < 2 or args.width >= engine.pair.drafter_block:
+        parser.error(f"--width must be between 2 and the drafter's block size - 1 ({engine.pair.drafter_block - 1})")
     recorder = Recorder(args.width)
     with (patched(model_torch.DraftSession, "_draft", recorder.draft),
           patched(speculative, "_accept", recorder.accept)):

@@ -35,12 +35,12 @@ class StreamChunk:
     token_ids: tuple[int, ...] = ()
     drafted: int = 0
     draft_depth: int = 0  # a tree's longest path (= drafted for a chain): the most it could keep
-    accepted: int = 0  # the first `accepted` of token_ids were drafts (the drafter's, then a copy's)
+    accepted: int = 0  # the first `accepted` of token_ids were drafts (the drafter's, then a lookup draft's)
     round: int = 0  # 0 = the prefill's token
-    block_size: int = 1
+    block_size: int = 1  # this round's width (the wire's name, as every field here)
     finish_reason: str | None = None
     accepted_chars: int | None = None  # exact, from the service; None: estimate from the counts
-    copied_chars: int | None = None  # of accepted_chars, the last ones a prompt-lookup copy made
+    copied_chars: int | None = None  # of accepted_chars, the last ones a prompt-lookup draft made
     mode: str = MODE_SPECULATIVE
     reasoning: str = ""  # a harmony target's analysis channel (`delta.reasoning_content`)
     received_at: float = field(default_factory=time.monotonic)

@@ -27,7 +27,7 @@ CHAT_FIELDS = ("speculative", "thinking", "temperature", "top_p", "max_tokens", 
 class Settings:
     theme: str = "textual-dark"
     speculative: bool = True  # the mode of the next message; F2 flips it
-    show_accepted: bool = True  # tint accepted drafts: the drafter's green, lookup copies amber
+    show_accepted: bool = True  # tint accepted drafts: the drafter's green, lookup drafts amber
     thinking: str = "auto"
     temperature: float = 0.0
     top_p: float = 1.0

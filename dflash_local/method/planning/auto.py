@@ -5,9 +5,9 @@ context the round runs on, and the acceptance seen so far in this generation:
 - a drafter round of the width `BlockPolicy` chooses (widths.py; width 1 is a plain step, and it
   falls back to plain while speculation would lose, probing now and then with a short chain);
 - with trees, that round drafts all it may and verifies the prefix of the tree the `TreeSizer`
-  expects to pay most (trees.py), a prompt-lookup copy grafted on where its rows pay;
-- a prompt-lookup round (no drafter pass) when a copy from the text is expected to beat the
-  drafter's best round (copies.py).
+  expects to pay most (trees.py), a prompt-lookup draft grafted on where its rows pay;
+- a prompt-lookup round (no drafter pass) when a lookup draft is expected to beat the
+  drafter's best round (lookups.py).
 It owns every estimator and hears each round once, in `observe`.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
-from dflash_local.method.planning.copies import LookupPolicy
 from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.lookups import LookupPolicy
 from dflash_local.method.planning.modes import LOOKUP, PROBE, SPECULATIVE
 from dflash_local.method.planning.trees import TreeSizer
 from dflash_local.method.planning.widths import BlockPolicy
@@ -26,7 +26,7 @@ from dflash_local.method.proposers import (
     Draft,
     DrafterChain,
     DrafterTree,
-    GraftedCopy,
+    GraftedLookup,
     LookupChain,
     NoDraft,
     Proposer,
@@ -38,7 +38,7 @@ class AutoPlanner:
 
     def __init__(self, costs: RoundCosts, prior: Sequence[float], widest: int, trees: bool,
                  prompt_ids: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM):
-        """`prompt_ids`: the text prompt lookup copies from; None: no lookup rounds."""
+        """`prompt_ids`: the text prompt lookup drafts from; None: no lookup rounds."""
         self.policy = BlockPolicy(costs, prior, max_width=widest, whole_block_drafts=trees)
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
@@ -49,9 +49,9 @@ class AutoPlanner:
     def plan(self, context: int, remaining: int) -> Proposer:
         self._price(context)
         limit = max(1, min(self.policy.max_width, remaining))  # the widest round allowed now
-        copy = self._copy(limit)
-        if copy is not None:
-            alone = self._lookup_alone(copy, limit)
+        lookup = self._lookup_draft(limit)
+        if lookup is not None:
+            alone = self._lookup_alone(lookup, limit)
             if alone is not None:
                 return LookupChain(alone)
         choice = self.policy.choose(remaining)
@@ -62,21 +62,21 @@ class AutoPlanner:
             self._planned = (choice.width, self.policy.expected_tokens(choice.width))
             return DrafterChain(choice.width, choice.mode)
         self._planned = (limit, None)  # the tree sizer settles its size after the drafter pass
-        tree = DrafterTree(limit - 1, choice.mode, keep=lambda drafted: self.sizer.size(
+        tree = DrafterTree(limit - 1, choice.mode, size=lambda drafted: self.sizer.size(
             drafted.path_probs, limit))
-        return tree if copy is None else GraftedCopy(tree, copy, self._graft_length)
+        return tree if lookup is None else GraftedLookup(tree, lookup, self._graft_length)
 
     def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
         if self.index is not None:
             self.index.extend(committed)
         if draft.mode == LOOKUP:
-            self.lookup.observe(draft.copy.ngram, len(draft.tree.token_ids) + 1, len(path))
+            self.lookup.observe(draft.lookup.ngram, len(draft.tree.token_ids) + 1, len(path))
             return
         if draft.grafted:
-            self.lookup.observe(draft.copy.ngram, len(draft.grafted) + 1,
+            self.lookup.observe(draft.lookup.ngram, len(draft.grafted) + 1,
                                 common_start(draft.kept_ids(path), draft.grafted))
         if self.sizer is not None and draft.tree.path_probs:
-            # a drafter round is judged on its own nodes: a copy grafted on comes after them
+            # a drafter round is judged on its own nodes: a lookup draft grafted on comes after them
             kept = draft.drafter_kept(path)
             self.sizer.observe(draft.tree.path_probs, kept)
             drafter_depth = max(draft.tree.depths[: draft.drafter_nodes + 1])  # grafted nodes after
@@ -100,26 +100,26 @@ class AutoPlanner:
         if self.lookup is not None:
             self.lookup.costs = costs
 
-    def _copy(self, limit: int) -> LookupDraft | None:
+    def _lookup_draft(self, limit: int) -> LookupDraft | None:
         """This round's lookup draft, as long as the round may be; None without a match."""
         if self.index is None:
             return None
         self.lookup.next_round()
         return self.index.propose(limit - 1)
 
-    def _lookup_alone(self, copy: LookupDraft, limit: int) -> LookupDraft | None:
-        """The copy cut to its best width when a lookup round of its own is expected to beat
+    def _lookup_alone(self, lookup: LookupDraft, limit: int) -> LookupDraft | None:
+        """The lookup draft cut to its best width when a lookup round of its own is expected to beat
         the block policy's best choice; else None."""
-        width, speed = self.lookup.plan(copy.ngram, len(copy.token_ids), limit)
+        width, speed = self.lookup.plan(lookup.ngram, len(lookup.token_ids), limit)
         if width < 2 or speed <= self.policy.best_tokens_per_s(limit):
             return None
         self._planned = (1, speed * self.lookup.costs.verify_only[width - 1])
-        return LookupDraft(copy.token_ids[: width - 1], copy.ngram)
+        return LookupDraft(lookup.token_ids[: width - 1], lookup.ngram)
 
-    def _graft_length(self, tree: DraftTree, copy: LookupDraft, drafted_width: int,
+    def _graft_length(self, tree: DraftTree, lookup: LookupDraft, drafted_width: int,
                       held: tuple[int, int]) -> int:
         node, shared = held
-        survival = self.lookup.survival(copy.ngram, min(len(copy.token_ids), drafted_width - 1))
+        survival = self.lookup.survival(lookup.ngram, min(len(lookup.token_ids), drafted_width - 1))
         return self.sizer.graft_length(tree.path_probs, drafted_width, survival, shared,
                                        taken=tree.children_mass(node))
 

@@ -1,4 +1,4 @@
-"""Sizing a drafter's tree (draft_tree.py) and grafting a lookup copy onto it."""
+"""Sizing a drafter's tree (draft_tree.py) and grafting a lookup draft onto it."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ class TreeSizer:
                      chain_survival: Sequence[float], shared: int, taken: float = 0.0) -> int:
         """How many tokens of a prompt-lookup chain to graft onto a tree of these (sized) nodes
         (DraftTree.graft): the first `shared` are nodes already, each one after them is a row
-        that pays its verify cost and brings its survival probability (the chance the copy is
-        still right there). Where the chain leaves the tree, the drafter's own children of that
+        that pays its verify cost and brings its survival probability (the chance the lookup
+        draft is still right there). Where the chain leaves the tree, the drafter's own children of that
         node hold `taken` (their path probabilities over the node's, as the drafter says): the
-        copy's token is another one, so it is right at most 1 - scale * taken of the time.
-        The shared tokens count (verified anyway, they say how the copy goes); no more when no
+        lookup draft's token is another one, so it is right at most 1 - scale * taken of the time.
+        The shared tokens count (verified anyway, they say how the lookup draft goes); no more when no
         new row is expected to raise tokens per second."""
         probs = np.minimum(1.0, self.scale * np.asarray(path_probs, dtype=np.float64))
         room = self.costs.max_width - 1 - len(probs)  # never a width the calibration did not time
@@ -53,7 +53,7 @@ class TreeSizer:
         if not len(new):
             return min(shared, len(chain_survival))
         before = chain_survival[shared - 1] if shared else 1.0
-        step = new[0] / before if before > 0 else 0.0  # the copy's own chance at that token
+        step = new[0] / before if before > 0 else 0.0  # the lookup draft's own chance at that token
         left = max(0.0, 1.0 - self.scale * taken)
         if step > left:
             new = new * (left / step)

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
 from dflash_chat.actions import ACTIONS, FIXED_KEYS, effective_keys, key_label
-from dflash_chat.widgets.draft_colours import COPY_STYLE, DRAFT_STYLE
+from dflash_chat.widgets.draft_colours import DRAFT_STYLE, LOOKUP_STYLE
 
 
 def help_rows(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
@@ -38,7 +38,7 @@ class HelpScreen(ModalScreen[None]):
             table.add_rows(help_rows(self.keymap))
             yield table
             yield Static(f"[{DRAFT_STYLE}]Tinted green[/] in a reply (F3): tokens the drafter "
-                         f"proposed and the target accepted; [{COPY_STYLE}]amber[/]: accepted "
+                         f"proposed and the target accepted; [{LOOKUP_STYLE}]amber[/]: accepted "
                          "tokens copied from the context (prompt lookup). tau: tokens committed "
                          "per verify round.", id="help-note")
             if self.service_log is not None:

@@ -1,7 +1,7 @@
 """The accepted drafts' colours on a reply's *rendered* Markdown.
 
 The reply's source text knows, per character, whether an accepted draft (the drafter's, or a
-prompt-lookup copy) made it (`accepted_text`). Each rendered block of a Markdown widget knows
+prompt-lookup draft) made it (`accepted_text`). Each rendered block of a Markdown widget knows
 the source lines it came from; its rendered text is those lines less the markup (fences, `**`,
 `#`, list bullets), so walking both in order pairs each rendered character with its source
 character, and the rendered text takes that character's colour. Rendering is never replaced.
@@ -21,14 +21,14 @@ from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 # A tint behind the text, from the theme's own colours (resolved when painted, so a theme change
 # follows): the text keeps its colour, syntax colours in code included, and reads on any theme.
 DRAFT_STYLE = "on $success 20%"
-COPY_STYLE = "on $accent 20%"  # accepted drafts copied from the context (prompt lookup)
+LOOKUP_STYLE = "on $accent 20%"  # accepted prompt-lookup drafts: read from the context, not drafted
 MATCH_WINDOW = 48  # how far past markup (a link's URL, a fence's info) a character is looked for
 
 
 def accepted_text(text: str, rounds: list[list[int]]) -> Text:
     """`text` with the accepted drafts styled; rounds are [chars, accepted, committed] plus,
     from services that say it, the exact count of characters the accepted drafts made and how
-    many of those (the last) a prompt-lookup copy made."""
+    many of those (the last) a prompt-lookup draft made."""
     styled = Text()
     position = 0
     for chars, accepted, committed, *exact in rounds:
@@ -38,11 +38,11 @@ def accepted_text(text: str, rounds: list[list[int]]) -> Text:
             split = min(exact[0], len(piece))
         else:  # an older record or another server: share the round's characters by tokens
             split = round(len(piece) * accepted / committed) if committed else 0
-        # the copy's characters follow the drafter's; a piece a stop string cut keeps its start
-        has_copy = len(exact) > 1 and exact[0] is not None
-        own = min(exact[0] - (exact[1] or 0), split) if has_copy else split
+        # the lookup draft's characters follow the drafter's; a piece a stop string cut keeps its start
+        has_lookup = len(exact) > 1 and exact[0] is not None
+        own = min(exact[0] - (exact[1] or 0), split) if has_lookup else split
         styled.append(piece[:own], style=DRAFT_STYLE)
-        styled.append(piece[own:split], style=COPY_STYLE)
+        styled.append(piece[own:split], style=LOOKUP_STYLE)
         styled.append(piece[split:])
     styled.append(text[position:])
     return styled

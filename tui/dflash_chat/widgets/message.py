@@ -2,12 +2,12 @@
 Markdown. A reply streams into its Markdown through `Markdown.get_stream()` (one widget update
 per batch, never per token). The Markdown is always rendered; with colouring on,
 the drafter's accepted tokens have a green tint on the rendered text and tokens a prompt-lookup
-copy brought an amber one (draft_colours.py), painted whenever the Markdown finishes a full
+draft brought an amber one (draft_colours.py), painted whenever the Markdown finishes a full
 render or highlights a code block again and, while a reply streams, every PAINT_EVERY_S over
 what the stream has rendered so far.
 
 The service sends one text delta per round, with how many of its characters the accepted
-drafts made (and of those, a prompt-lookup copy); from other servers the split between the
+drafts made (and of those, a prompt-lookup draft); from other servers the split between the
 drafts and the target's own token is estimated by the token counts.
 
 A reasoning model's reasoning (a harmony target's analysis channel) streams into a dimmed

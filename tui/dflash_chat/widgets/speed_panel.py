@@ -78,7 +78,7 @@ def speculation_text(snap: SpeedSnapshot) -> Text:
     if snap.plain_rounds:  # the auto block policy fell back to plain decoding for these
         style = "bold yellow" if snap.mode in (MODE_FALLBACK, MODE_PROBE) else ""
         text.append(f"plain fallback {snap.plain_rounds}/{snap.rounds} rounds\n", style=style)
-    if snap.lookup_rounds:  # rounds that copied from the context (lookup.py) instead of drafting
+    if snap.lookup_rounds:  # rounds that verified a lookup draft (lookup.py) instead of drafting
         style = "bold cyan" if snap.mode == MODE_LOOKUP else ""
         text.append(f"prompt lookup {snap.lookup_rounds}/{snap.rounds} rounds\n", style=style)
     text.append("tau ")

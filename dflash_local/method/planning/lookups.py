@@ -1,9 +1,10 @@
 """Pricing prompt-lookup drafts (lookup.py): whether a round should verify one, and how much of it.
 
-A copy from the context goes on until it breaks, so its acceptance is one number per match
-length (`CopyEstimate`), not one per position as a drafter's. Whether the text copies at all is
-shared by every match length: a reply that copies nothing (most chat) pulls every length's prior
-down (never up), so a failing copy at one length is not tried again at each of the others.
+A lookup draft goes on until the text stops repeating, so its acceptance is one number per
+match length (`LookupEstimate`), not one per position as a drafter's. Whether the text repeats
+at all is shared by every match length: a reply that repeats nothing (most chat) pulls every
+length's prior down (never up), so a failing lookup draft at one length is not tried again at
+each of the others.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import numpy as np
 from dflash_local.method.planning.costs import RoundCosts, speeds_by_width
 
 # what a lookup draft's continuation rate starts from, by the length of the matched suffix: a
-# 3-token match is more often a real copy than a 1-token one (design priors, then measured)
+# 3-token match more often continues as before than a 1-token one (design priors, then measured)
 LOOKUP_PRIORS = {1: 0.4, 2: 0.6, 3: 0.8}
-POOLED_WEIGHT = 2.0  # pseudo-rounds of "copies as the priors say" behind the shared factor
-POOLED_DECAY = 0.99  # slower than one length's: whether a text copies is a slower fact
+POOLED_WEIGHT = 2.0  # pseudo-rounds of "repeats as the priors say" behind the shared factor
+POOLED_DECAY = 0.99  # slower than one length's: whether a text repeats is a slower fact
 
 
-class CopyEstimate:
-    """P(the next copied token is right | the ones before it were), one number for every
-    position: a copy from the context goes on until it breaks, so one round that keeps 7 drafts
+class LookupEstimate:
+    """P(the next lookup token is right | the ones before it were), one number for every
+    position: a lookup draft goes on until the text stops repeating, so one round that keeps 7 drafts
     says as much about position 8 as about position 2, and the width can grow in a round or two.
     Counts decay by `decay` every round of the generation, observed or not: the estimate follows
-    a text that stops copying, and one that was written off is tried again some rounds later."""
+    a text that stops repeating, and one that was written off is tried again some rounds later."""
 
     def __init__(self, prior: float, length: int, prior_weight: float = 2.0, decay: float = 0.95):
         self.prior, self.length, self.prior_weight, self.decay = prior, length, prior_weight, decay
@@ -39,7 +40,7 @@ class CopyEstimate:
         self.trials += min(accepted + 1, drafted)
 
     def rates(self, prior_scale: float = 1.0) -> np.ndarray:
-        """`prior_scale`: how much better or worse than the priors this text copies so far."""
+        """`prior_scale`: how much better or worse than the priors this text repeats so far."""
         prior = min(1.0, self.prior * prior_scale)
         rate = (self.hits + prior * self.prior_weight) / (self.trials + self.prior_weight)
         return np.full(self.length, rate)
@@ -54,9 +55,9 @@ class LookupPolicy:
 
     def __init__(self, costs: RoundCosts, max_ngram: int):
         self.costs = costs
-        self.estimates = {n: CopyEstimate(LOOKUP_PRIORS[min(n, max(LOOKUP_PRIORS))], costs.max_width - 1)
+        self.estimates = {n: LookupEstimate(LOOKUP_PRIORS[min(n, max(LOOKUP_PRIORS))], costs.max_width - 1)
                           for n in range(1, max_ngram + 1)}
-        # copied tokens kept, and those the priors expected, over every match length (decayed)
+        # lookup tokens kept, and those the priors expected, over every match length (decayed)
         self.pooled_hits = self.pooled_expected = 0.0
 
     def next_round(self) -> None:
@@ -66,7 +67,7 @@ class LookupPolicy:
         self.pooled_expected *= POOLED_DECAY
 
     def prior_scale(self) -> float:
-        """Kept copied tokens over what the priors expected of the same rounds, at most 1 (and 1
+        """Kept lookup tokens over what the priors expected of the same rounds, at most 1 (and 1
         at the start): it only lowers the priors; a length's own counts say when it does better."""
         return min(1.0, (self.pooled_hits + POOLED_WEIGHT) / (self.pooled_expected + POOLED_WEIGHT))
 
