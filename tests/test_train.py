@@ -293,7 +293,7 @@ def test_no_corpus_and_no_mask_row_are_clear_errors(tmp_path, embedded_target_di
     from tokenizers import Tokenizer, models
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from dflash_local.train.cli import choose_mask_token
+    from dflash_local.train.shape import choose_mask_token
     from dflash_local.train.trainer import load_sequences
 
     with pytest.raises(DFlashError, match="no regenerated data"):

@@ -9,17 +9,20 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 from dflash_local.cli import flags
 from dflash_local.drafter import draft_vocab
 from dflash_local.errors import DFlashError
 from dflash_local.train.chat_prompts import templated_chat_prompts
 from dflash_local.train.prompts import DEFAULT_LIMIT, check_variant_range, training_prompts
-
-MASK_CANDIDATES = ("<|mask|>", "<mask>", "<|MASK|>", "<empty_output>", "<|fim_pad|>")
-DEFAULT_LAYERS = 2
-DEFAULT_BLOCK_SIZE = 16
+from dflash_local.train.shape import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LAYERS,
+    check_same_shape,
+    check_taps_width,
+    dflash2_for,
+    drafter_shape,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -89,111 +92,55 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def choose_mask_token(tokenizer, requested: str | None) -> int:
-    """An explicit choice, or the first special token of MASK_CANDIDATES the vocabulary has."""
-    vocab = tokenizer.get_vocab()
-    if requested is not None:
-        if requested.isdigit() and int(requested) < len(vocab):
-            return int(requested)
-        if requested in vocab:
-            return vocab[requested]
-        raise DFlashError(f"--mask-token {requested!r} is not a token of this target's vocabulary")
-    for candidate in MASK_CANDIDATES:
-        if candidate in vocab:
-            return vocab[candidate]
-    raise DFlashError(
-        f"the target has no usable MASK row (none of {', '.join(MASK_CANDIDATES)}); "
-        "pass --mask-token with a rarely used special token"
-    )
-
-
-class DrafterShape(NamedTuple):
-    """What a drafter's weights are laid out for; `--init-from` carries over only to the same."""
-
-    layers: int
-    block_size: int
-    taps: tuple[int, ...]
-    mask_id: int
-
-    @classmethod
-    def of(cls, config) -> DrafterShape:
-        return cls(config.num_hidden_layers, config.block_size, tuple(config.target_layer_ids),
-                   config.mask_token_id)
-
-
-SHAPE_OPTIONS = DrafterShape("--layers", "--block-size", "--taps", "--mask-token (id)")
-
-
-def drafter_shape(args: argparse.Namespace, init, tokenizer, target_layers: int) -> DrafterShape:
-    """What the options say, else the --init-from drafter's shape, else the defaults."""
-    from dflash_local.drafter.config import default_target_layer_ids
-
-    if (args.layers is not None and args.layers < 1) or (args.block_size is not None and args.block_size < 2):
-        raise DFlashError(f"--layers must be >= 1 and --block-size >= 2, got {args.layers} and "
-                          f"{args.block_size}")
-    start = DrafterShape.of(init) if init is not None else None
-    layers = args.layers or (start.layers if start else DEFAULT_LAYERS)
-    if args.taps:
-        taps = _parse_taps(args.taps, target_layers)
-    else:
-        taps = start.taps if start else tuple(default_target_layer_ids(target_layers, layers))
-    return DrafterShape(
-        layers=layers,
-        block_size=args.block_size or (start.block_size if start else DEFAULT_BLOCK_SIZE),
-        taps=taps,
-        mask_id=(start.mask_id if start and args.mask_token is None
-                 else choose_mask_token(tokenizer, args.mask_token)),
-    )
-
-
-def _parse_taps(text: str, target_layers: int) -> tuple[int, ...]:
-    try:
-        taps = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise DFlashError(f"--taps wants comma-separated layer numbers, got {text!r}") from None
-    outside = [tap for tap in taps if not 0 <= tap < target_layers]
-    if outside:
-        raise DFlashError(f"--taps {_shown(tuple(outside))}: the target's layers are 0..{target_layers - 1}")
-    return taps
-
-
-def check_same_shape(init_from: Path, init, shape: DrafterShape) -> None:
-    """Weights carry over only to a drafter of the same shape: say which option differs."""
-    differ = [f"{name} {_shown(asked)} (it has {_shown(had)})"
-              for name, asked, had in zip(SHAPE_OPTIONS, shape, DrafterShape.of(init)) if asked != had]
-    if differ:
-        raise DFlashError(f"--init-from {init_from} is a different drafter: " + "; ".join(differ)
-                          + ". Drop these options to continue its shape, or train from the target")
-
-
-def check_taps_width(data_dir: Path, sequences: list[dict], taps: tuple, hidden_size: int) -> None:
-    """Every sequence's taps as wide as these taps make them (data without a regen.json record
-    may mix shards of other taps)."""
-    widths = {sequence["taps"].shape[-1] for sequence in sequences}
-    if widths != {len(taps) * hidden_size}:
-        width = ", ".join(map(str, sorted(widths)))
-        raise DFlashError(f"the taps in {data_dir} are {width} wide; {len(taps)} taps of hidden "
-                          f"size {hidden_size} ({_shown(taps)}) need {len(taps) * hidden_size}: "
-                          "pass the --taps the data was regenerated with, or another --data")
-
-
-def dflash2_for(args: argparse.Namespace, init, hidden_size: int):
-    """DFlash 2's sizes when the run trains one (--version 2, or continuing one), else None."""
-    from dflash_local.train.trainer import dflash2_sizes
-
-    had = init.dflash2 if init is not None else None
-    version = args.version or (2 if had else 1)
-    if version == 1 and had:
-        raise DFlashError(f"--init-from {args.init_from} is a DFlash 2 drafter: --version 1 would drop "
-                          "its convolutions and selector; continue it as --version 2")
-    return None if version == 1 else had or dflash2_sizes(hidden_size)
-
-
-def _shown(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-
-
 def run(args: argparse.Namespace) -> int:
+    """Check the options, load the target, regenerate or restore the data, then train (a DFlash
+    drafter, or with --kind ar an autoregressive draft model; --steps 0: the data only)."""
+    _check_options(args)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
+    from dflash_local.pairs.hub import resolve_model
+    from dflash_local.train.regenerate import check_data_taps
+    from dflash_local.train.token_archive import save_tokens, target_fingerprint
+    from dflash_local.train.trainer import drafter_config_for, load_sequences
+
+    torch.manual_seed(args.seed)
+    target_dir = resolve_model(args.target)
+    init = load_checked_drafter_config(args.init_from, target_dir) if args.init_from else None
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
+    target.requires_grad_(False)  # frozen: its embeddings and head are shared, never trained
+    shape = drafter_shape(args, init, tokenizer, target.config.num_hidden_layers)
+    if init is not None:
+        check_same_shape(args.init_from, init, shape)  # before minutes of loading data
+    dflash2 = dflash2_for(args, init, target.config.hidden_size)
+    data_dir = args.data or args.out.with_name(args.out.name + ".data")
+    started = time.perf_counter()
+    fingerprint = target_fingerprint(load_target_info(target_dir))
+    _gather_data(args, target, tokenizer, shape.taps, data_dir, fingerprint)
+    regen_minutes = (time.perf_counter() - started) / 60
+    data_only = args.steps == 0  # no drafter, so no taps to match (regeneration checked its own)
+    config = drafter_config_for(target.config, shape.layers, shape.block_size, shape.taps,
+                                shape.mask_id, dflash2)
+    if args.kind != "ar" and not data_only:
+        check_data_taps(data_dir, shape.taps, config.hidden_size)
+    sequences = load_sequences(data_dir)
+    if args.save_tokens is not None or data_only:
+        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint) if args.save_tokens else None
+        _report_data(data_dir, sequences, saved)
+    if data_only:
+        return 0
+    if args.kind == "ar":
+        return _train_ar(args, target, tokenizer, sequences, started)
+    check_taps_width(data_dir, sequences, shape.taps, config.hidden_size)
+    return _train_dflash(args, config, target, init, sequences,
+                         {"regen_minutes": round(regen_minutes, 1), "started": started})
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Every refusal the options alone decide, before anything loads."""
     if args.draft_vocab < 0:
         raise DFlashError(f"--draft-vocab must be 0 (the full head) or a positive count, got {args.draft_vocab}")
     if args.steps is not None and args.steps < 0:
@@ -202,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--train-minutes must be positive (or give --steps), got {args.train_minutes}")
     if args.kind == "ar" and args.init_from:
         raise DFlashError("--init-from continues a DFlash drafter; --kind ar starts from the target")
-    check_variant_range(args.prompt_variants, args.prompt_variants_from)  # before loading anything
+    check_variant_range(args.prompt_variants, args.prompt_variants_from)
     missing = [str(path) for path in args.tokens if not path.is_file()]
     if missing:
         raise DFlashError(f"--tokens: no such file: {', '.join(missing)}")
@@ -219,92 +166,65 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"{chat} replaces the default prompts (docstrings and hand-written "
                           "chat): drop --prompt-corpus, --prompt-variants and --prompts-limit, or "
                           "regenerate those in another run")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_local.drafter.config import load_checked_drafter_config, load_target_info
+
+def _gather_data(args: argparse.Namespace, target, tokenizer, taps: tuple[int, ...],
+                 data_dir: Path, fingerprint) -> None:
+    """Restore --tokens archives (their taps recomputed) and regenerate for --regen-minutes."""
+    import torch
+
+    from dflash_local.train.regenerate import MAX_PROMPT_TOKENS, follow_up_prompts, regenerate
+    from dflash_local.train.token_archive import load_tokens, retap
+
+    archived = [load_tokens(path, tokenizer, fingerprint) for path in args.tokens]  # all checked first
+    if not archived and args.regen_minutes <= 0:
+        return
+    # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
+    # differ from float32's where two logits tie within bf16 precision
+    regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
+    for sequences in archived:
+        retap(regen_model, sequences, taps, data_dir)
+    if args.regen_minutes <= 0:
+        return
+    max_prompt_tokens = MAX_PROMPT_TOKENS  # prompts built (the stdlib parsed) only when regenerated
+    if args.chat_prompts:
+        train_prompts = templated_chat_prompts()
+    elif args.chat_followups:
+        train_prompts = follow_up_prompts(tokenizer, data_dir)
+        max_prompt_tokens = None  # the first turn was held to it; the answer is the target's
+    else:
+        train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
+                                         variants_from=args.prompt_variants_from,
+                                         corpus=args.prompt_corpus)
+    regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
+               max_new_tokens=args.max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+               max_minutes=args.regen_minutes)
+
+
+def _train_dflash(args: argparse.Namespace, config, target, init, sequences: list[dict],
+                  timing: dict) -> int:
+    """A DFlash drafter started from --init-from or from the target, trained, and its report."""
     from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter
-    from dflash_local.pairs.hub import resolve_model
-    from dflash_local.train.regenerate import (
-        MAX_PROMPT_TOKENS,
-        check_data_taps,
-        follow_up_prompts,
-        regenerate,
-    )
-    from dflash_local.train.token_archive import load_tokens, retap, save_tokens, target_fingerprint
     from dflash_local.train.trainer import (
         TrainSettings,
-        drafter_config_for,
         init_from_target,
-        load_sequences,
         start_dflash2_parts,
         train,
     )
 
-    torch.manual_seed(args.seed)
-    target_dir = resolve_model(args.target)
-    init = load_checked_drafter_config(args.init_from, target_dir) if args.init_from else None
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(args.device).eval()
-    target.requires_grad_(False)  # frozen: its embeddings and head are shared, never trained
-    shape = drafter_shape(args, init, tokenizer, target.config.num_hidden_layers)
-    if init is not None:
-        check_same_shape(args.init_from, init, shape)  # before minutes of loading data
-    layers, block_size, taps, mask_id = shape
-    dflash2 = dflash2_for(args, init, target.config.hidden_size)
-    data_dir = args.data or args.out.with_name(args.out.name + ".data")
-    started = time.perf_counter()
-    fingerprint = target_fingerprint(load_target_info(target_dir))
-    archived = [load_tokens(path, tokenizer, fingerprint) for path in args.tokens]  # all checked first
-    if archived or args.regen_minutes > 0:
-        # a bfloat16 copy decodes ~2x faster on avx512_bf16 at large batches; greedy tokens may
-        # differ from float32's where two logits tie within bf16 precision
-        regen_model = copy.deepcopy(target).to(torch.bfloat16) if args.bf16 else target
-        for sequences in archived:
-            retap(regen_model, sequences, taps, data_dir)
-        if args.regen_minutes > 0:  # prompts built (the stdlib parsed) only when regenerated
-            max_prompt_tokens = MAX_PROMPT_TOKENS
-            if args.chat_prompts:
-                train_prompts = templated_chat_prompts()
-            elif args.chat_followups:
-                train_prompts = follow_up_prompts(tokenizer, data_dir)
-                max_prompt_tokens = None  # the first turn was held to it; the answer is the target's
-            else:
-                train_prompts = training_prompts(limit=args.prompts_limit, variants=args.prompt_variants,
-                                                 variants_from=args.prompt_variants_from,
-                                                 corpus=args.prompt_corpus)
-            regenerate(regen_model, tokenizer, train_prompts, taps, data_dir, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, max_prompt_tokens=max_prompt_tokens,
-                       max_minutes=args.regen_minutes)
-        del regen_model, archived
-    regen_minutes = (time.perf_counter() - started) / 60
-    data_only = args.steps == 0  # no drafter, so no taps to match (regeneration checked its own)
-    config = drafter_config_for(target.config, layers, block_size, taps, mask_id, dflash2)
-    if args.kind != "ar" and not data_only:
-        check_data_taps(data_dir, taps, config.hidden_size)
-    sequences = load_sequences(data_dir)
-    if args.save_tokens is not None or data_only:
-        saved = save_tokens(sequences, args.save_tokens, tokenizer, fingerprint) if args.save_tokens else None
-        _report_data(data_dir, sequences, saved)
-    if data_only:
-        return 0
-    if args.kind == "ar":
-        return _train_ar(args, target, tokenizer, sequences, started)
-    check_taps_width(data_dir, sequences, taps, config.hidden_size)
     drafter = DFlashDrafter(config).to(args.device)
     drafter.bind(target.get_input_embeddings(), target.get_output_embeddings())
     if args.init_from:
-        upgrading = dflash2 is not None and init.dflash2 is None
+        upgrading = config.dflash2 is not None and init.dflash2 is None
         loaded = drafter.load_state_dict(load_drafter(args.init_from).state_dict(), strict=not upgrading)
         if upgrading:  # the v1 weights, DFlash 2's own parts started as their equal
             assert not loaded.unexpected_keys, loaded.unexpected_keys
             start_dflash2_parts(drafter, args.seed)
     else:
         init_from_target(drafter, target)
-        if dflash2 is not None:
+        if config.dflash2 is not None:
             start_dflash2_parts(drafter, args.seed)
-    settings = TrainSettings(block_size=block_size, gamma=_gamma(block_size),
+    settings = TrainSettings(block_size=config.block_size, gamma=_gamma(config.block_size),
                              steps=args.steps, train_minutes=args.train_minutes, seed=args.seed,
                              lr=args.lr or TrainSettings.lr, bf16=args.bf16)
     draft_ids = choose_training_draft_vocab(args.out, sequences, args.draft_vocab, config.vocab_size,
@@ -314,11 +234,12 @@ def run(args: argparse.Namespace) -> int:
     report = train(drafter, sequences, args.out, settings)
     report.update({
         "target": str(args.target), "init_from": str(args.init_from) if args.init_from else None,
-        "version": config.version, "taps": list(taps), "mask_token_id": mask_id,
+        "version": config.version, "taps": list(config.target_layer_ids),
+        "mask_token_id": config.mask_token_id,
         "sequences": len(sequences), "regenerated_tokens": _response_tokens(sequences),
         "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
-        "regen_minutes": round(regen_minutes, 1),
-        "total_minutes": round((time.perf_counter() - started) / 60, 1),
+        "regen_minutes": timing["regen_minutes"],
+        "total_minutes": round((time.perf_counter() - timing["started"]) / 60, 1),
     })
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["held_out"]))
