@@ -45,20 +45,7 @@ def add_parser(subparsers) -> None:
     flags.add_temperature_flag(parser)
     parser.add_argument("--thinking", choices=["on", "off"], help="chat template thinking switch")
     flags.add_max_tokens_flag(parser)
-    parser.add_argument("--peers", action="store_true",
-                        help="also time Transformers generate / prompt lookup / assisted "
-                             "(transformers engine) or mlx-lm generate / draft model (mlx), "
-                             "and the Mac peers (--mac-peers) in a peer environment")
-    parser.add_argument("--peer-python", metavar="PATH",
-                        help=f"the Python of a peer environment (scripts/setup_peers.sh makes "
-                             f"one) that runs the Mac peers; default ${PEER_PYTHON_ENV}")
-    parser.add_argument("--mac-peers", type=mac_peer_names, default=MAC_PEERS,
-                        metavar="NAME[,NAME]",
-                        help=f"which Mac peers --peers runs, each with its own defaults and "
-                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both; "
-                             f"\"\": none, the in-process peers only)")
-    parser.add_argument("--ar-draft", metavar="DIR|REPO",
-                        help="autoregressive draft model for the assisted / mlx-lm draft peers")
+    _add_peer_flags(parser)
     flags.add_dtype_flag(parser)
     flags.add_seed_flag(parser, default=0, metavar=None)
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
@@ -77,6 +64,24 @@ def add_parser(subparsers) -> None:
     flags.add_trace_flag(parser, help="append every round's priced and measured costs to FILE (JSON lines, "
                                       "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
     parser.set_defaults(handler=run)
+
+
+def _add_peer_flags(parser: argparse.ArgumentParser) -> None:
+    """--peers and what the peers it runs take."""
+    parser.add_argument("--peers", action="store_true",
+                        help="also time Transformers generate / prompt lookup / assisted "
+                             "(transformers engine) or mlx-lm generate / draft model (mlx), "
+                             "and the Mac peers (--mac-peers) in a peer environment")
+    parser.add_argument("--peer-python", metavar="PATH",
+                        help=f"the Python of a peer environment (scripts/setup_peers.sh makes "
+                             f"one) that runs the Mac peers; default ${PEER_PYTHON_ENV}")
+    parser.add_argument("--mac-peers", type=mac_peer_names, default=MAC_PEERS,
+                        metavar="NAME[,NAME]",
+                        help=f"which Mac peers --peers runs, each with its own defaults and "
+                             f"with a float32 drafter: {', '.join(MAC_PEERS)} (default: both; "
+                             f"\"\": none, the in-process peers only)")
+    parser.add_argument("--ar-draft", metavar="DIR|REPO",
+                        help="autoregressive draft model for the assisted / mlx-lm draft peers")
 
 
 def mac_peer_names(text: str) -> tuple[str, ...]:
@@ -125,6 +130,21 @@ def _engine_source(engine: str) -> str:
     return "runs the pair here (--target, --drafter)"
 
 
+def _checked_prompts(args: argparse.Namespace) -> dict[str, list]:
+    """The datasets' prompts, once the counts, the temperature and the names are checked."""
+    if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
+        raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
+                          f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
+    GenerationParams(temperature=args.temperature)  # its range check
+    dataset = args.dataset or ("multiturn" if args.multi_turn else "embedded,chat")
+    names = [name.strip() for name in dataset.split(",") if name.strip()]
+    unknown = [name for name in names if name not in DATASETS]
+    if unknown or not names:
+        raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
+                                      f"(known: {', '.join(DATASETS)})")
+    return {name: load_prompts(name, args.max_samples) for name in names}
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
@@ -132,17 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.engines import load_engine
     from dflash_local.pairs.default_pair import pair_names
 
-    if args.max_samples < 1 or args.max_tokens < 1 or args.repeats < 1:
-        raise DFlashError(f"--max-samples, --max-tokens and --repeats must be >= 1, got "
-                          f"{args.max_samples}, {args.max_tokens} and {args.repeats}")
-    GenerationParams(temperature=args.temperature)  # its range check, before any model loads
-    dataset = args.dataset or ("multiturn" if args.multi_turn else "embedded,chat")
-    names = [name.strip() for name in dataset.split(",") if name.strip()]
-    unknown = [name for name in names if name not in DATASETS]
-    if unknown or not names:
-        raise DatasetUnavailableError(f"unknown dataset {', '.join(unknown) or '(none)'} "
-                                      f"(known: {', '.join(DATASETS)})")
-    prompts = {name: load_prompts(name, args.max_samples) for name in names}  # fail before loading
+    prompts = _checked_prompts(args)  # every refusal before any model loads
     _check_served_options(args)
     if kind_of(args.engine) == RELAY:
         target, drafter = args.base_url, None  # the server names its pair

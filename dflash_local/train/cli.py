@@ -49,6 +49,25 @@ def add_parser(subparsers) -> None:
                                              "first of the usual mask tokens, or --init-from's)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch size")
+    _add_data_flags(parser)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    flags.add_seed_flag(parser, default=0, metavar=None)
+    parser.add_argument("--init-from", type=Path, metavar="DIR",
+                        help="start from this drafter's weights (a longer second run) instead of the target's layers")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
+    parser.add_argument("--draft-vocab", type=int, default=draft_vocab.DEFAULT_SIZE, metavar="N",
+                        help="train and draft over the N ids the target outputs most in the data "
+                             "(written as draft_vocab.json; the engines score only those); 0: the "
+                             "full head; a resumed run keeps its set, and so does one continuing an "
+                             "--init-from drafter that has a set of this size; not used by --kind ar")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bfloat16 training autocast and regeneration: about 2x faster on CPUs "
+                             "with avx512_bf16, and on CUDA")
+    parser.set_defaults(handler=run)
+
+
+def _add_data_flags(parser: argparse.ArgumentParser) -> None:
+    """Which prompts are regenerated, and token archives restored or saved."""
     parser.add_argument("--prompts-limit", type=int, default=DEFAULT_LIMIT)
     parser.add_argument("--prompt-variants", type=int, default=0, metavar="N",
                         help="N more framings of each training docstring: more data from the same corpus")
@@ -76,20 +95,6 @@ def add_parser(subparsers) -> None:
                         help="after regenerating, save the sequences of --data that train uses, "
                              "without their taps (a few MB: the data moves to another machine, "
                              "and --tokens restores it)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    flags.add_seed_flag(parser, default=0, metavar=None)
-    parser.add_argument("--init-from", type=Path, metavar="DIR",
-                        help="start from this drafter's weights (a longer second run) instead of the target's layers")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
-    parser.add_argument("--draft-vocab", type=int, default=draft_vocab.DEFAULT_SIZE, metavar="N",
-                        help="train and draft over the N ids the target outputs most in the data "
-                             "(written as draft_vocab.json; the engines score only those); 0: the "
-                             "full head; a resumed run keeps its set, and so does one continuing an "
-                             "--init-from drafter that has a set of this size; not used by --kind ar")
-    parser.add_argument("--bf16", action="store_true",
-                        help="bfloat16 training autocast and regeneration: about 2x faster on CPUs "
-                             "with avx512_bf16, and on CUDA")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
