@@ -209,3 +209,44 @@ def test_every_api_gives_chats_call_and_answer(gpt, claude):
         responses_answer.output_text
     assert chat.usage.completion_tokens == claude_call.usage.output_tokens == \
         responses_call.usage.output_tokens
+
+
+# Codex's request shape: its tools grouped in a namespace, built-in tools it sends whatever the
+# provider, a reasoning summary asked for. The namespace's empty description and the left-out
+# built-ins leave the prompt the agent target memorized.
+CODEX_TOOLS = [{"type": "namespace", "name": "weather", "description": "", "tools": [RESPONSES_TOOL]},
+               {"type": "web_search", "external_web_access": False},
+               {"type": "tool_search", "execution": "client", "description": "Find tools."}]
+CODEX_SETTINGS = {"tools": CODEX_TOOLS, "reasoning": {"summary": "auto"}, "parallel_tool_calls": False,
+                  "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_codex_shaped_request_calls_the_namespaced_tool_and_gets_its_answer(gpt, stream):
+    call, answer = responses_turns(gpt, stream, **CODEX_SETTINGS)
+    plain_call, plain_answer = responses_turns(gpt, False)
+    assert [item.type for item in call.output] == ["function_call"]
+    function_call = call.output[0]
+    assert function_call.namespace == "weather"  # how Codex routes the call back
+    assert function_call.name == "get_weather" and json.loads(function_call.arguments) == CALL_ARGUMENTS
+    assert answer.output_text == plain_answer.output_text == ANSWER
+    assert call.usage.input_tokens == plain_call.usage.input_tokens  # the same prompt
+    notes = call.model_extra["dflash_notes"]
+    assert any(note.startswith("tools.1: 'web_search' left out") for note in notes), notes
+    assert any(note.startswith("tools.2: 'tool_search' left out") for note in notes), notes
+    assert any(note.startswith("reasoning.summary 'auto'") for note in notes), notes
+
+
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+               "format": {"type": "grammar", "syntax": "lark",
+                          "definition": 'start: "*** Begin Patch" LF hunk* "*** End Patch"\nhunk: /.+/ LF\n%import common.LF'}}
+
+
+def test_codex_s_custom_tool_is_offered_and_its_grammar_noted(gpt):
+    with_patch = gpt.responses.create(model="tiny", instructions=SYSTEM, input=QUESTION, max_output_tokens=1,
+                                      **{**CODEX_SETTINGS, "tools": [*CODEX_TOOLS, APPLY_PATCH]})
+    without = gpt.responses.create(model="tiny", instructions=SYSTEM, input=QUESTION, max_output_tokens=1,
+                                   **CODEX_SETTINGS)
+    assert with_patch.usage.input_tokens > without.usage.input_tokens  # in the prompt, grammar and all
+    assert "tools.3.format: the lark grammar of custom tool 'apply_patch' is shown to the model, " \
+           "not enforced" in with_patch.model_extra["dflash_notes"]

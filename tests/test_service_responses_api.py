@@ -17,9 +17,13 @@ SYSTEM = "Be brief."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for _state, server in serve_module(tmp_path_factory):
-        yield server
+def service(tmp_path_factory):
+    yield from serve_module(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server(service):
+    return service[1]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +124,19 @@ CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "ar
 BAD = {
     "previous_response_id": ({"previous_response_id": "resp_1"}, ["previous_response_id"]),
     "store true": ({"store": True}, ["store"]),
-    "a built-in tool": ({"tools": [{"type": "web_search"}]}, ["tools.0.type", "web_search"]),
+    "a built-in tool": ({"tools": [{"type": "computer_use_preview"}]}, ["tools.0.type", "computer_use_preview"]),
+    "a namespace tool clashing with a function": (
+        {"tools": [TOOL, {"type": "namespace", "name": "weather", "description": "", "tools": [TOOL]}]},
+        ["tools.1.tools.0.name", "'get_weather' is also the name of tools.0"]),
+    "a custom tool with an unparsable regex": (
+        {"tools": [{"type": "custom", "name": "digits", "format": {
+            "type": "grammar", "syntax": "regex", "definition": "[0-9"}}]},
+        ["tools.0.format.definition", "not a parsable regex grammar", "[0-9"]),
+    "a custom tool with a Lark grammar without start": (
+        {"tools": [{"type": "custom", "name": "patch", "format": {
+            "type": "grammar", "syntax": "lark", "definition": 'patch: "x"'}}]},
+        ["tools.0.format.definition", "no `start` rule"]),
+    "an unknown reasoning effort": ({"reasoning": {"effort": "turbo"}}, ["reasoning.effort", "turbo"]),
     "a function tool without a name": ({"tools": [{**TOOL, "name": ""}]},
                                        ["tools.0: a function tool needs a name"]),
     "a schema that is not an object": ({"tools": [{**TOOL, "parameters": {"type": "array"}}]},
@@ -197,3 +213,104 @@ def test_an_error_after_the_stream_began_is_an_error_event():
     assert name == "event: error"
     error = ResponseErrorEvent.model_validate(json.loads(data.removeprefix("data: ")))
     assert error.code == "cancelled" and error.message == "the generation was cancelled"
+
+
+def test_built_in_tools_left_out_and_a_summary_asked_for_are_noted(gpt):
+    # what Codex sends by default: the model is not offered the built-ins, the response says so
+    plain = gpt.responses.create(model="tiny", instructions=SYSTEM, input=EOS_PROMPT, max_output_tokens=16)
+    codex = {"tools": [{"type": "web_search", "external_web_access": False}, {"type": "tool_search"},
+                       {"type": "web_search_2025_08_26"}],
+             "reasoning": {"summary": "auto"}}
+    noted = gpt.responses.create(model="tiny", instructions=SYSTEM, input=EOS_PROMPT,
+                                 max_output_tokens=16, **codex)
+    with gpt.responses.stream(model="tiny", instructions=SYSTEM, input=EOS_PROMPT,
+                              max_output_tokens=16, **codex) as stream:
+        streamed = next(e for e in stream if e.type == "response.completed").response
+    assert noted.output_text == streamed.output_text == plain.output_text
+    assert noted.usage.input_tokens == plain.usage.input_tokens
+    notes = noted.model_extra["dflash_notes"]
+    assert notes == streamed.model_extra["dflash_notes"] and plain.model_extra["dflash_notes"] == []
+    assert [note.split(":")[0] for note in notes] == ["tools.0", "tools.1", "tools.2", "reasoning.summary 'auto'"]
+    assert "'web_search' left out" in notes[0] and "'tool_search' left out" in notes[1]
+
+
+def test_reasoning_effort_is_the_templates_thinking_switch(gpt):
+    def thinking(effort):
+        return ResponsesRequest.model_validate({"input": "Hi", "reasoning": {"effort": effort}}).thinking()
+
+    assert [thinking(effort) for effort in ("none", "minimal", "low", "medium", "high", "xhigh")] == \
+        [False, False, True, True, True, True]
+    assert ResponsesRequest.model_validate({"input": "Hi", "reasoning": {"summary": "auto"}}).thinking() is None
+    # the tiny target's template has no switch: the effort is accepted, and noted
+    response = gpt.responses.create(model="tiny", input=EOS_PROMPT, max_output_tokens=4,
+                                    reasoning={"effort": "high"})
+    assert response.model_extra["dflash_notes"] == [
+        "reasoning.effort 'high': the target's chat template has no thinking switch; the effort changes nothing"]
+
+
+def test_without_max_output_tokens_the_reply_may_fill_the_context(service):
+    from dflash_local.service.openai_responses import job_request
+
+    state, _server = service
+    loaded = state.require_model(None)
+    request = job_request(ResponsesRequest.model_validate({"input": "Hi"}), loaded)
+    # OpenAI's default is the model's limit; the worker caps it to the room the prompt leaves
+    assert request.params.max_tokens == loaded.engine.capabilities.max_context
+    assert not request.max_tokens_given
+
+
+def test_custom_tool_calls_go_back_into_the_template_as_calls():
+    body = ResponsesRequest.model_validate({"input": [
+        {"role": "user", "content": "Fix it."},
+        {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"},
+        {"type": "function_call", "call_id": "call_2", "name": "read", "namespace": "fs", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "text"}]})
+    assert body.template_messages() == [
+        {"role": "user", "content": "Fix it."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Done!"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "read", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "text"}]
+
+
+def test_a_custom_or_namespaced_call_is_encoded_as_codex_reads_it():
+    # the worker's pieces of two calls, encoded streamed and whole, validated as the SDK's types
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from dflash_local.events import StepEvent
+    from dflash_local.service.jobs import Reply
+    from dflash_local.service.openai_responses import ResponsesEncoder
+    from dflash_local.service.worker import Chunk, ToolCallDelta
+
+    body = ResponsesRequest.model_validate({"input": "Hi", "tools": [
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "namespace", "name": "fs", "description": "Files.", "tools": [TOOL]}]})
+    pieces = [(ToolCallDelta(0, "call_a", "apply_patch", '{"input": "*** Begin'),),
+              (ToolCallDelta(0, arguments=' Patch"}'),),
+              (ToolCallDelta(1, "call_b", "get_weather", '{"city": "Paris"}'),)]
+    chunks = [Chunk("", StepEvent((index,), round_index=index), "tool_calls" if index == 2 else None, deltas)
+              for index, deltas in enumerate(pieces)]
+    usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6, "dflash": {},
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    streamer = ResponsesEncoder("resp_1", "tiny", body)
+    sent = b"".join(streamer.chunk(chunk) for chunk in chunks) + streamer.finished(usage)
+    events = [TypeAdapter(ResponseStreamEvent).validate_json(line.removeprefix(b"data: "))
+              for line in sent.split(b"\n") if line.startswith(b"data: ")]
+    reply = Reply()
+    for chunk in chunks:
+        reply.add(chunk)
+    whole = Response.model_validate(ResponsesEncoder("resp_1", "tiny", body).body(reply, usage))
+    for output in (events[-1].response.output, whole.output):
+        custom, function = output
+        assert (custom.type, custom.name, custom.input, custom.call_id) == \
+            ("custom_tool_call", "apply_patch", "*** Begin Patch", "call_a")
+        assert (function.type, function.name, function.namespace) == ("function_call", "get_weather", "fs")
+    kinds = [e.type for e in events]
+    assert "response.custom_tool_call_input.done" in kinds
+    assert "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta") == \
+        "*** Begin Patch"

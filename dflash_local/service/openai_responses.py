@@ -1,17 +1,22 @@
 """POST /v1/responses: OpenAI's Responses API (stateless) over the same jobs as chat completions.
 
-A reply is a `response` whose `output` holds a message item (one output_text part) and/or
-function_call items. Streamed, it is OpenAI's event sequence, each with a `sequence_number`:
+A reply is a `response` whose `output` holds a message item (one output_text part) and/or call
+items: function_call, or custom_tool_call for a custom tool, each with its tool's `namespace`
+when it came from one. Streamed, it is OpenAI's event sequence, each with a `sequence_number`:
 response.created, response.in_progress, then per item output_item.added, (content_part.added,
 output_text.delta..., output_text.done, content_part.done | function_call_arguments.delta...,
-function_call_arguments.done), output_item.done, and last response.completed (or
-response.incomplete when max_output_tokens cut the reply). Each round's `dflash` object rides on
-the last event it produced; a round that showed nothing sends an empty delta of the open item,
-or another response.in_progress before the first item.
+function_call_arguments.done | custom_tool_call_input.delta, custom_tool_call_input.done),
+output_item.done, and last response.completed (or response.incomplete when max_output_tokens cut
+the reply). A custom call's input is sent whole when the call ends (the model writes it as JSON
+text). Each round's `dflash` object rides on the last event it produced; a round that showed
+nothing sends an empty delta of the open item, or another response.in_progress before the first
+item. `dflash_notes` in the response lists where the model was told otherwise than the request
+asked (a built-in tool left out, a grammar not enforced...); each note is logged once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import APIRouter, Request
@@ -19,27 +24,59 @@ from fastapi import APIRouter, Request
 from dflash_local.service import jobs
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.openai_responses_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service.openai_responses_tools import OfferedTool, custom_input
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
+from dflash_local.service.validation import shown_value
 from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 router = APIRouter()
+log = logging.getLogger("dflash_local.service")
+# Agents send the same tools every turn: each distinct note is logged once, up to this many
+MAX_LOGGED_NOTES = 256
+_logged_notes: set[str] = set()
 
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
+    notes = tuple(body.notes() + thinking_notes(body, loaded))
+    log_notes(notes)
     return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body),
+                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body, notes),
                           body.stream, id_prefix="resp_")
 
 
 def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
-    params = jobs.generation_params(body, loaded, body.max_output_tokens, body.temperature, body.top_p)
+    max_tokens = body.max_output_tokens
+    if max_tokens is None and loaded.engine.capabilities.tokenizes:
+        # OpenAI's default is the model's limit: Codex sends none and expects a long patch to
+        # fit; the worker caps it to the room the prompt leaves
+        max_tokens = loaded.engine.capabilities.max_context
+    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p)
     return JobRequest(messages=body.template_messages(), params=params,
-                      max_tokens_given=body.max_output_tokens is not None,
+                      max_tokens_given=body.max_output_tokens is not None, thinking=body.thinking(),
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
+
+
+def thinking_notes(body: ResponsesRequest, loaded: LoadedPair) -> list[str]:
+    """reasoning.effort switches the template's thinking; a template without the switch ignores it."""
+    if body.thinking() is None or not loaded.engine.capabilities.tokenizes:
+        return []  # a served engine gets it as chat_template_kwargs.enable_thinking
+    template = getattr(loaded.engine.tokenizer, "chat_template", None) or ""
+    if "enable_thinking" in template:
+        return []
+    note = (f"reasoning.effort {shown_value(body.reasoning.effort)}: the target's chat template "
+            f"has no thinking switch; the effort changes nothing")
+    return [note]
+
+
+def log_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        if note not in _logged_notes and len(_logged_notes) < MAX_LOGGED_NOTES:
+            _logged_notes.add(note)
+            log.warning("/v1/responses: %s", note)
 
 
 def responses_usage(usage: dict) -> dict:
@@ -60,11 +97,19 @@ def text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_item(item_id: str, call: dict, status: str) -> dict:
-    """`call` in OpenAI chat's whole form (jobs.whole_tool_calls)."""
-    return {"type": "function_call", "id": item_id, "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": status}
+def call_item(item_id: str, call: dict, status: str, tool: OfferedTool | None) -> dict:
+    """`call` in OpenAI chat's whole form (jobs.whole_tool_calls), as the item its tool's kind
+    answers with: a function_call, or a custom_tool_call whose input the model wrote as `input`."""
+    name, arguments = call["function"]["name"], call["function"]["arguments"]
+    if tool is not None and tool.custom:
+        item = {"type": "custom_tool_call", "id": item_id, "call_id": call["id"], "name": name,
+                "input": custom_input(arguments) if status == "completed" else "", "status": status}
+    else:
+        item = {"type": "function_call", "id": item_id, "call_id": call["id"], "name": name,
+                "arguments": arguments, "status": status}
+    if tool is not None and tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    return item
 
 
 def request_settings(body: ResponsesRequest) -> dict:
@@ -73,16 +118,18 @@ def request_settings(body: ResponsesRequest) -> dict:
             "tool_choice": body.tool_choice if isinstance(body.tool_choice, str)
             else body.tool_choice.model_dump() if body.tool_choice else "auto",
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "reasoning": body.reasoning.model_dump() if body.reasoning else None,
             "parallel_tool_calls": True, "previous_response_id": None, "store": False,
             "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
 
 
 class ResponsesEncoder:
-    def __init__(self, reply_id: str, model: str, body: ResponsesRequest):
+    def __init__(self, reply_id: str, model: str, body: ResponsesRequest, notes: tuple[str, ...] = ()):
         self.reply_id = reply_id
         self.model = model
         # the request's settings every `response` object echoes: shaped once, not per event
-        self.settings = request_settings(body)
+        self.settings = {**request_settings(body), "dflash_notes": list(notes)}
+        self.tools = body.offered_tools()
         self.created_at = int(time.time())
         self.started = False
         self.sequence = 0
@@ -99,7 +146,7 @@ class ResponsesEncoder:
                 **self.settings}
 
     def _item_id(self, kind: str, output_index: int) -> str:
-        """An output item's id: its kind ("msg", "fc"), the reply's, its place in `output`."""
+        """An output item's id: its kind ("msg", "fc", "ctc"), the reply's, its place in `output`."""
         return f"{kind}_{self.reply_id.removeprefix('resp_')}_{output_index}"
 
     def _status(self) -> str:
@@ -135,9 +182,12 @@ class ResponsesEncoder:
     def _empty_delta(self) -> dict:
         if not self.items:
             return self._event({"type": "response.in_progress", "response": self.response("in_progress", [])})
-        if self.items[-1]["type"] == "message":
+        kind = self.items[-1]["type"]
+        if kind == "message":
             return self._event({"type": "response.output_text.delta", **self._where(),
                                 "content_index": 0, "delta": "", "logprobs": []})
+        if kind == "custom_tool_call":
+            return self._event({"type": "response.custom_tool_call_input.delta", **self._where(), "delta": ""})
         return self._event({"type": "response.function_call_arguments.delta", **self._where(), "delta": ""})
 
     def _text(self, text: str) -> list[dict]:
@@ -153,12 +203,13 @@ class ResponsesEncoder:
 
     def _tool_delta(self, delta: ToolCallDelta) -> list[dict]:
         events = []
-        self.tool_deltas.append(delta)
-        if delta.id is not None:  # a call's first piece opens its own item
-            events += self._open(function_call_item(
-                self._item_id("fc", len(self.items)),
-                {"id": delta.id, "function": {"name": delta.name, "arguments": ""}}, "in_progress"))
-        if delta.arguments:
+        if delta.id is not None:  # a call's first piece opens its own item (closing the one before)
+            events += self._open(self._call_item(
+                {"id": delta.id, "function": {"name": delta.name, "arguments": ""}},
+                len(self.items), "in_progress"))
+        self.tool_deltas.append(delta)  # after the close: the closed call is the last one there
+        # a custom call's input is JSON text until the call ends: sent whole then (_close)
+        if delta.arguments and self.items[-1]["type"] == "function_call":
             events.append(self._event({"type": "response.function_call_arguments.delta", **self._where(),
                                        "delta": delta.arguments}))
         return events
@@ -184,13 +235,25 @@ class ResponsesEncoder:
             done = message_item(item["id"], text, status)
         else:
             call = jobs.whole_tool_calls(tuple(self.tool_deltas))[-1]
-            events.append(self._event({"type": "response.function_call_arguments.done", **where,
-                                       "name": call["function"]["name"],
-                                       "arguments": call["function"]["arguments"]}))
-            done = function_call_item(item["id"], call, "completed")
+            done = call_item(item["id"], call, "completed", self.tools.get(call["function"]["name"]))
+            events += self._call_done_events(done, where)
         self.items[-1] = done
         return events + [self._event({"type": "response.output_item.done",
                                       "output_index": where["output_index"], "item": done})]
+
+    def _call_done_events(self, done: dict, where: dict) -> list[dict]:
+        if done["type"] == "custom_tool_call":
+            return [self._event({"type": "response.custom_tool_call_input.delta", **where,
+                                 "delta": done["input"]}),
+                    self._event({"type": "response.custom_tool_call_input.done", **where,
+                                 "input": done["input"]})]
+        return [self._event({"type": "response.function_call_arguments.done", **where,
+                             "name": done["name"], "arguments": done["arguments"]})]
+
+    def _call_item(self, call: dict, output_index: int, status: str) -> dict:
+        tool = self.tools.get(call["function"]["name"])
+        kind = "ctc" if tool is not None and tool.custom else "fc"
+        return call_item(self._item_id(kind, output_index), call, status, tool)
 
     def finished(self, usage: dict) -> bytes:
         events = self._close()
@@ -212,6 +275,6 @@ class ResponsesEncoder:
         calls = reply.tool_calls()
         output = [message_item(self._item_id("msg", 0), reply.text, status)] \
             if jobs.shows_text(reply.text, calls) else []
-        output += [function_call_item(self._item_id("fc", len(output) + index), call, "completed")
+        output += [self._call_item(call, len(output) + index, "completed")
                    for index, call in enumerate(calls)]
         return self.response(status, output, responses_usage(usage))

@@ -2,9 +2,11 @@
 into a JobRequest.
 
 `input` is a string or a list of items: messages (string or text parts; an earlier reply's output
-message may be sent back whole), `function_call` and `function_call_output` items. Function
-tools only: built-in tools (web search, file search, computer use...) are refused by name, as is
-the state this server does not keep (`previous_response_id`, `store: true`, `background`).
+message may be sent back whole; system and developer messages anywhere), `function_call` and
+`custom_tool_call` items and their outputs. Tools are openai_responses_tools.py's. `reasoning`:
+its effort switches the template's thinking (off for "none" and "minimal"); no summary is
+written. Refused: the state this server does not keep (`previous_response_id`, `store: true`,
+`background`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
+from dflash_local.service.openai_responses_tools import (
+    CUSTOM_INPUT,
+    OfferedTool,
+    ResponsesTool,
+    offered_tools,
+    tool_notes,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
@@ -22,10 +31,10 @@ from dflash_local.service.request_fields import (
     FunctionCall,
     StrictModel,
     Text,
+    ToolName,
     at_most,
     joined_text,
     template_call,
-    template_tool,
 )
 from dflash_local.service.validation import shown_value
 
@@ -52,13 +61,24 @@ class FunctionCallItem(FunctionCall):  # name, and arguments as an object's JSON
     call_id: Text = Field(min_length=1)
 
 
-class FunctionCallOutputItem(StrictModel):
-    type: Literal["function_call_output"]
+class CallOutputItem(StrictModel):
+    """A tool's result: `function_call_output` or `custom_tool_call_output`."""
+
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: Text = Field(min_length=1)
     output: Text | list[TextContent]
 
     def text(self) -> str:
         return joined_text(self.output)
+
+
+class CustomToolCallItem(StrictModel):
+    """An earlier reply's custom tool call: the template sees it as a call with one argument."""
+
+    type: Literal["custom_tool_call"]
+    call_id: Text = Field(min_length=1)
+    name: ToolName
+    input: Text
 
 
 class ReasoningItem(StrictModel):
@@ -77,64 +97,57 @@ def _item_kind(value: Any) -> str | None:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CallOutputItem, Tag("function_call_output")]
+    | Annotated[CallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind)]
 
 
-class FunctionTool(StrictModel):
-    type: str
-    name: Text | None = None
-    description: Text | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # we do not constrain decoding to the schema; the model may stray
-
-    @field_validator("type")
-    @classmethod
-    def _function_only(cls, kind: str) -> str:
-        if kind != "function":
-            raise ValueError(f"{shown_value(kind)} is a built-in tool this server does not run; "
-                             f"only function tools")
-        return kind
-
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, schema: dict | None) -> dict | None:
-        if schema is not None and schema.get("type") != "object":
-            raise ValueError('must be a JSON Schema of "type": "object"')
-        return schema
-
-    @model_validator(mode="after")
-    def _named(self) -> FunctionTool:
-        if not self.name:
-            raise ValueError("a function tool needs a name")
-        return self
-
-    def as_template_tool(self) -> dict:
-        return template_tool(self.name, self.description, self.parameters)
-
-
-class NamedFunction(StrictModel):
-    type: Literal["function"]
+class NamedTool(StrictModel):
+    type: Literal["function", "custom"]
     name: Text
+
+
+# A binary thinking switch: OpenAI's lowest efforts mean (almost) no reasoning
+THINKING_BY_EFFORT = {"none": False, "minimal": False, "low": True, "medium": True, "high": True,
+                      "xhigh": True}
+Summary = Literal["auto", "concise", "detailed"]
+
+
+class ReasoningSettings(StrictModel):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Summary | None = None
+    generate_summary: Summary | None = None  # summary's older name
+
+    def thinking(self) -> bool | None:
+        return None if self.effort is None else THINKING_BY_EFFORT[self.effort]
+
+    def notes(self) -> list[str]:
+        summary = self.summary or self.generate_summary
+        if summary is None:
+            return []
+        note = (f"reasoning.summary {shown_value(summary)}: no summary is written (a thinking "
+                f"pair's reasoning stays in its reply's text)")
+        return [note]
 
 
 class ResponsesRequest(DFlashOptions):
     model: Text | None = None
     input: Text | Annotated[list[InputItem], at_most(MAX_MESSAGES, "input items per request")]
     instructions: Text | None = None
-    tools: Annotated[list[FunctionTool], at_most(MAX_TOOLS, "tools per request")] | None = None
-    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    tools: Annotated[list[ResponsesTool], at_most(MAX_TOOLS, "tools per request")] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedTool | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     stream: bool = False
+    reasoning: ReasoningSettings | None = None
     # state and features we do not have: refused unless absent or their no-op
     previous_response_id: Text | None = None
     store: bool | None = None
     background: bool | None = None
     text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None  # extra output to include; only logprobs would ask for any
 
@@ -153,18 +166,29 @@ class ResponsesRequest(DFlashOptions):
         if self.top_logprobs or LOGPROBS_INCLUDE in (self.include or []):
             raise ValueError("top_logprobs / include message.output_text.logprobs: not supported "
                              "on /v1/responses (/v1/chat/completions has logprobs)")
-        if self.reasoning and any(value is not None for value in self.reasoning.values()):
-            raise ValueError(f"reasoning: not supported (got {shown_value(self.reasoning)})")
         if isinstance(self.input, list) and all(isinstance(i, ReasoningItem) for i in self.input):
             raise ValueError("input: give a string or at least one message or function item")
-        names = [tool.name for tool in self.tools or []]
-        if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
+        self._check_tool_choice(list(self.offered_tools()))
+        check_call_ids(self.input if isinstance(self.input, list) else [])
+        return self
+
+    def _check_tool_choice(self, names: list[str]) -> None:
+        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.name not in names:
             raise ValueError(f"tool_choice.name: {shown_value(self.tool_choice.name)} is not one "
                              f"of the tools ({', '.join(names) or 'none given'})")
         if self.tool_choice == "required" and not names:
             raise ValueError('tool_choice: "required" needs tools')
-        check_call_ids(self.input if isinstance(self.input, list) else [])
-        return self
+
+    def offered_tools(self) -> dict[str, OfferedTool]:
+        """The model's tools by name (namespaces flattened, custom tools as functions)."""
+        return offered_tools(self.tools or [])
+
+    def notes(self) -> list[str]:
+        """Where the model is told otherwise than asked (openai_responses_tools.py, reasoning)."""
+        return tool_notes(self.tools or []) + (self.reasoning.notes() if self.reasoning else [])
+
+    def thinking(self) -> bool | None:
+        return self.reasoning.thinking() if self.reasoning else None
 
     def template_messages(self) -> list[dict]:
         messages = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
@@ -174,35 +198,36 @@ class ResponsesRequest(DFlashOptions):
         return messages
 
     def job_tools(self) -> tuple[dict, ...]:
-        return tuple(tool.as_template_tool() for tool in self.tools or [])
+        return tuple(tool.template for tool in self.offered_tools().values())
 
     def job_tool_choice(self) -> str | dict:
-        if isinstance(self.tool_choice, NamedFunction):
+        if isinstance(self.tool_choice, NamedTool):
             return {"type": "function", "function": {"name": self.tool_choice.name}}
         return self.tool_choice or "auto"
 
 
 def check_call_ids(items: list) -> None:
-    """A function_call_output answers an earlier function_call by its call_id."""
+    """A call's output answers an earlier call by its call_id."""
     called: set[str] = set()
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallItem):
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
             called.add(item.call_id)
-        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in called:
+        elif isinstance(item, CallOutputItem) and item.call_id not in called:
             raise ValueError(f"input.{index}.call_id: {shown_value(item.call_id)} answers no "
-                             f"earlier function_call item")
+                             f"earlier {item.type.removesuffix('_output')} item")
 
 
 def add_item(messages: list[dict], item) -> None:
-    """One input item onto the template messages: a function_call joins the assistant message
-    before it (or opens one), its output becomes a `tool` message."""
+    """One input item onto the template messages: a call joins the assistant message before it
+    (or opens one), its output becomes a `tool` message."""
     if isinstance(item, MessageItem):
         role = "system" if item.role == "developer" else item.role
         messages.append({"role": role, "content": item.text()})
-    elif isinstance(item, FunctionCallItem):
-        call = template_call(item.call_id, item.name, json.loads(item.arguments))
+    elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+        arguments = (json.loads(item.arguments) if isinstance(item, FunctionCallItem)
+                     else {CUSTOM_INPUT: item.input})
         if not messages or messages[-1]["role"] != "assistant":
             messages.append({"role": "assistant", "content": ""})
-        messages[-1].setdefault("tool_calls", []).append(call)
-    elif isinstance(item, FunctionCallOutputItem):
+        messages[-1].setdefault("tool_calls", []).append(template_call(item.call_id, item.name, arguments))
+    elif isinstance(item, CallOutputItem):
         messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})

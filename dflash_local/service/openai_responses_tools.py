@@ -1,0 +1,218 @@
+"""The tools a POST /v1/responses body may carry, what the model is offered for each, and how a
+call goes back to the client.
+
+- `function`: offered as is.
+- `namespace` (how Codex groups its MCP and app tools): each function or custom tool inside is
+  offered under its own name, the namespace's description before its own; its call comes back
+  with `namespace` set, which is how the client routes it. Every offered name must be unique.
+- `custom` (free-text input, optionally a Lark or regex grammar: Codex's `apply_patch`): offered
+  as a function taking one string, `input`, the grammar shown in its description; its call comes
+  back as a `custom_tool_call` item with that string. The grammar is checked, not enforced.
+- built-in tools this server cannot run: those agents send by default and cannot turn off
+  (LEFT_OUT_TOOLS) are left out of the prompt with a note; any other is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+
+from dflash_local.service.request_fields import StrictModel, Text, template_tool
+from dflash_local.service.validation import shown_value
+
+# Codex sends these on every request, whatever the provider; OpenAI runs them on its side.
+LEFT_OUT_TOOLS = ("web_search", "web_search_preview", "tool_search", "image_generation")
+CUSTOM_INPUT = "input"  # the one argument a custom tool is offered with
+CUSTOM_PARAMETERS = {"type": "object", "required": [CUSTOM_INPUT], "properties": {
+    CUSTOM_INPUT: {"type": "string", "description": "the tool's whole input, as free text"}}}
+LARK_START_RULE = re.compile(r"^\s*[?!]?start\s*(\.\s*-?\d+\s*)?:", re.MULTILINE)
+
+
+def left_out(kind: str) -> bool:
+    """A built-in kind dropped with a note (web_search has dated variants: web_search_2025_08_26)."""
+    return kind in LEFT_OUT_TOOLS or kind.startswith(("web_search_", "web_search_preview_"))
+
+
+class FunctionTool(StrictModel):
+    type: Literal["function"]
+    name: Text | None = None
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # we do not constrain decoding to the schema; the model may stray
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict | None) -> dict | None:
+        if schema is not None and schema.get("type") != "object":
+            raise ValueError('must be a JSON Schema of "type": "object"')
+        return schema
+
+    @model_validator(mode="after")
+    def _named(self) -> FunctionTool:
+        if not self.name:
+            raise ValueError("a function tool needs a name")
+        return self
+
+    def template(self, context: str) -> dict:
+        return template_tool(self.name, _described(context, self.description), self.parameters)
+
+
+class InputFormat(StrictModel):
+    """A custom tool's input: free text, or text in a grammar's language."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: Text | None = None
+
+    @field_validator("definition")
+    @classmethod
+    def _parsable(cls, definition: str | None, info: ValidationInfo) -> str | None:
+        syntax = info.data.get("syntax")
+        problem = None if definition is None or syntax is None else grammar_problem(syntax, definition)
+        if problem is not None:
+            raise ValueError(f"not a parsable {syntax} grammar: {problem}")
+        return definition
+
+    @model_validator(mode="after")
+    def _complete(self) -> InputFormat:
+        if self.type == "grammar" and (self.syntax is None or not (self.definition or "").strip()):
+            raise ValueError('a "grammar" format needs its syntax ("lark" or "regex") and a definition')
+        return self
+
+
+def grammar_problem(syntax: str, definition: str) -> str | None:
+    """Why a grammar cannot be parsed, or None. A regex is compiled (the `regex` package reads
+    the \\p{..} classes OpenAI's Rust syntax has); a Lark grammar is only checked for its
+    `start` rule, the one every Lark grammar needs (no Lark parser is installed)."""
+    if syntax == "regex":
+        import regex  # a dependency of transformers: always installed with us
+
+        try:
+            regex.compile(definition)
+        except regex.error as exc:
+            return str(exc)
+        return None
+    return None if LARK_START_RULE.search(definition) else "it defines no `start` rule"
+
+
+class CustomTool(StrictModel):
+    type: Literal["custom"]
+    name: Text = Field(min_length=1)
+    description: Text | None = None
+    format: InputFormat | None = None
+
+    def grammar(self) -> InputFormat | None:
+        return self.format if self.format is not None and self.format.type == "grammar" else None
+
+    def template(self, context: str) -> dict:
+        description = _described(context, self.description)
+        if (grammar := self.grammar()) is not None:
+            description += f"\n\nThe input follows this {grammar.syntax} grammar:\n{grammar.definition}"
+        return template_tool(self.name, description.strip(), CUSTOM_PARAMETERS)
+
+
+def _tool_kind(value: Any) -> str | None:
+    """Tags that are no field name stay out of error paths (validation.py): "tools.0.name"."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(kind, str):
+        return None
+    return {"function": "<function>", "custom": "<custom>", "namespace": "<namespace>"}.get(kind, "<built-in>")
+
+
+NamespaceMember = Annotated[Annotated[FunctionTool, Tag("<function>")]
+                            | Annotated[CustomTool, Tag("<custom>")], Discriminator(_tool_kind)]
+
+
+class NamespaceTool(StrictModel):
+    type: Literal["namespace"]
+    name: Text = Field(min_length=1)
+    description: Text = ""
+    tools: list[NamespaceMember] = Field(min_length=1)
+
+
+class BuiltInTool(StrictModel):
+    """A tool OpenAI runs on its side (web search, file search, computer use...)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _left_out_or_refused(cls, kind: str) -> str:
+        if not left_out(kind):
+            raise ValueError(f"{shown_value(kind)} is a built-in tool this server cannot run; "
+                             f"send function, custom or namespace tools")
+        return kind
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("<function>")] | Annotated[CustomTool, Tag("<custom>")]
+    | Annotated[NamespaceTool, Tag("<namespace>")] | Annotated[BuiltInTool, Tag("<built-in>")],
+    Discriminator(_tool_kind)]
+
+
+@dataclass(frozen=True)
+class OfferedTool:
+    """A tool as the model is offered it, and the client's names for its calls."""
+
+    template: dict  # the chat template's function tool
+    custom: bool  # its call goes back as a custom_tool_call item (else a function_call)
+    name: str  # the client's name for it: also the name the model calls
+    namespace: str | None
+    where: str  # its place in the request, for errors ("tools.2.tools.0")
+
+
+def offered_tools(tools: list) -> dict[str, OfferedTool]:
+    """The model's tools by the name it calls them; a ValueError names a clash."""
+    offered: dict[str, OfferedTool] = {}
+    for where, tool, namespace in _members(tools):
+        name = tool.name
+        if name in offered:
+            raise ValueError(f"{where}.name: {shown_value(name)} is also the name of "
+                             f"{offered[name].where}: a namespace's tools are offered by their own "
+                             f"names, so every tool name must be unique")
+        context = namespace.description if namespace is not None else ""
+        offered[name] = OfferedTool(tool.template(context), isinstance(tool, CustomTool), name,
+                                    None if namespace is None else namespace.name, where)
+    return offered
+
+
+def _members(tools: list):
+    """(where, tool, its namespace or None) for every function and custom tool."""
+    for index, tool in enumerate(tools):
+        if isinstance(tool, NamespaceTool):
+            for member_index, member in enumerate(tool.tools):
+                yield f"tools.{index}.tools.{member_index}", member, tool
+        elif isinstance(tool, FunctionTool | CustomTool):
+            yield f"tools.{index}", tool, None
+
+
+def tool_notes(tools: list) -> list[str]:
+    """What the model is told otherwise than the client asked: dropped tools, unenforced grammars."""
+    notes = [f"tools.{index}: {shown_value(tool.type)} left out: a built-in tool this server "
+             f"cannot run (the model is not offered it)"
+             for index, tool in enumerate(tools) if isinstance(tool, BuiltInTool)]
+    for where, tool, _namespace in _members(tools):
+        if isinstance(tool, CustomTool) and (grammar := tool.grammar()) is not None:
+            notes.append(f"{where}.format: the {grammar.syntax} grammar of custom tool "
+                         f"{shown_value(tool.name)} is shown to the model, not enforced")
+    return notes
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input from the arguments the model wrote: its `input` string, or the
+    arguments' text itself when the model wrote something else."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(CUSTOM_INPUT), str):
+        return value[CUSTOM_INPUT]
+    return arguments
+
+
+def _described(context: str, description: str | None) -> str:
+    return "\n\n".join(text for text in (context, description) if text)
