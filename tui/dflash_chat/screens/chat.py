@@ -16,7 +16,7 @@ from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import THINKING_MODES, Settings
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
-from dflash_chat.storage import chat_title, export_markdown
+from dflash_chat.storage import StoreError, chat_title, export_markdown
 from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
@@ -129,15 +129,21 @@ class ChatScreen(Screen):
         except AttachmentError as exc:
             self.notify(str(exc), title="Not sent", severity="error")
             return
+        try:
+            if conversation.chat_id is None:
+                await self._open_new_chat(chat_title(message.text))
+            if self._editing is not None:
+                await conversation.drop_from(self._editing)
+                self._editing = None
+            settings = self.app.settings
+            self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
+            await conversation.send(text, settings.sampling(), settings.speculative)
+        except StoreError as exc:  # a full disk: what was typed stays, to send again
+            self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
+                        title="Not sent", severity="error", timeout=30)
+            self.refresh_chat_list()
+            return
         self.query_one(PromptInput).accept()
-        if conversation.chat_id is None:
-            await self._open_new_chat(chat_title(message.text))
-        if self._editing is not None:
-            await conversation.drop_from(self._editing)
-            self._editing = None
-        settings = self.app.settings
-        self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
-        await conversation.send(text, settings.sampling(), settings.speculative)
         self.refresh_chat_list()
 
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
