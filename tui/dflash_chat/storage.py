@@ -69,6 +69,8 @@ TITLE_CHARS = 60
 SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
 DB_NAME = "chats.sqlite3"
+BUSY_TIMEOUT_S = 10.0  # how long a write waits for another app's (a second instance's) to end
+WAL_RETRY_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ class ChatStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None)  # we open transactions
+        self._db = sqlite3.connect(self.path, isolation_level=None,  # we open transactions
+                                   timeout=BUSY_TIMEOUT_S)
         try:
             self._open()
         except BaseException:
@@ -129,11 +132,12 @@ class ChatStore:
 
     def _open(self) -> None:
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._use_wal()
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a killed process
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._migrate()
+        with self._tx():  # one writer at a time: two apps opening a new store at once
+            self._run_script(SCHEMA)
+            self._migrate()
         # damage found now, where the app can set the file aside, not on some later send
         problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
@@ -141,18 +145,42 @@ class ChatStore:
         with self._tx():
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='streaming'")
 
+    def _use_wal(self) -> None:
+        """Switching a new file to WAL answers "locked" at once, without the busy timeout, while
+        another app switches it too: asked again until the timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(WAL_RETRY_S)
+
     def _migrate(self) -> None:
         """Bring a store an older app wrote up to this schema (columns added, the search built, or
-        built again to cover the reasoning)."""
+        built again to cover the reasoning). Runs inside the opening's write transaction, so
+        what it reads is still true when it writes."""
         if "settings" not in self._columns("chats"):
             self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
         if "reasoning" not in self._columns("messages"):
             self._db.execute(f"ALTER TABLE messages ADD COLUMN {REASONING_COLUMN}")
         tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
         if "messages_fts" in tables and "reasoning" not in self._columns("messages_fts"):
-            self._db.executescript(f"BEGIN; {OLD_SEARCH_DROP} {SEARCH_SCHEMA} COMMIT;")
+            self._run_script(OLD_SEARCH_DROP + SEARCH_SCHEMA)
         elif "messages_fts" not in tables:
-            self._db.executescript(f"BEGIN; {SEARCH_SCHEMA} COMMIT;")
+            self._run_script(SEARCH_SCHEMA)
+
+    def _run_script(self, script: str) -> None:
+        """Statement by statement: executescript would COMMIT the transaction this runs in."""
+        statement = ""
+        for line in script.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):  # a trigger's inner ";" does not end it
+                self._db.execute(statement)
+                statement = ""
 
     def _columns(self, table: str) -> set[str]:
         """A table's columns, generated ones included (table_info leaves those out)."""
