@@ -76,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.cli.options import serve_options
     from dflash_local.errors import InvalidRequestError
     from dflash_local.service.app import create_app
+    from dflash_local.service.parent_watch import watch_parent_from_env
     from dflash_local.service.server import bind, make_server
     from dflash_local.service.state import ServiceState
 
+    watch_parent_from_env()  # started by dflash-chat: end with it, even during the first load
     if args.pair and args.target:
         raise InvalidRequestError("give --pair or --target, not both")
     if (kind_of(args.engine) == RELAY) != bool(args.base_url):
