@@ -147,3 +147,23 @@ def test_a_prompt_the_full_disk_refuses_stays_in_the_input(small_disk):
         assert prompt.value == ""
 
     run_offline(scenario, WIDE)
+
+
+def test_keys_that_write_on_a_full_disk_say_so_and_the_app_goes_on(small_disk):
+    async def scenario(app, pilot):
+        screen = app.chat_screen
+        screen.query_one(PromptInput).value = PROMPT
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.conversation.generating, "prompt sent")
+        await pilot.press("escape")  # stopped: the partial reply is kept
+        await until(pilot, lambda: not screen.conversation.generating, "reply stopped")
+        fill(small_disk)
+        for _ in range(40):  # each toggle is one small write: the WAL's slack runs out
+            await pilot.press("f2")
+            if "could not be written" in said(app):
+                break
+        assert "could not be written" in said(app), said(app)
+        await pilot.press("ctrl+n")  # still answering keys
+        assert screen.conversation.chat_id is None
+
+    run_offline(scenario, WIDE)

@@ -219,7 +219,21 @@ class ChatScreen(Screen):
         defaults change only from the settings screen)."""
         self.app.update_settings(**changes)
         if self.conversation.chat_id is not None:
-            self.app.store.set_chat_settings(self.conversation.chat_id, self.app.chat_settings())
+            self._write(self.app.store.set_chat_settings, self.conversation.chat_id,
+                        self.app.chat_settings())
+
+    def _write(self, write, *args) -> bool:
+        """A store write a key asked for: one the disk refuses (full) is said, not a crash."""
+        try:
+            write(*args)
+        except StoreError as exc:
+            self._not_written(exc)
+            return False
+        return True
+
+    def _not_written(self, error: StoreError) -> None:
+        self.notify(f"The chat history could not be written: {error}", severity="error",
+                    timeout=30)
 
     def action_toggle_accepted(self) -> None:
         self.app.update_settings(show_accepted=not self.app.settings.show_accepted)
@@ -241,9 +255,12 @@ class ChatScreen(Screen):
         last = conversation.last_view("assistant")
         if conversation.generating or last is None:
             return
-        await conversation.drop_from(last.message_id)
         settings = self.app.settings
-        await conversation.start_reply(settings.sampling(), settings.speculative)
+        try:
+            await conversation.drop_from(last.message_id)
+            await conversation.start_reply(settings.sampling(), settings.speculative)
+        except StoreError as exc:
+            self._not_written(exc)
 
     def action_edit_last(self) -> None:
         last = self.conversation.last_view("user")
@@ -297,8 +314,7 @@ class ChatScreen(Screen):
         store = self.app.store
 
         def rename(title: str | None) -> None:
-            if title and title.strip():
-                store.rename_chat(chat_id, title.strip())
+            if title and title.strip() and self._write(store.rename_chat, chat_id, title.strip()):
                 self.refresh_chat_list()
 
         self.app.push_screen(TextDialog("Rename chat", store.chat(chat_id).title), rename)
@@ -306,12 +322,15 @@ class ChatScreen(Screen):
     async def action_system_prompt(self) -> None:
         store = self.app.store
         if self.conversation.chat_id is None:
-            await self._open_new_chat("New chat")
+            try:
+                await self._open_new_chat("New chat")
+            except StoreError as exc:
+                self._not_written(exc)
+                return
         chat = store.chat(self.current_chat_id())
 
         def save(prompt: str | None) -> None:
-            if prompt is not None:
-                store.set_system_prompt(chat.id, prompt)
+            if prompt is not None and self._write(store.set_system_prompt, chat.id, prompt):
                 self.notify("System prompt saved (it applies from the next message)")
 
         self.app.push_screen(TextDialog("System prompt for this chat", chat.system_prompt,
@@ -339,9 +358,10 @@ class ChatScreen(Screen):
         async def delete(confirmed: bool | None) -> None:
             if not confirmed:
                 return
+            if not self._write(store.delete_chat, chat_id):
+                return
             if chat_id == self.conversation.chat_id:
                 await self.conversation.show_chat(None)
-            store.delete_chat(chat_id)
             self.refresh_chat_list()
 
         self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
