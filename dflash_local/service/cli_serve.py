@@ -122,10 +122,14 @@ def run(args: argparse.Namespace) -> int:
 def _print_phase(name: str, phase: str) -> None:
     """On stdout, where dflash-chat reads it while it waits for the serving line."""
     from dflash_local.method.calibration import CALIBRATING  # numpy: not for every CLI start
+    from dflash_local.pairs.embedded import IMPORTING
+    from dflash_local.service.state import LOADING
 
-    if phase == CALIBRATING:
-        print(f"dflash-local {CALIBRATING} {name} (round costs on this machine, measured once per "
-              f"pair)", flush=True)
+    what = {IMPORTING: "the embedded model, converted from its GGUF once, on the first start",
+            LOADING: "its weights, into memory",
+            CALIBRATING: "round costs on this machine, measured once per pair"}
+    if phase in what:
+        print(f"dflash-local {phase} {name} ({what[phase]})", flush=True)
 
 
 def _initial_load(state, args: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.command_line import Options, build_parser, options_from_args
 from dflash_chat.commands import DFlashCommands
-from dflash_chat.protocol import ServiceError
+from dflash_chat.protocol import PHASE_EXPLAINED, ServiceError
 from dflash_chat.screens.chat import ChatScreen
 from dflash_chat.service import HEALTH_EVERY_S, ServiceProcess, ServiceStartError, wait_healthy
 from dflash_chat.settings import (
@@ -168,6 +168,10 @@ class DFlashChatApp(App):
 
     def on_dflash_chat_app_service_phase(self, message: ServicePhase) -> None:
         self.service_state = message.phase
+        phase, _, pair = message.phase.partition(" ")
+        if phase in PHASE_EXPLAINED:  # what the wait is, and that it does not come back
+            self.notify(PHASE_EXPLAINED[phase].format(pair=pair), title="Preparing the model",
+                        timeout=30)
 
     def on_dflash_chat_app_service_down(self, message: ServiceDown) -> None:
         self.service_state = "service failed"

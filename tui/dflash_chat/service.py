@@ -19,7 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
+from dflash_chat.protocol import (
+    PHASE_CALIBRATING,
+    PHASE_IMPORTING,
+    PHASE_LOADING,
+    ServiceError,
+)
 
 if TYPE_CHECKING:
     from dflash_chat.client import DFlashClient
@@ -28,7 +33,9 @@ SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli.main", "serve")
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
 PARENT_PID_ENV = "DFLASH_LOCAL_PARENT_PID"  # the service ends soon after the app is gone
 SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
-PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long wait before it, named
+# a long wait before it, named
+PHASE_LINE = re.compile(
+    rf"^dflash-local ((?:{PHASE_IMPORTING}|{PHASE_LOADING}|{PHASE_CALIBRATING}) \S+)")
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 HEALTH_EVERY_S = 2.0  # how often the app checks that its service still answers
@@ -50,7 +57,7 @@ class ServiceProcess:
                  command: tuple[str, ...] | None = None,
                  on_phase: Callable[[str], None] | None = None):
         self.serve_args = list(serve_args)
-        self.on_phase = on_phase  # called with "calibrating ..." while the child prepares
+        self.on_phase = on_phase  # called with "importing ...", "calibrating ..." as they start
         self.log_path = log_path
         self.api_key = secrets.token_urlsafe(24)
         self.url: str | None = None
