@@ -32,6 +32,8 @@ def test_two_processes_opening_a_new_store_at_once_both_succeed(tmp_path):
         racer.start()
     for racer in racers:
         racer.join(timeout=120)
+        if racer.is_alive():  # stuck: ended here, and the exit code below says so
+            racer.kill()
     assert [racer.exitcode for racer in racers] == [0] * RACERS
     failures = []
     while not errors.empty():
