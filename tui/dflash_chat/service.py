@@ -2,8 +2,10 @@
 
 Boundary: no Textual, no model code: it runs `python -m dflash_local.cli.main serve` on a free
 loopback port (port 0, read back from the line serve prints) with a random API key passed
-through the environment (not argv, which other users can read in `ps`). The child's stderr and
-stdout go to a log file (both appending) whose tail explains a failed start or a dead service.
+through the environment (not argv, which other users can read in `ps`), and the app's pid, which
+the service watches: killed, the app takes its service with it within a second or so. The
+child's stderr and stdout go to a log file (both appending) whose tail explains a failed start
+or a dead service.
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
+from dflash_chat.protocol import (
+    PHASE_CALIBRATING,
+    PHASE_IMPORTING,
+    PHASE_LOADING,
+    ServiceError,
+)
 
 if TYPE_CHECKING:
     from dflash_chat.client import DFlashClient
 
 SERVE_COMMAND = (sys.executable, "-m", "dflash_local.cli.main", "serve")
 API_KEY_ENV = "DFLASH_LOCAL_API_KEY"  # read by `serve --api-key`'s default
+PARENT_PID_ENV = "DFLASH_LOCAL_PARENT_PID"  # the service ends soon after the app is gone
 SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
-PHASE_LINE = re.compile(rf"^dflash-local ({PHASE_CALIBRATING} \S+)")  # a long wait before it, named
+# a long wait before it, named
+PHASE_LINE = re.compile(
+    rf"^dflash-local ((?:{PHASE_IMPORTING}|{PHASE_LOADING}|{PHASE_CALIBRATING}) \S+)")
 STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 HEALTH_EVERY_S = 2.0  # how often the app checks that its service still answers
@@ -47,13 +57,13 @@ class ServiceProcess:
                  command: tuple[str, ...] | None = None,
                  on_phase: Callable[[str], None] | None = None):
         self.serve_args = list(serve_args)
-        self.on_phase = on_phase  # called with "calibrating ..." while the child prepares
+        self.on_phase = on_phase  # called with "importing ...", "calibrating ..." as they start
         self.log_path = log_path
         self.api_key = secrets.token_urlsafe(24)
         self.url: str | None = None
         self.command = command or SERVE_COMMAND
         self._env = {**os.environ, **(env or {}), API_KEY_ENV: self.api_key,
-                     "PYTHONUNBUFFERED": "1"}
+                     PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self._process: asyncio.subprocess.Process | None = None
         self._stdout_task: asyncio.Task | None = None
 

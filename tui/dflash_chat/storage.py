@@ -69,6 +69,8 @@ TITLE_CHARS = 60
 SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
 DB_NAME = "chats.sqlite3"
+BUSY_TIMEOUT_S = 10.0  # how long a write waits for another app's (a second instance's) to end
+WAL_RETRY_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -98,32 +100,87 @@ class Message:
     meta: dict = field(default_factory=dict)  # speculative, stats, per-round acceptance, reasoning, error
 
 
+class StoreError(Exception):
+    """A write the store refused (a full disk, a read-only file) or a damaged file; the message
+    is SQLite's. `damaged`: the file itself is broken, not the disk under it."""
+
+    def __init__(self, error: sqlite3.Error):
+        super().__init__(str(error))
+        self.damaged = is_damage(error)
+
+
+def is_damage(error: BaseException) -> bool:
+    """The file is not a database, or a damaged one (SQLite's primary codes, extended ones too)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 class ChatStore:
+    """`path` ":memory:": a store that lasts as long as the app (when the disk's cannot be used).
+    Opening raises sqlite3.Error or StoreError on a damaged, read-only or full store."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None)  # we open transactions
+        self._db = sqlite3.connect(self.path, isolation_level=None,  # we open transactions
+                                   timeout=BUSY_TIMEOUT_S)
+        try:
+            self._open()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._use_wal()
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a killed process
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._migrate()
+        with self._tx():  # one writer at a time: two apps opening a new store at once
+            self._run_script(SCHEMA)
+            self._migrate()
+        # damage found now, where the app can set the file aside, not on some later send
+        problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {problems[0]}")
         with self._tx():
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='streaming'")
 
+    def _use_wal(self) -> None:
+        """Switching a new file to WAL answers "locked" at once, without the busy timeout, while
+        another app switches it too: asked again until the timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(WAL_RETRY_S)
+
     def _migrate(self) -> None:
         """Bring a store an older app wrote up to this schema (columns added, the search built, or
-        built again to cover the reasoning)."""
+        built again to cover the reasoning). Runs inside the opening's write transaction, so
+        what it reads is still true when it writes."""
         if "settings" not in self._columns("chats"):
             self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
         if "reasoning" not in self._columns("messages"):
             self._db.execute(f"ALTER TABLE messages ADD COLUMN {REASONING_COLUMN}")
         tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
         if "messages_fts" in tables and "reasoning" not in self._columns("messages_fts"):
-            self._db.executescript(f"BEGIN; {OLD_SEARCH_DROP} {SEARCH_SCHEMA} COMMIT;")
+            self._run_script(OLD_SEARCH_DROP + SEARCH_SCHEMA)
         elif "messages_fts" not in tables:
-            self._db.executescript(f"BEGIN; {SEARCH_SCHEMA} COMMIT;")
+            self._run_script(SEARCH_SCHEMA)
+
+    def _run_script(self, script: str) -> None:
+        """Statement by statement: executescript would COMMIT the transaction this runs in."""
+        statement = ""
+        for line in script.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):  # a trigger's inner ";" does not end it
+                self._db.execute(statement)
+                statement = ""
 
     def _columns(self, table: str) -> set[str]:
         """A table's columns, generated ones included (table_info leaves those out)."""
@@ -196,14 +253,23 @@ class ChatStore:
 
     def add_message(self, chat_id: int, role: str, content: str, status: str = "done",
                     meta: dict | None = None) -> Message:
+        with self._tx():
+            return self._insert(chat_id, role, content, status, meta or {})
+
+    def add_turn(self, chat_id: int, prompt: str, reply_meta: dict) -> tuple[Message, Message]:
+        """A prompt and its reply to come (status "streaming") in one transaction: both or
+        neither, so a refused write leaves no half turn."""
+        with self._tx():
+            return (self._insert(chat_id, "user", prompt, "done", {}),
+                    self._insert(chat_id, "assistant", "", "streaming", reply_meta))
+
+    def _insert(self, chat_id: int, role: str, content: str, status: str, meta: dict) -> Message:
         _check_status(status)
         now = time.time()
-        meta = meta or {}
-        with self._tx():
-            cursor = self._db.execute(
-                "INSERT INTO messages (chat_id, role, content, status, meta, created) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (chat_id, role, content, status, json.dumps(meta), now))
-            self._db.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
+        cursor = self._db.execute(
+            "INSERT INTO messages (chat_id, role, content, status, meta, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (chat_id, role, content, status, json.dumps(meta), now))
+        self._db.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
         return Message(cursor.lastrowid, chat_id, role, content, status, meta)
 
     def update_message(self, message_id: int, content: str, status: str,
@@ -266,16 +332,27 @@ def export_markdown(chat: Chat, messages: list[Message]) -> str:
 
 
 class _Transaction:
-    """BEGIN ... COMMIT, or ROLLBACK on an exception (sqlite3 in autocommit mode)."""
+    """BEGIN ... COMMIT, or ROLLBACK on an exception (sqlite3 in autocommit mode). A write SQLite
+    refuses comes out as StoreError, which the app reports (and keeps what the user typed)."""
 
     def __init__(self, db: sqlite3.Connection):
         self.db = db
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(exc) from exc
 
-    def __exit__(self, exc_type, *_exc) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+    def __exit__(self, exc_type, exc, _traceback) -> None:
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        except sqlite3.Error as commit_error:  # a full disk may refuse the COMMIT itself
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise StoreError(exc if isinstance(exc, sqlite3.Error) else commit_error) from exc
+        if isinstance(exc, sqlite3.Error):
+            raise StoreError(exc) from exc
 
 
 def _chat(row: sqlite3.Row) -> Chat:

@@ -16,7 +16,7 @@ from dflash_chat.bindings import bindings_for
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import THINKING_MODES, Settings
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
-from dflash_chat.storage import chat_title, export_markdown
+from dflash_chat.storage import StoreError, chat_title, export_markdown
 from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
@@ -129,15 +129,21 @@ class ChatScreen(Screen):
         except AttachmentError as exc:
             self.notify(str(exc), title="Not sent", severity="error")
             return
+        try:
+            if conversation.chat_id is None:
+                await self._open_new_chat(chat_title(message.text))
+            if self._editing is not None:
+                await conversation.drop_from(self._editing)
+                self._editing = None
+            settings = self.app.settings
+            self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
+            await conversation.send(text, settings.sampling(), settings.speculative)
+        except StoreError as exc:  # a full disk: what was typed stays, to send again
+            self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
+                        title="Not sent", severity="error", timeout=30)
+            self.refresh_chat_list()
+            return
         self.query_one(PromptInput).accept()
-        if conversation.chat_id is None:
-            await self._open_new_chat(chat_title(message.text))
-        if self._editing is not None:
-            await conversation.drop_from(self._editing)
-            self._editing = None
-        settings = self.app.settings
-        self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
-        await conversation.send(text, settings.sampling(), settings.speculative)
         self.refresh_chat_list()
 
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
@@ -213,7 +219,21 @@ class ChatScreen(Screen):
         defaults change only from the settings screen)."""
         self.app.update_settings(**changes)
         if self.conversation.chat_id is not None:
-            self.app.store.set_chat_settings(self.conversation.chat_id, self.app.chat_settings())
+            self._write(self.app.store.set_chat_settings, self.conversation.chat_id,
+                        self.app.chat_settings())
+
+    def _write(self, write, *args) -> bool:
+        """A store write a key asked for: one the disk refuses (full) is said, not a crash."""
+        try:
+            write(*args)
+        except StoreError as exc:
+            self._not_written(exc)
+            return False
+        return True
+
+    def _not_written(self, error: StoreError) -> None:
+        self.notify(f"The chat history could not be written: {error}", severity="error",
+                    timeout=30)
 
     def action_toggle_accepted(self) -> None:
         self.app.update_settings(show_accepted=not self.app.settings.show_accepted)
@@ -235,9 +255,12 @@ class ChatScreen(Screen):
         last = conversation.last_view("assistant")
         if conversation.generating or last is None:
             return
-        await conversation.drop_from(last.message_id)
         settings = self.app.settings
-        await conversation.start_reply(settings.sampling(), settings.speculative)
+        try:
+            await conversation.drop_from(last.message_id)
+            await conversation.start_reply(settings.sampling(), settings.speculative)
+        except StoreError as exc:
+            self._not_written(exc)
 
     def action_edit_last(self) -> None:
         last = self.conversation.last_view("user")
@@ -291,8 +314,7 @@ class ChatScreen(Screen):
         store = self.app.store
 
         def rename(title: str | None) -> None:
-            if title and title.strip():
-                store.rename_chat(chat_id, title.strip())
+            if title and title.strip() and self._write(store.rename_chat, chat_id, title.strip()):
                 self.refresh_chat_list()
 
         self.app.push_screen(TextDialog("Rename chat", store.chat(chat_id).title), rename)
@@ -300,12 +322,15 @@ class ChatScreen(Screen):
     async def action_system_prompt(self) -> None:
         store = self.app.store
         if self.conversation.chat_id is None:
-            await self._open_new_chat("New chat")
+            try:
+                await self._open_new_chat("New chat")
+            except StoreError as exc:
+                self._not_written(exc)
+                return
         chat = store.chat(self.current_chat_id())
 
         def save(prompt: str | None) -> None:
-            if prompt is not None:
-                store.set_system_prompt(chat.id, prompt)
+            if prompt is not None and self._write(store.set_system_prompt, chat.id, prompt):
                 self.notify("System prompt saved (it applies from the next message)")
 
         self.app.push_screen(TextDialog("System prompt for this chat", chat.system_prompt,
@@ -333,9 +358,10 @@ class ChatScreen(Screen):
         async def delete(confirmed: bool | None) -> None:
             if not confirmed:
                 return
+            if not self._write(store.delete_chat, chat_id):
+                return
             if chat_id == self.conversation.chat_id:
                 await self.conversation.show_chat(None)
-            store.delete_chat(chat_id)
             self.refresh_chat_list()
 
         self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),

@@ -20,7 +20,7 @@ from textual.worker import Worker
 
 from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
 from dflash_chat.stats import LiveStats, SpeedSnapshot
-from dflash_chat.storage import ChatStore
+from dflash_chat.storage import ChatStore, StoreError
 from dflash_chat.storage import Message as StoredMessage
 from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.message import MessageView, describe
@@ -37,6 +37,7 @@ class Reply:
     stats: LiveStats
     meta: dict
     saved_at: float = 0.0
+    save_failed: bool = False  # a save was refused: said once
 
 
 class Conversation(VerticalScroll):
@@ -116,17 +117,22 @@ class Conversation(VerticalScroll):
     # --- generating ---
 
     async def send(self, prompt: str, options: dict, speculative: bool) -> None:
+        """Store the prompt and its reply to come (StoreError: neither is), then stream it."""
         assert self.chat_id is not None and not self.generating
-        user = self.store.add_message(self.chat_id, "user", prompt)
+        user, reply = self.store.add_turn(self.chat_id, prompt,
+                                          {"speculative": speculative, "rounds": []})
         await self.mount(MessageView(user))
-        self.call_after_refresh(self.scroll_end, animate=False)
-        await self.start_reply(options, speculative)
+        await self._stream_into(reply, options, speculative)
 
     async def start_reply(self, options: dict, speculative: bool) -> None:
         assert self.chat_id is not None and not self.generating
-        request = self.request_messages()
         meta = {"speculative": speculative, "rounds": []}
         stored = self.store.add_message(self.chat_id, "assistant", "", "streaming", meta)
+        await self._stream_into(stored, options, speculative)
+
+    async def _stream_into(self, stored: StoredMessage, options: dict, speculative: bool) -> None:
+        request = self.request_messages()  # the new reply, still empty, is left out
+        meta = stored.meta
         view = MessageView(stored, self.show_accepted)
         waiting = "" if self.app.service_ready.is_set() else " | waiting for the service"
         view.header = f"Assistant | {'speculative' if speculative else 'plain'} | ...{waiting}"
@@ -237,8 +243,16 @@ class Conversation(VerticalScroll):
         self.post_message(self.ReplyFinished(reply.message_id, message.status))
 
     def _save(self, reply: Reply, status: str) -> None:
-        self.store.update_message(reply.message_id, reply.view.text, status, reply.meta)
+        """A refused write (a full disk) is said once per reply; the reply keeps streaming and
+        the next save tries again."""
         reply.saved_at = time.monotonic()
+        try:
+            self.store.update_message(reply.message_id, reply.view.text, status, reply.meta)
+        except StoreError as exc:
+            if not reply.save_failed:
+                self.app.notify(f"The reply could not be saved: {exc}", severity="error",
+                                timeout=30)
+            reply.save_failed = True
 
     def on_unmount(self) -> None:
         """The app is closing mid-reply: keep what was shown."""

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from dflash_chat.protocol import PHASE_CALIBRATING
+from dflash_chat.protocol import PHASE_CALIBRATING, PHASE_IMPORTING, PHASE_ONCE
 from dflash_chat.widgets import widget_css
 
 DOWN_STATES = ("service stopped", "service failed", "error")
@@ -35,16 +35,17 @@ class StatusBar(Widget):
             self.refresh()
 
     def watch_service(self, service: str) -> None:
-        busy = service.startswith(("starting", "loading", PHASE_CALIBRATING))
-        if not busy:
-            self.busy_since = None
-        elif self.busy_since is None:
-            self.busy_since = time.monotonic()
+        """A wait's counter starts with it: each phase shows its own time, not the app's."""
+        busy = service.startswith(("starting", "loading", PHASE_IMPORTING, PHASE_CALIBRATING))
+        self.busy_since = time.monotonic() if busy else None
 
     def render(self) -> Text:
         text = Text()
         ready = self.service == "ready"
         state = self.service
+        phase = state.split(" ", 1)[0]
+        if phase in PHASE_ONCE:
+            state += f" ({PHASE_ONCE[phase]})"
         if self.busy_since is not None:
             state += f" {time.monotonic() - self.busy_since:.0f} s"
         down = self.service.startswith(DOWN_STATES)
