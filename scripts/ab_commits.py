@@ -83,6 +83,13 @@ class Worker:
         self.process.wait()
 
 
+def _machine() -> str:
+    """The CPU model and core count: a cross-day comparison needs the machine named."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    return f"{os.cpu_count()} cores, {model}; load {os.getloadavg()[0]:.1f} at the end"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old", type=Path)
@@ -92,6 +99,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--compares", default="", metavar="TEXT",
+                        help="what the two checkouts are, one line for the records' index")
     parser.add_argument("--only", metavar="ID[,ID]", help="only these prompts of the dataset")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each prompt (each recorded)")
     parser.add_argument("--trace", type=Path, metavar="DIR",
@@ -134,6 +143,8 @@ def main() -> int:
     speeds = {side: t["tokens"] / t["decode_s"] for side, t in totals.items()}
     record = {
         "title": f"Before and after a change, {args.engine}, block size auto",
+        "compares": args.compares or f"{args.old.name} against {args.new.name} ({args.engine}, {args.dataset})",
+        "machine": _machine(),
         "command": " ".join(["scripts/ab_commits.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine, "dataset": args.dataset,
         "samples": len(prompts),
