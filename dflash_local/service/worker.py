@@ -43,6 +43,9 @@ class JobRequest:
     messages: list[dict]
     params: GenerationParams
     max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
+    # the API's choice for a given max_tokens past the room left: lower it to the room (logged)
+    # rather than refuse the request
+    fit_max_tokens: bool = False
     thinking: bool | None = None
     stop: tuple[str, ...] = ()
     tools: tuple[dict, ...] = ()
@@ -69,6 +72,13 @@ class Chunk:
     stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
     logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
     reasoning: str = ""  # the reasoning delta (a harmony target's analysis channel)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A local engine's prompt passed every check; its prefill begins (it may take a while)."""
+
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,7 @@ class Job:
         self.rounds_at_cancel = self.rounds
         self._cancel.set()
 
-    def put(self, item: Chunk | Finished | Failed) -> None:
+    def put(self, item: Started | Chunk | Finished | Failed) -> None:
         """From the worker thread. The loop is woken once per batch, not once per item: when it
         falls behind, the items that pile up are delivered (and written) together."""
         with self._handoff_lock:
@@ -318,20 +328,38 @@ class GenerationWorker:
             stats.cached_tokens = stats.cached_tokens or served.cached_tokens
         return stats
 
+    def prompt_ids(self, request: JobRequest, tools: ToolPlan | None = None) -> list[int]:
+        """A local engine's prompt for the request, as its generation would get it (tools and
+        a forced call's opener included); count_tokens calls it from a thread of its own."""
+        if tools is None:
+            tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
+        return self.engine.encode_chat(request.messages, thinking=request.thinking,
+                                       tools=tools.tools, assistant_prefix=tools.assistant_prefix)
+
     def _open_stream(self, job: Job, tools: ToolPlan):
         request = job.request
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        job.prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
-                                                 tools=tools.tools,
-                                                 assistant_prefix=tools.assistant_prefix)
-        return self.engine.stream(job.prompt_ids, self._fit_max_tokens(request, len(job.prompt_ids)))
+        job.prompt_ids = self.prompt_ids(request, tools)
+        params = self._fit_max_tokens(job, len(job.prompt_ids))
+        job.put(Started(len(job.prompt_ids)))  # the request holds: errors from here on are the stream's
+        return self.engine.stream(job.prompt_ids, params)
 
-    def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
-        room = self.engine.capabilities.max_context - prompt_len
+    def _fit_max_tokens(self, job: Job, prompt_len: int) -> GenerationParams:
+        request, context = job.request, self.engine.capabilities.max_context
+        room = context - prompt_len
         if room < 1:
             raise PromptTooLongError(f"prompt of {prompt_len} tokens fills the target's context "
-                                     f"of {self.engine.capabilities.max_context} tokens")
+                                     f"of {context} tokens", prompt_tokens=prompt_len,
+                                     max_context=context)
+        asked = request.params.max_tokens
+        if asked <= room:
+            return request.params
+        if request.max_tokens_given and not request.fit_max_tokens:
+            raise PromptTooLongError(f"prompt of {prompt_len} tokens + max_tokens {asked} exceeds "
+                                     f"the target's context of {context} tokens",
+                                     prompt_tokens=prompt_len, max_tokens=asked, max_context=context)
         if request.max_tokens_given:
-            return request.params  # the loop checks prompt + max_tokens against the context
-        return replace(request.params, max_tokens=min(request.params.max_tokens, room))
+            log.info("%s: max_tokens %d lowered to the %d tokens left (prompt %d, context %d)",
+                     job.id, asked, room, prompt_len, context)
+        return replace(request.params, max_tokens=room)
