@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from dflash_local.drafter.config import load_checked_drafter_config
@@ -31,6 +32,7 @@ from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
+from dflash_local.service.system_turns import SystemTurns
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
@@ -69,6 +71,11 @@ class LoadedPair:
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
+
+    @cached_property
+    def system_turns(self) -> SystemTurns:
+        """Where its chat template takes system turns (tried once, on the first request)."""
+        return SystemTurns.of(self.engine)
 
     def describe(self) -> dict:
         pair = self.engine.pair
@@ -141,17 +148,23 @@ class ServiceState:
         self.on_loading_phase = on_loading_phase  # (served name, phase): `serve` prints it
         self._load_lock = threading.Lock()
 
-    def require_model(self, name: str | None) -> LoadedPair:
+    def require_model(self, name: str | None, any_name: bool = False) -> LoadedPair:
+        """The loaded pair, if `name` is its name or an alias; with `any_name` (an API whose
+        clients send their own model names) any name but another known pair's."""
         check_model_name(name)
         loaded = self.loaded  # while another loads, this one still serves
         if loaded is None:
             raise NoModelLoadedError(
                 f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
                 else "no model is loaded; POST /dflash/load first")
-        if not loaded.answers_to(name):
+        if not loaded.answers_to(name) and (not any_name or name in self.other_pairs_names()):
             raise ModelNotFoundError(f"model {name!r} is not loaded (this server serves "
                                      f"{loaded.served_name!r})")
         return loaded
+
+    def other_pairs_names(self) -> set[str]:
+        """The names that ask for a pair this service knows: its catalog's ids and targets."""
+        return {name for pair in self.catalog.pairs for name in (pair.id, pair.target.repo)}
 
     # --- blocking: the app calls these in a thread ---
 
