@@ -244,5 +244,7 @@ def test_a_system_turn_for_a_template_without_one_is_a_400_naming_it():
                ("messages.1", {"role": "system", "content": REMINDER})]
     with pytest.raises(InvalidRequestError, match=r"messages\.1\.role: 'system': the chat template of gemma"):
         place_system_turns(sourced, SystemTurns.NONE, "gemma")
+    with pytest.raises(InvalidRequestError, match=r"^system: a system prompt: the chat template of gemma"):
+        place_system_turns([("system", {"role": "system", "content": "x"}), *sourced], SystemTurns.NONE, "gemma")
     assert place_system_turns(sourced, SystemTurns.LEADING, "qwen") == [
         {"role": "system", "content": REMINDER}, {"role": "user", "content": "Hi"}]

@@ -68,9 +68,9 @@ def place_system_turns(sourced: list[tuple[str, dict]], turns: SystemTurns, mode
         return messages
     if turns is SystemTurns.NONE:
         field = systems[0][0]
-        where = field if field == "system" else f"{field}.role"
-        raise InvalidRequestError(f"{where}: 'system': the chat template of {model} takes no "
-                                  f"system turn; put its text in a user message")
+        what = "system: a system prompt" if field == "system" else f"{field}.role: 'system'"
+        raise InvalidRequestError(f"{what}: the chat template of {model} takes no system turn; "
+                                  f"put its text in a user message")
     if len(systems) == 1 and messages[0]["role"] == "system":
         return messages  # already the one leading system prompt
     moved = [field for field, message in systems if message is not messages[0]]
