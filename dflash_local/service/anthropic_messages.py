@@ -55,12 +55,13 @@ async def messages(body: MessagesRequest, request: Request, state: ServiceStateD
 @router.post(COUNT_TOKENS_PATH)
 async def count_tokens(body: CountTokensRequest, state: ServiceStateDep) -> dict:
     loaded = state.require_model(body.model, any_name=True)
-    if not loaded.engine.capabilities.tokenizes:
+    counter = loaded.prompt_counter
+    if counter is None:
         raise InvalidRequestError(f"count_tokens: {loaded.served_name} is served by its own "
                                   f"server, whose tokenizer this service does not hold")
     request = job_request(body, loaded)
     try:  # off the event loop: a long conversation takes the template a while
-        prompt_ids = await asyncio.to_thread(loaded.worker.prompt_ids, request)
+        prompt_ids = await asyncio.to_thread(counter.prompt_ids, request)
     except PromptTooLongError as exc:
         raise anthropic_context_error(exc) from None
     return {"input_tokens": len(prompt_ids)}

@@ -32,6 +32,7 @@ from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
+from dflash_local.service.prompt_count import PromptCounter
 from dflash_local.service.system_turns import SystemTurns
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
@@ -68,6 +69,7 @@ class LoadedPair:
     loaded_at: int = field(default_factory=lambda: int(time.time()))
     names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
     status_fit: dict | None = None  # the fit /dflash/status shows: its files do not change
+    prompt_counter: PromptCounter | None = None  # count_tokens' (None: the engine does not tokenize)
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
@@ -247,8 +249,9 @@ class ServiceState:
             self._ensure_idle()
             precheck_pair(target, drafter)
             engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
-            loaded = LoadedPair(served_name=served_name, engine=engine_obj,
-                                worker=GenerationWorker(engine_obj, max_queue=self.max_queue),
+            worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
+            loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
+                                prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
                                 draft_window=draft_window,
                                 names=names or (public_name(target), public_name(drafter)))

@@ -165,6 +165,13 @@ def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish:
     return text, splitter.take_reasoning(), tuple(deltas), finish
 
 
+def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[int]:
+    """A local engine's prompt for the request: its template, with the tools and a forced call's
+    opener of `tools` (plan_tools). Generation and count_tokens both encode through here."""
+    return engine.encode_chat(request.messages, thinking=request.thinking, tools=tools.tools,
+                              assistant_prefix=tools.assistant_prefix)
+
+
 class GenerationWorker:
     def __init__(self, engine: Engine, max_queue: int = 8):
         self.engine = engine
@@ -328,19 +335,11 @@ class GenerationWorker:
             stats.cached_tokens = stats.cached_tokens or served.cached_tokens
         return stats
 
-    def prompt_ids(self, request: JobRequest, tools: ToolPlan | None = None) -> list[int]:
-        """A local engine's prompt for the request, as its generation would get it (tools and
-        a forced call's opener included); count_tokens calls it from a thread of its own."""
-        if tools is None:
-            tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
-        return self.engine.encode_chat(request.messages, thinking=request.thinking,
-                                       tools=tools.tools, assistant_prefix=tools.assistant_prefix)
-
     def _open_stream(self, job: Job, tools: ToolPlan):
         request = job.request
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        job.prompt_ids = self.prompt_ids(request, tools)
+        job.prompt_ids = encode_prompt(self.engine, request, tools)
         params = self._fit_max_tokens(job, len(job.prompt_ids))
         job.put(Started(len(job.prompt_ids)))  # the request holds: errors from here on are the stream's
         return self.engine.stream(job.prompt_ids, params)
