@@ -30,9 +30,15 @@ class ModelNotFoundError(DFlashError):
 
 
 class PromptTooLongError(DFlashError):
-    """The prompt (plus the tokens asked for) does not fit the target's context."""
+    """The prompt (plus the tokens asked for) does not fit the target's context; the counts,
+    where known, let an API word it as its official clients parse it."""
 
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, prompt_tokens: int | None = None,
+                 max_tokens: int | None = None, max_context: int | None = None):
+        super().__init__(message)
+        self.prompt_tokens, self.max_tokens, self.max_context = prompt_tokens, max_tokens, max_context
 
 
 class EngineUnavailableError(DFlashError):

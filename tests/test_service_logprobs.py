@@ -179,7 +179,7 @@ def test_an_entry_waits_while_the_stop_matcher_holds_its_text(embedded_target_di
 
     from dflash_local.events import StepEvent, TokenLogprob
     from dflash_local.service.logprob_entries import LogprobEntries
-    from dflash_local.service.worker import StopMatcher
+    from dflash_local.service.stop_strings import StopMatcher
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_target_dir)
     paris, dot, then = (tokenizer.encode(text, add_special_tokens=False) for text in

@@ -11,6 +11,7 @@ import openai
 import pytest
 from service_support import EOS_PROMPT, LONG_PROMPT, serve_module
 
+from dflash_local.pairs.catalog import load_catalog
 from dflash_local.service.anthropic_messages_schemas import MessagesRequest
 
 KEY = "s3cret"
@@ -148,11 +149,13 @@ def test_the_guards_errors_take_anthropics_shape_too(server):
     assert int(response.headers["content-length"]) == len(response.content)
 
 
-def test_an_unknown_model_is_anthropics_not_found(claude):
+def test_another_known_pair_is_anthropics_not_found(claude):
+    # any other name is served by the loaded pair (test_service_claude_code.py)
+    other = load_catalog().pairs[0].id
     with pytest.raises(anthropic.NotFoundError) as caught:
-        claude.messages.create(model="claude-opus", max_tokens=4,
+        claude.messages.create(model=other, max_tokens=4,
                                messages=[{"role": "user", "content": "Hi"}])
-    assert "claude-opus" in caught.value.body["error"]["message"]
+    assert other in caught.value.body["error"]["message"]
 
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -190,7 +193,10 @@ BAD = {
                                  ["messages.0.content.0", "assistant"]),
     "tools for a template without them": ({"tools": [TOOL]}, ["tools", "no tool support"]),
     "temperature over 1": ({"temperature": 1.5}, ["temperature", "1.5"]),
-    "a role Anthropic lacks": ({"messages": [{"role": "system", "content": "x"}]}, ["messages.0.role"]),
+    "a role Anthropic lacks": ({"messages": [{"role": "developer", "content": "x"}]}, ["messages.0.role"]),
+    "a tool block in a system turn": ({"messages": [*HI, {"role": "system", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]},
+        ["messages.1.content.0", "user message"]),
 }
 
 

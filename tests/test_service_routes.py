@@ -19,6 +19,7 @@ OPERATIONS_BY_MODULE = {
     },
     "anthropic_messages": {
         ("POST", "/v1/messages", "messages_v1_messages_post"),
+        ("POST", "/v1/messages/count_tokens", "count_tokens_v1_messages_count_tokens_post"),
     },
     "management": {
         ("GET", "/health", "health_health_get"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from dflash_local.service.worker import StopMatcher
+from dflash_local.service.stop_strings import StopMatcher
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

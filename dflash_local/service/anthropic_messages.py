@@ -6,17 +6,24 @@ input_json_delta) / content_block_stop, then message_delta (stop_reason, usage) 
 Each round's `dflash` object rides on the last event that round produced; a round that showed
 nothing (an end-of-turn token, text a stop string holds back) sends an empty delta of the open
 block, or a `ping` before the first block (SDK stream helpers drop pings: read raw events).
-Errors on this path are reshaped into Anthropic's {"type": "error", "error": {...}}.
+Errors on this path are reshaped into Anthropic's {"type": "error", "error": {...}}; a prompt
+that does not fit is worded as Anthropic words it, which its clients parse (Claude Code retries
+with a smaller `max_tokens`, or compacts on "prompt is too long"). A `max_tokens` past the room
+left is lowered to it (the worker logs it), as the real API never meets a context this small.
+POST /v1/messages/count_tokens renders the same prompt a request with that body would get.
+Any model name is the loaded pair but another known pair's: agents send their own names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import APIRouter, Request
 
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.service import jobs
-from dflash_local.service.anthropic_messages_schemas import MessagesRequest
+from dflash_local.service.anthropic_messages_schemas import CountTokensRequest, MessagesRequest
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
@@ -24,6 +31,8 @@ from dflash_local.service.usage import step_dflash
 from dflash_local.service.worker import Chunk, JobRequest
 
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+PING = named_sse({"type": "ping"})  # Anthropic's keep-alive event; its SDKs skip it
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -34,18 +43,50 @@ router = APIRouter()
 
 @router.post(MESSAGES_PATH)
 async def messages(body: MessagesRequest, request: Request, state: ServiceStateDep):
-    loaded = state.require_model(body.model)
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
-                          body.stream, id_prefix="msg_")
+    loaded = state.require_model(body.model, any_name=True)  # Claude Code's opus/sonnet/haiku
+    try:
+        return await jobs.run(job_request(body, loaded), loaded, request,
+                              lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
+                              body.stream, id_prefix="msg_", keepalive=PING)
+    except PromptTooLongError as exc:
+        raise anthropic_context_error(exc) from None
+
+
+@router.post(COUNT_TOKENS_PATH)
+async def count_tokens(body: CountTokensRequest, state: ServiceStateDep) -> dict:
+    loaded = state.require_model(body.model, any_name=True)
+    counter = loaded.prompt_counter
+    if counter is None:
+        raise InvalidRequestError(f"count_tokens: {loaded.served_name} is served by its own "
+                                  f"server, whose tokenizer this service does not hold")
+    request = job_request(body, loaded)
+    try:  # off the event loop: a long conversation takes the template a while
+        prompt_ids = await asyncio.to_thread(counter.prompt_ids, request)
+    except PromptTooLongError as exc:
+        raise anthropic_context_error(exc) from None
+    return {"input_tokens": len(prompt_ids)}
 
 
 def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
                                     top_k=body.top_k)
-    return JobRequest(messages=body.template_messages(), params=params, max_tokens_given=True,
+    messages = body.template_messages(loaded.system_turns, loaded.served_name)
+    return JobRequest(messages=messages, params=params, max_tokens_given=True, fit_max_tokens=True,
                       thinking=body.thinking_mode(), stop=tuple(body.stop_sequences or ()),
                       tools=body.job_tools(), tool_choice=body.job_tool_choice())
+
+
+def anthropic_context_error(exc: PromptTooLongError) -> PromptTooLongError:
+    """The error in the words of Anthropic's API, which Claude Code matches to recover."""
+    prompt, asked, context = exc.prompt_tokens, exc.max_tokens, exc.max_context
+    if prompt is not None and asked is not None and context is not None:
+        message = (f"input length and `max_tokens` exceed context limit: {prompt} + {asked} > "
+                   f"{context}, decrease input length or `max_tokens` and try again")
+    elif prompt is not None and context is not None:  # at least one token must be left to reply
+        message = f"prompt is too long: {prompt} tokens > {context - 1} maximum"
+    else:
+        message = f"prompt is too long: {exc}"
+    return PromptTooLongError(message, prompt, asked, context)
 
 
 def tool_use_id(call_id: str) -> str:
@@ -174,14 +215,14 @@ def anthropic_error(status: int, body: bytes) -> bytes:
 
 
 class AnthropicErrors:
-    """Pure ASGI: on /v1/messages, every error response (a guard's, the key's, validation's, a
+    """Pure ASGI: on /v1/messages (and its count_tokens), every error response (a guard's, the key's, validation's, a
     route's) leaves in Anthropic's shape. Only error bodies are held; streams pass untouched."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != MESSAGES_PATH:
+        if scope["type"] != "http" or scope["path"] not in (MESSAGES_PATH, COUNT_TOKENS_PATH):
             return await self.app(scope, receive, send)
         held: dict = {}
         parts: list[bytes] = []

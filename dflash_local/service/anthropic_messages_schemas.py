@@ -4,6 +4,8 @@ Anthropic's fields as its API defines them: `max_tokens` and `model` required, `
 string or text blocks, content blocks text / tool_use / tool_result, tools with an
 `input_schema`, tool_choice auto / any / tool / none. What we cannot honour (images, documents,
 thinking blocks, server tools) is refused by name; `metadata` only labels a request and is ignored.
+A message of role "system" (text only) may stand anywhere in `messages`, as agents send it; it goes
+where the target's template allows (system_turns.py).
 The messages become Hugging Face template messages (worker.JobRequest's form): tool_use blocks an
 assistant's `tool_calls`, tool_result blocks `tool` messages.
 """
@@ -28,6 +30,7 @@ from dflash_local.service.request_fields import (
     template_call,
     template_tool,
 )
+from dflash_local.service.system_turns import SystemTurns, place_system_turns
 from dflash_local.service.validation import shown_value
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # Anthropic's rule for a tool's name
@@ -69,7 +72,7 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Fi
 
 
 class AnthropicMessage(StrictModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: Text | Annotated[list[Block], at_most(MAX_CONTENT_BLOCKS, "content blocks per message")]
 
     @field_validator("content")
@@ -165,12 +168,14 @@ class MessagesRequest(DFlashOptions):
         check_tool_blocks(self.messages)
         return self
 
-    def template_messages(self) -> list[dict]:
+    def template_messages(self, turns: SystemTurns = SystemTurns.ANYWHERE, model: str = "") -> list[dict]:
+        """The conversation as template messages, its system turns where `turns` (the template
+        of `model`) allows them."""
         system = joined_text(self.system)
-        messages = [] if system is None else [{"role": "system", "content": system}]
-        for message in self.messages:
-            messages.extend(template_messages(message))
-        return messages
+        sourced = [] if system is None else [("system", {"role": "system", "content": system})]
+        for index, message in enumerate(self.messages):
+            sourced += [(f"messages.{index}", part) for part in template_messages(message)]
+        return place_system_turns(sourced, turns, model)
 
     def job_tools(self) -> tuple[dict, ...]:
         return tuple(tool.as_template_tool() for tool in self.tools or [])
@@ -217,12 +222,18 @@ def template_messages(message: AnthropicMessage) -> list[dict]:
         calls = [template_call(block.id, block.name, block.input)
                  for block in message.content if isinstance(block, ToolUseBlock)]
         return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
-    out: list[dict] = []
+    out: list[dict] = []  # a user's or a system's: text, and a user's tool_result blocks
     for block in message.content:
         if isinstance(block, ToolResultBlock):
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
-        elif out and out[-1]["role"] == "user":
+        elif out and out[-1]["role"] == message.role:
             out[-1]["content"] += block.text
         else:
-            out.append({"role": "user", "content": block.text})
+            out.append({"role": message.role, "content": block.text})
     return out
+
+
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a Messages body without `max_tokens`."""
+
+    max_tokens: int = Field(1, ge=1, le=MAX_TOKENS_LIMIT)

@@ -2,11 +2,13 @@
 OpenAI-style JSON with the right status, never a traceback (the one error tree is
 dflash_local/errors.py).
 
-DFlashError subclasses map to a status by their `code`; validation errors become 400.
+DFlashError subclasses map to a status by their `code`; validation errors become 400. Every
+4xx leaves a line in the log with its reason (ErrorLog), whichever layer refused the request.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -136,3 +138,38 @@ def install_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal server error (details are in the server log)",
                               "internal_error")
+
+
+def logged_reason(body: bytes) -> str:
+    """An error body's message, in our shape or Anthropic's ({"error": {"message"}} both)."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+class ErrorLog:
+    """Pure ASGI: logs every 4xx on one line, its status, route and reason (a guard's, the key's,
+    validation's, a route's). The reasons are our own messages: they show a wrong value cut
+    short (validation.shown_value), never a whole message's text. Streams pass untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status: list[int] = []
+        parts: list[bytes] = []
+
+        async def logging_send(message):
+            if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+                status.append(message["status"])
+            elif message["type"] == "http.response.body" and status:
+                parts.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    log.warning("%d %s %s: %s", status[0], scope["method"], scope["path"],
+                                logged_reason(b"".join(parts)))
+            await send(message)
+
+        return await self.app(scope, receive, logging_send)

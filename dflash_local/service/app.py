@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from dflash_local import __version__
 from dflash_local.service import anthropic_messages, management, openai_chat, openai_responses
 from dflash_local.service.anthropic_messages import AnthropicErrors
-from dflash_local.service.api_errors import install_handlers
+from dflash_local.service.api_errors import ErrorLog, install_handlers
 from dflash_local.service.guards import (
     DEFAULT_MAX_BODY_BYTES,
     LOOPBACK_HOSTS,
@@ -45,7 +45,8 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, api_key=state.api_key)
     app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)
-    app.add_middleware(AnthropicErrors)  # outermost: it reshapes the guards' errors too
+    app.add_middleware(AnthropicErrors)  # it reshapes the guards' errors too
+    app.add_middleware(ErrorLog)  # outermost: it logs every 4xx, whoever answered it
     for api in (management, openai_chat, anthropic_messages, openai_responses):
         app.include_router(api.router)
     return app

@@ -5,6 +5,9 @@ waits for its first item (errors before the first token stay proper HTTP statuse
 a disconnect, then streams the encoder's SSE events or collects one reply and lets the encoder
 shape its body. A client that leaves stops its job: the watcher sees the disconnect while we
 wait, the SSE generator's `finally` once streaming.
+A stream whose prefill outlasts KEEPALIVE_S (a 30k-token agent prompt) begins before its first
+token, once the worker says the prompt passed its checks (Started), and sends a keep-alive after
+every KEEPALIVE_S of silence: one mechanism for every API, each naming its keep-alive bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +29,18 @@ from dflash_local.events import (
     widest_block,
 )
 from dflash_local.service.api_errors import status_of
-from dflash_local.service.sse import SSE_HEADERS
+from dflash_local.service.sse import KEEPALIVE_COMMENT, KEEPALIVE_S, SSE_HEADERS
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import reply_usage
-from dflash_local.service.worker import Chunk, Failed, Finished, Job, JobRequest, ToolCallDelta
+from dflash_local.service.worker import (
+    Chunk,
+    Failed,
+    Finished,
+    Job,
+    JobRequest,
+    Started,
+    ToolCallDelta,
+)
 
 DEFAULT_MAX_TOKENS = 512
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it
@@ -140,8 +151,9 @@ def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
 
 async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
               make_encoder: Callable[[str], ReplyEncoder], stream: bool,
-              id_prefix: str | None = None) -> Response:
-    """`make_encoder(reply_id)`; `id_prefix` names the reply as its API does ("msg_", "resp_")."""
+              id_prefix: str | None = None, keepalive: bytes = KEEPALIVE_COMMENT) -> Response:
+    """`make_encoder(reply_id)`; `id_prefix` names the reply as its API does ("msg_", "resp_");
+    `keepalive`: the SSE bytes a stream sends while nothing else comes."""
     job = Job(request, asyncio.get_running_loop())
     if id_prefix is not None:
         job.id = id_prefix + job.id.removeprefix("chatcmpl-")
@@ -150,11 +162,13 @@ async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
     watcher = asyncio.create_task(_wait_disconnect(http_request))
     try:
         first = await _next(job, watcher)
+        if isinstance(first, Started):  # None after KEEPALIVE_S: the prefill goes on, streamed
+            first = await _next(job, watcher, timeout=KEEPALIVE_S if stream else None)
         if isinstance(first, Failed):
             raise first.error
         if stream:
-            return StreamingResponse(_stream(job, first, encoder, loaded), headers=SSE_HEADERS,
-                                     media_type="text/event-stream")
+            return StreamingResponse(_stream(job, first, encoder, loaded, keepalive),
+                                     headers=SSE_HEADERS, media_type="text/event-stream")
         return await _collect(job, first, encoder, loaded, watcher)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
@@ -175,10 +189,16 @@ async def _collect(job: Job, item, encoder: ReplyEncoder, loaded: LoadedPair,
     return JSONResponse(encoder.body(reply, usage(item, job, loaded)))
 
 
-async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair) -> AsyncIterator[bytes]:
-    items = [first]
+async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair,
+                  keepalive: bytes) -> AsyncIterator[bytes]:
+    items = [] if first is None else [first]
     try:
         while True:
+            if not items:
+                items = await _waiting_items(job)
+                if not items:
+                    yield keepalive
+                    continue
             # every step stays its own SSE event; the steps already waiting go out in one write
             events, done = [], False
             for item in items:
@@ -189,11 +209,20 @@ async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair) ->
             yield b"".join(events)
             if done:
                 return
-            items = [await job.outbox.get()]
-            while not job.outbox.empty():
-                items.append(job.outbox.get_nowait())
+            items = []
     finally:
         job.cancel()  # a no-op once finished; on disconnect it stops the worker within a round
+
+
+async def _waiting_items(job: Job) -> list:
+    """The job's next item and those behind it; [] after KEEPALIVE_S without one."""
+    try:
+        items = [await asyncio.wait_for(job.outbox.get(), KEEPALIVE_S)]
+    except TimeoutError:
+        return []
+    while not job.outbox.empty():
+        items.append(job.outbox.get_nowait())
+    return items
 
 
 def _encode(item, job: Job, encoder: ReplyEncoder, loaded: LoadedPair) -> tuple[bytes, bool]:
@@ -216,13 +245,17 @@ def usage(finished: Finished, job: Job, loaded: LoadedPair) -> dict:
                        auto=isinstance(params.block_size, Auto) and params.speculative)
 
 
-async def _next(job: Job, watcher: asyncio.Task):
-    """The job's next item, or cancel it if the client disconnects first."""
+async def _next(job: Job, watcher: asyncio.Task, timeout: float | None = None):
+    """The job's next item (None after `timeout` seconds without one), or cancel the job if the
+    client disconnects first. A cancelled get leaves its item in the queue."""
     getter = asyncio.ensure_future(job.outbox.get())
-    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({getter, watcher}, timeout=timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
     if getter in done:
         return getter.result()
     getter.cancel()
+    if watcher not in done:
+        return None
     job.cancel()
     raise ClientDisconnected(job.id)
 

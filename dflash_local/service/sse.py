@@ -8,6 +8,11 @@ from __future__ import annotations
 import json
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# sent after KEEPALIVE_S without an event (a long prefill): clients and proxies that time out an
+# idle connection keep waiting. A comment line, which every SSE parser skips (Anthropic's stream
+# sends its own `ping` event instead)
+KEEPALIVE_S = 5.0
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 
 def sse(payload: dict | str) -> bytes:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from dflash_local.drafter.config import load_checked_drafter_config
@@ -32,6 +33,8 @@ from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
+from dflash_local.service.prompt_count import PromptCounter
+from dflash_local.service.system_turns import SystemTurns
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
 
@@ -67,9 +70,15 @@ class LoadedPair:
     loaded_at: int = field(default_factory=lambda: int(time.time()))
     names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
     status_fit: dict | None = None  # the fit /dflash/status shows: its files do not change
+    prompt_counter: PromptCounter | None = None  # count_tokens' (None: the engine does not tokenize)
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
+
+    @cached_property
+    def system_turns(self) -> SystemTurns:
+        """Where its chat template takes system turns (tried once, on the first request)."""
+        return SystemTurns.of(self.engine)
 
     def describe(self) -> dict:
         pair = self.engine.pair
@@ -145,17 +154,23 @@ class ServiceState:
         self.on_loading_phase = on_loading_phase  # (served name, phase): `serve` prints it
         self._load_lock = threading.Lock()
 
-    def require_model(self, name: str | None) -> LoadedPair:
+    def require_model(self, name: str | None, any_name: bool = False) -> LoadedPair:
+        """The loaded pair, if `name` is its name or an alias; with `any_name` (an API whose
+        clients send their own model names) any name but another known pair's."""
         check_model_name(name)
         loaded = self.loaded  # while another loads, this one still serves
         if loaded is None:
             raise NoModelLoadedError(
                 f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
                 else "no model is loaded; POST /dflash/load first")
-        if not loaded.answers_to(name):
+        if not loaded.answers_to(name) and (not any_name or name in self.other_pairs_names()):
             raise ModelNotFoundError(f"model {name!r} is not loaded (this server serves "
                                      f"{loaded.served_name!r})")
         return loaded
+
+    def other_pairs_names(self) -> set[str]:
+        """The names that ask for a pair this service knows: its catalog's ids and targets."""
+        return {name for pair in self.catalog.pairs for name in (pair.id, pair.target.repo)}
 
     # --- blocking: the app calls these in a thread ---
 
@@ -256,8 +271,9 @@ class ServiceState:
             self._ensure_idle()
             precheck_pair(target, drafter)
             engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
-            loaded = LoadedPair(served_name=served_name, engine=engine_obj,
-                                worker=GenerationWorker(engine_obj, max_queue=self.max_queue),
+            worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
+            loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
+                                prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
                                 draft_window=draft_window,
                                 names=names or (public_name(target), public_name(drafter)))

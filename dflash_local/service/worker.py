@@ -23,6 +23,7 @@ from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.api_errors import NoModelLoadedError, QueueFullError
 from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.logprob_entries import LogprobEntries
+from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
 
@@ -42,6 +43,9 @@ class JobRequest:
     messages: list[dict]
     params: GenerationParams
     max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
+    # the API's choice for a given max_tokens past the room left: lower it to the room (logged)
+    # rather than refuse the request
+    fit_max_tokens: bool = False
     thinking: bool | None = None
     stop: tuple[str, ...] = ()
     tools: tuple[dict, ...] = ()
@@ -68,6 +72,13 @@ class Chunk:
     stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
     logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
     reasoning: str = ""  # the reasoning delta (a harmony target's analysis channel)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A local engine's prompt passed every check; its prefill begins (it may take a while)."""
+
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ class Job:
         self.rounds_at_cancel = self.rounds
         self._cancel.set()
 
-    def put(self, item: Chunk | Finished | Failed) -> None:
+    def put(self, item: Started | Chunk | Finished | Failed) -> None:
         """From the worker thread. The loop is woken once per batch, not once per item: when it
         falls behind, the items that pile up are delivered (and written) together."""
         with self._handoff_lock:
@@ -136,65 +147,6 @@ class Job:
                 "rounds_at_cancel": self.rounds_at_cancel}
 
 
-class StopMatcher:
-    """Finds stop strings across text deltas, holding back a tail that could begin one.
-
-    Each stop string is a Knuth-Morris-Pratt automaton that reads every character once: the
-    work is linear in the text and the stop strings, however long they are.
-    """
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = tuple(stop for stop in stops if stop)
-        self._fallback = [_longest_borders(stop) for stop in self.stops]
-        self._matched = [0] * len(self.stops)  # per stop: the longest text suffix that begins it
-        self._pending = ""
-        self.matched: str | None = None  # the stop string found, once one is
-
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was found)."""
-        if not self.stops:
-            return delta, False
-        text = self._pending + delta
-        for end, char in enumerate(delta, start=len(self._pending) + 1):
-            found = [stop for index, stop in enumerate(self.stops)
-                     if self._advance(index, char) == len(stop)]
-            if found:  # the earliest stop to end; of those ending together, the longest
-                self.matched = max(found, key=len)
-                self._pending, self._matched = "", [0] * len(self.stops)
-                return text[: end - len(self.matched)], True
-        keep = max(self._matched)
-        self._pending = text[len(text) - keep:] if keep else ""
-        return text[: len(text) - keep], False
-
-    def flush(self) -> str:
-        text, self._pending = self._pending, ""
-        return text
-
-    def _advance(self, index: int, char: str) -> int:
-        stop, fallback, matched = self.stops[index], self._fallback[index], self._matched[index]
-        if matched == len(stop):
-            matched = fallback[matched - 1]
-        while matched and stop[matched] != char:
-            matched = fallback[matched - 1]
-        if stop[matched] == char:
-            matched += 1
-        self._matched[index] = matched
-        return matched
-
-
-def _longest_borders(text: str) -> list[int]:
-    """KMP's table: for each prefix of `text`, its longest proper prefix that is also a suffix."""
-    borders = [0] * len(text)
-    length = 0
-    for position in range(1, len(text)):
-        while length and text[position] != text[length]:
-            length = borders[length - 1]
-        if text[position] == text[length]:
-            length += 1
-        borders[position] = length
-    return borders
-
-
 def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
                 ) -> tuple[str, str, tuple[ToolCallDelta, ...], str | None]:
     """A step's text without call markup, its reasoning (harmony's analysis), the calls it
@@ -211,6 +163,13 @@ def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish:
     for index, call in enumerate(calls, start=first_index):
         deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
     return text, splitter.take_reasoning(), tuple(deltas), finish
+
+
+def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[int]:
+    """A local engine's prompt for the request: its template, with the tools and a forced call's
+    opener of `tools` (plan_tools). Generation and count_tokens both encode through here."""
+    return engine.encode_chat(request.messages, thinking=request.thinking, tools=tools.tools,
+                              assistant_prefix=tools.assistant_prefix)
 
 
 class GenerationWorker:
@@ -380,16 +339,26 @@ class GenerationWorker:
         request = job.request
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        job.prompt_ids = self.engine.encode_chat(request.messages, thinking=request.thinking,
-                                                 tools=tools.tools,
-                                                 assistant_prefix=tools.assistant_prefix)
-        return self.engine.stream(job.prompt_ids, self._fit_max_tokens(request, len(job.prompt_ids)))
+        job.prompt_ids = encode_prompt(self.engine, request, tools)
+        params = self._fit_max_tokens(job, len(job.prompt_ids))
+        job.put(Started(len(job.prompt_ids)))  # the request holds: errors from here on are the stream's
+        return self.engine.stream(job.prompt_ids, params)
 
-    def _fit_max_tokens(self, request: JobRequest, prompt_len: int) -> GenerationParams:
-        room = self.engine.capabilities.max_context - prompt_len
+    def _fit_max_tokens(self, job: Job, prompt_len: int) -> GenerationParams:
+        request, context = job.request, self.engine.capabilities.max_context
+        room = context - prompt_len
         if room < 1:
             raise PromptTooLongError(f"prompt of {prompt_len} tokens fills the target's context "
-                                     f"of {self.engine.capabilities.max_context} tokens")
+                                     f"of {context} tokens", prompt_tokens=prompt_len,
+                                     max_context=context)
+        asked = request.params.max_tokens
+        if asked <= room:
+            return request.params
+        if request.max_tokens_given and not request.fit_max_tokens:
+            raise PromptTooLongError(f"prompt of {prompt_len} tokens + max_tokens {asked} exceeds "
+                                     f"the target's context of {context} tokens",
+                                     prompt_tokens=prompt_len, max_tokens=asked, max_context=context)
         if request.max_tokens_given:
-            return request.params  # the loop checks prompt + max_tokens against the context
-        return replace(request.params, max_tokens=min(request.params.max_tokens, room))
+            log.info("%s: max_tokens %d lowered to the %d tokens left (prompt %d, context %d)",
+                     job.id, asked, room, prompt_len, context)
+        return replace(request.params, max_tokens=room)
