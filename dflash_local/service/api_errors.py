@@ -57,6 +57,7 @@ STATUS_BY_CODE = {
     "incompatible_pair": 400,
     "bad_checkpoint": 400,
     "download_refused": 400,
+    "model_too_large": 400,
     "invalid_api_key": 401,
     "model_not_found": 404,
     "not_found": 404,
