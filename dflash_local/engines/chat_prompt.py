@@ -69,12 +69,22 @@ def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | Non
 
 def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,
               generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
-    """The chat template's text of the messages (thinking on/off where it has the switch)."""
+    """The chat template's text of the messages (thinking on/off where it has the switch).
+    A tool-calls-only message's content is given as "" (templates that concatenate it fail on
+    None); a template's own refusal ("Conversation roles must alternate") is the request's."""
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
     extra = {} if thinking is None else {"enable_thinking": thinking}
     if tools:
         extra["tools"] = list(tools)
-    return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **extra)
+    messages = [{**message, "content": ""} if message.get("content") is None else message
+                for message in messages]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=generation_prompt, **extra)
+    except TemplateError as exc:
+        raise InvalidRequestError(f"the target's chat template refused these messages: "
+                                  f"{exc}") from None
 
 
 def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[int],
