@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from dflash_local.engines.chat_prompt import unicode_problem
+from dflash_local.service.json_depth import depth_problem
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
@@ -78,6 +79,8 @@ class FunctionCall(StrictModel):
     @field_validator("arguments")
     @classmethod
     def _json_object(cls, arguments: str) -> str:
+        if (problem := depth_problem(arguments, "the text")) is not None:
+            raise ValueError(problem)  # before the parser recurses into it
         try:
             value = json.loads(arguments)
         except ValueError as exc:
