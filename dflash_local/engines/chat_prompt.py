@@ -51,7 +51,7 @@ def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
     checked once before any tokenizer sees them, a prompt far past `max_context` refused
     before it is tokenized whole."""
     check_texts(messages, tools)
-    check_prompt_length(tokenizer, messages, max_context)
+    check_prompt_length(tokenizer, messages, max_context, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix)
 
 
@@ -127,25 +127,47 @@ def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
                 raise InvalidRequestError(f"{where}: {problem}")
 
 
-def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
-    """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
-    worker for seconds): long content is counted a chunk at a time, stopping once it is surely
+def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
+                        tools: list[dict] | tuple[dict, ...] | None = None) -> None:
+    """Refuse a request far past the context without templating or tokenizing all of it (10 MB
+    of text, or 80,000 empty tool results, would hold the worker for seconds): every message
+    costs at least one token of the template's markup, and the texts the template renders
+    (contents, calls, the tools' schemas) are counted a chunk at a time, stopping once surely
     too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
-    chars = sum(len(content_of(message)) for message in messages)
+    if len(messages) > TOO_LONG_MARGIN * max_context:
+        raise PromptTooLongError(
+            f"{len(messages)} messages (each costs at least one token of the chat template's "
+            f"markup): far past the target's context of {max_context} tokens")
+    texts = rendered_texts(messages, tools)
+    chars = sum(map(len, texts))
     if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
         return  # tokenizing it whole is cheap: the exact check comes after
     counted, seen = 0, 0
-    for message in messages:
-        content = content_of(message)
-        for start in range(0, len(content), COUNT_CHUNK_CHARS):
-            chunk = content[start:start + COUNT_CHUNK_CHARS]
+    for text in texts:
+        for start in range(0, len(text), COUNT_CHUNK_CHARS):
+            chunk = text[start:start + COUNT_CHUNK_CHARS]
             counted += len(tokenizer.encode(chunk, add_special_tokens=False,
                                             split_special_tokens=True))
             seen += len(chunk)
             if counted > TOO_LONG_MARGIN * max_context:
                 raise PromptTooLongError(
-                    f"prompt of {chars} characters has over {counted} tokens in its first {seen} "
-                    f"characters alone: far past the target's context of {max_context} tokens")
+                    f"prompt of {chars} characters has over {counted} tokens in its first "
+                    f"{seen} characters alone (messages and tools): far past the target's "
+                    f"context of {max_context} tokens")
+
+
+def rendered_texts(messages: list[dict], tools: list[dict] | tuple[dict, ...] | None) -> list[str]:
+    """The client's texts a template writes into the prompt: each message's content, its
+    calls' names and arguments (keys too: they are rendered as JSON), every string of the tools."""
+    texts = []
+    for message in messages:
+        texts.append(content_of(message))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            texts.append(str(function.get("name") or ""))
+            texts += [text for _, text in client_strings(function.get("arguments"))]
+    texts += [text for _, text in client_strings(list(tools or ()))]
+    return texts
 
 
 def generation_config_eos(target_dir: Path | None) -> list[int]:

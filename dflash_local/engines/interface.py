@@ -52,6 +52,11 @@ class Engine(abc.ABC):
         """Apply the target's chat template (thinking on/off where it has the switch; `tools`
         rendered by it), ending with `assistant_prefix` as the reply's start."""
 
+    def check_request_size(self, messages: list[dict], tools: list[dict] | None = None) -> None:
+        """Refuse, before the request waits for the worker, one that surely cannot fit the
+        context, without templating it (a local engine counts with its tokenizer). A served
+        engine's server judges its own requests."""
+
     @abc.abstractmethod
     def encode_raw(self, text: str) -> list[int]:
         """Tokenize text as it is, no template."""

@@ -193,6 +193,10 @@ class LocalEngine(Engine):
         return chat_prompt.request_prompt_ids(self.tokenizer, messages, self.capabilities.max_context,
                                               thinking, tools, assistant_prefix)
 
+    def check_request_size(self, messages: list[dict], tools: list[dict] | None = None) -> None:
+        chat_prompt.check_prompt_length(self.tokenizer, messages, self.capabilities.max_context,
+                                        tools)
+
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
