@@ -10,6 +10,7 @@ the state this server does not keep (`previous_response_id`, `store: true`, `bac
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -18,10 +19,12 @@ from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
+    TOOL_NAME_PATTERN,
     DFlashOptions,
     FunctionCall,
     StrictModel,
     Text,
+    ToolName,
     at_most,
     joined_text,
     template_call,
@@ -108,6 +111,9 @@ class FunctionTool(StrictModel):
     def _named(self) -> FunctionTool:
         if not self.name:
             raise ValueError("a function tool needs a name")
+        if not re.fullmatch(TOOL_NAME_PATTERN, self.name):  # chat's rule: a forced call writes it as markup
+            raise ValueError(f"name {shown_value(self.name)} must be 1 to 64 letters, digits, "
+                             f"'_', '.' or '-'")
         return self
 
     def as_template_tool(self) -> dict:
@@ -116,7 +122,7 @@ class FunctionTool(StrictModel):
 
 class NamedFunction(StrictModel):
     type: Literal["function"]
-    name: Text
+    name: ToolName
 
 
 class ResponsesRequest(DFlashOptions):

@@ -69,7 +69,8 @@ class StrictModel(BaseModel):
 
 # --- OpenAI's function call: chat's tool_calls[].function, and a Responses function_call item ---
 
-ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+TOOL_NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
+ToolName = Annotated[str, Field(pattern=f"^{TOOL_NAME_PATTERN}$")]
 
 
 class FunctionCall(StrictModel):

@@ -10,6 +10,7 @@ writes calls, is read from its chat template once, at load (ToolSupport).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ class ToolPlan:
 
 
 NO_TOOLS = ToolPlan(None, "", None)
+FORCED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # every API's tool-name rule, the widest
 
 
 def forced_name(tool_choice: str | dict) -> str | None:
@@ -81,6 +83,9 @@ def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str |
         raise InvalidRequestError(f"tools: {support.model} writes tool calls in a format this "
                                   f"server does not parse (hermes, qwen3_coder, llama3_json, harmony)")
     name = forced_name(tool_choice)  # one of `tools`: every API's schema checks that
+    if name is not None and not FORCED_NAME.fullmatch(name):  # it is written as markup, unmarked
+        raise InvalidRequestError(f"tool_choice: {name[:80]!r} is not a tool name (letters, "
+                                  f"digits, '_', '-', '.')")
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
     splitter = (HarmonySplitter(schemas) if support.harmony
                 else ToolCallSplitter(support.format, schemas))
