@@ -133,7 +133,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        # the one catch-all: the client gets a short message, the log gets the traceback
-        log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal server error (details are in the server log)",
-                              "internal_error")
+        return unexpected_error_response(exc)
+
+
+def unexpected_error_response(exc: Exception) -> JSONResponse:
+    """The one catch-all: the client gets a short message, the log gets the traceback."""
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal server error (details are in the server log)",
+                          "internal_error")
