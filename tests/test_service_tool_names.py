@@ -53,4 +53,23 @@ def test_the_forced_opener_refuses_a_name_that_would_be_written_as_markup():
     plan = plan_tools(support, tools[:0] + ({"type": "function", "function": {
         "name": "get_weather", "parameters": SCHEMA}},),
         {"type": "function", "function": {"name": "get_weather"}})
-    assert plan.assistant_prefix.startswith("<tool_call>")
+    assert "".join(plan.assistant_prefix).startswith("<tool_call>")
+
+
+def test_the_forced_opener_marks_the_name_as_client_text(tmp_path):
+    """The name no API lets through, had it come: its special-token text stays characters."""
+    from tiny_models import make_tokenizer
+
+    from dflash_local.engines.chat_prompt import chat_prompt_ids
+    from dflash_local.service.tool_calls import forced_opener
+
+    tokenizer = make_tokenizer(tmp_path)
+    opener = forced_opener(format_for_template("{{ '<tool_call>\\n' }}"), INJECTED)
+    assert opener[1] == INJECTED
+    question = [{"role": "user", "content": "Hi"}]
+    prompt = chat_prompt_ids(tokenizer, question)
+    forced = chat_prompt_ids(tokenizer, question, assistant_prefix=opener)
+    assert forced[:len(prompt)] == prompt
+    control = set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"]))
+    assert not control & set(forced[len(prompt):])
+    assert tokenizer.decode(forced[len(prompt):]) == "".join(opener)

@@ -22,10 +22,13 @@ log = logging.getLogger(__name__)
 TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
 COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
 COUNT_CHUNK_CHARS = 16_384
+# template text, or pieces alternating template text and client text (a forced call's opener
+# around the tool's name): the client's pieces are marked as every client text is
+AssistantPrefix = str | tuple[str, ...]
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "",
+                    tools: list[dict] | None = None, assistant_prefix: AssistantPrefix = "",
                     generation_prompt: bool = True) -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
     one encoding for what the engines serve and what a drafter is trained on.
@@ -37,7 +40,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     token, so only the template's own markup ends or opens a turn (client_text.py). Values free
     of special-token text are encoded exactly as the rendered template.
     `tools` go to the template as its `tools`; `assistant_prefix` (template text, e.g. a forced
-    tool call's opener) follows the generation prompt. An assistant message that only calls
+    tool call's opener, with the client's pieces in it apart) follows the generation prompt. An assistant message that only calls
     tools may have no content (None or "")."""
     check_texts(messages, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix,
@@ -46,7 +49,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
 
 def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
                        thinking: bool | None = None, tools: list[dict] | None = None,
-                       assistant_prefix: str = "") -> list[int]:
+                       assistant_prefix: AssistantPrefix = "") -> list[int]:
     """A request's prompt (what an engine's encode_chat returns): chat_prompt_ids, its texts
     checked once before any tokenizer sees them, a prompt far past `max_context` refused
     before it is tokenized whole."""
@@ -56,15 +59,18 @@ def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
 
 
 def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | None = None,
-                            tools: list[dict] | None = None, assistant_prefix: str = "",
+                            tools: list[dict] | None = None, assistant_prefix: AssistantPrefix = "",
                             generation_prompt: bool = True) -> list[int]:
     """chat_prompt_ids of messages and tools whose texts `check_texts` has already passed."""
-    marked = mark_special_texts(tokenizer, messages, tools)
+    pieces = (assistant_prefix,) if isinstance(assistant_prefix, str) else assistant_prefix
+    marked = mark_special_texts(tokenizer, messages, tools, pieces[1::2])
     if marked is None:
         return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
-                                + assistant_prefix, add_special_tokens=False)
+                                + "".join(pieces), add_special_tokens=False)
     rendered = chat_text(tokenizer, marked.messages, thinking, generation_prompt, marked.tools)
-    return encode_marked(tokenizer, rendered + assistant_prefix, marked.texts)
+    prefix = "".join(piece if index % 2 == 0 else marked.extra[index // 2]
+                     for index, piece in enumerate(pieces))
+    return encode_marked(tokenizer, rendered + prefix, marked.texts)
 
 
 def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,

@@ -189,7 +189,7 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict] | None = None, assistant_prefix: str | tuple[str, ...] = "") -> list[int]:
         return chat_prompt.request_prompt_ids(self.tokenizer, messages, self.capabilities.max_context,
                                               thinking, tools, assistant_prefix)
 
