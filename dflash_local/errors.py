@@ -57,3 +57,9 @@ class GenerationCancelled(DFlashError):
     """The consumer stopped the generation (disconnect, Esc)."""
 
     code = "cancelled"
+
+
+class ModelTooLargeError(DFlashError):
+    """A pair cannot fit the memory the engine may use here: refused before any weight is read."""
+
+    code = "model_too_large"

@@ -66,6 +66,8 @@ def widest_block(params: GenerationParams, drafter_block: int | None) -> int:
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+# below this a temperature is greedy (vLLM's rule): logits divided by 1e-320 overflow to NaN
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class GenerationParams:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # frozen: set once, as it is parsed
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:

@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+PINS = ("DFLASH_BLAS_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # recorded in the command
 
 # the worker runs in the checkout's own code: only what both the old and the new API offer
 WORKER = r"""
@@ -145,7 +148,8 @@ def main() -> int:
         "title": f"Before and after a change, {args.engine}, block size auto",
         "compares": args.compares or f"{args.old.name} against {args.new.name} ({args.engine}, {args.dataset})",
         "machine": _machine(),
-        "command": " ".join(["scripts/ab_commits.py", *sys.argv[1:]]),
+        "command": " ".join([*(f"{name}={os.environ[name]}" for name in PINS if name in os.environ),
+                             "scripts/ab_commits.py", *map(shlex.quote, sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine, "dataset": args.dataset,
         "samples": len(prompts),
         "max_tokens": args.max_tokens, "identical": len(prompts),

@@ -22,10 +22,13 @@ log = logging.getLogger(__name__)
 TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
 COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
 COUNT_CHUNK_CHARS = 16_384
+# template text, or pieces alternating template text and client text (a forced call's opener
+# around the tool's name): the client's pieces are marked as every client text is
+AssistantPrefix = str | tuple[str, ...]
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "",
+                    tools: list[dict] | None = None, assistant_prefix: AssistantPrefix = "",
                     generation_prompt: bool = True) -> list[int]:
     """The ids of messages under the tokenizer's chat template, ready for the assistant's turn:
     one encoding for what the engines serve and what a drafter is trained on.
@@ -37,7 +40,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
     token, so only the template's own markup ends or opens a turn (client_text.py). Values free
     of special-token text are encoded exactly as the rendered template.
     `tools` go to the template as its `tools`; `assistant_prefix` (template text, e.g. a forced
-    tool call's opener) follows the generation prompt. An assistant message that only calls
+    tool call's opener, with the client's pieces in it apart) follows the generation prompt. An assistant message that only calls
     tools may have no content (None or "")."""
     check_texts(messages, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix,
@@ -46,35 +49,48 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
 
 def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
                        thinking: bool | None = None, tools: list[dict] | None = None,
-                       assistant_prefix: str = "") -> list[int]:
+                       assistant_prefix: AssistantPrefix = "") -> list[int]:
     """A request's prompt (what an engine's encode_chat returns): chat_prompt_ids, its texts
     checked once before any tokenizer sees them, a prompt far past `max_context` refused
     before it is tokenized whole."""
     check_texts(messages, tools)
-    check_prompt_length(tokenizer, messages, max_context)
+    check_prompt_length(tokenizer, messages, max_context, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix)
 
 
 def _prompt_ids_of_checked(tokenizer, messages: list[dict], thinking: bool | None = None,
-                            tools: list[dict] | None = None, assistant_prefix: str = "",
+                            tools: list[dict] | None = None, assistant_prefix: AssistantPrefix = "",
                             generation_prompt: bool = True) -> list[int]:
     """chat_prompt_ids of messages and tools whose texts `check_texts` has already passed."""
-    marked = mark_special_texts(tokenizer, messages, tools)
+    pieces = (assistant_prefix,) if isinstance(assistant_prefix, str) else assistant_prefix
+    marked = mark_special_texts(tokenizer, messages, tools, pieces[1::2])
     if marked is None:
         return tokenizer.encode(chat_text(tokenizer, messages, thinking, generation_prompt, tools)
-                                + assistant_prefix, add_special_tokens=False)
+                                + "".join(pieces), add_special_tokens=False)
     rendered = chat_text(tokenizer, marked.messages, thinking, generation_prompt, marked.tools)
-    return encode_marked(tokenizer, rendered + assistant_prefix, marked.texts)
+    prefix = "".join(piece if index % 2 == 0 else marked.extra[index // 2]
+                     for index, piece in enumerate(pieces))
+    return encode_marked(tokenizer, rendered + prefix, marked.texts)
 
 
 def chat_text(tokenizer, messages: list[dict], thinking: bool | None = None,
               generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
-    """The chat template's text of the messages (thinking on/off where it has the switch)."""
+    """The chat template's text of the messages (thinking on/off where it has the switch).
+    A tool-calls-only message's content is given as "" (templates that concatenate it fail on
+    None); a template's own refusal ("Conversation roles must alternate") is the request's."""
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
     extra = {} if thinking is None else {"enable_thinking": thinking}
     if tools:
         extra["tools"] = list(tools)
-    return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **extra)
+    messages = [{**message, "content": ""} if message.get("content") is None else message
+                for message in messages]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=generation_prompt, **extra)
+    except TemplateError as exc:
+        raise InvalidRequestError(f"the target's chat template refused these messages: "
+                                  f"{exc}") from None
 
 
 def next_turn_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: list[int],
@@ -117,25 +133,47 @@ def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
                 raise InvalidRequestError(f"{where}: {problem}")
 
 
-def check_prompt_length(tokenizer, messages: list[dict], max_context: int) -> None:
-    """Refuse a prompt far past the context without tokenizing all of it (10 MB would hold the
-    worker for seconds): long content is counted a chunk at a time, stopping once it is surely
+def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
+                        tools: list[dict] | tuple[dict, ...] | None = None) -> None:
+    """Refuse a request far past the context without templating or tokenizing all of it (10 MB
+    of text, or 80,000 empty tool results, would hold the worker for seconds): every message
+    costs at least one token of the template's markup, and the texts the template renders
+    (contents, calls, the tools' schemas) are counted a chunk at a time, stopping once surely
     too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
-    chars = sum(len(content_of(message)) for message in messages)
+    if len(messages) > TOO_LONG_MARGIN * max_context:
+        raise PromptTooLongError(
+            f"{len(messages)} messages (each costs at least one token of the chat template's "
+            f"markup): far past the target's context of {max_context} tokens")
+    texts = rendered_texts(messages, tools)
+    chars = sum(map(len, texts))
     if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
         return  # tokenizing it whole is cheap: the exact check comes after
     counted, seen = 0, 0
-    for message in messages:
-        content = content_of(message)
-        for start in range(0, len(content), COUNT_CHUNK_CHARS):
-            chunk = content[start:start + COUNT_CHUNK_CHARS]
+    for text in texts:
+        for start in range(0, len(text), COUNT_CHUNK_CHARS):
+            chunk = text[start:start + COUNT_CHUNK_CHARS]
             counted += len(tokenizer.encode(chunk, add_special_tokens=False,
                                             split_special_tokens=True))
             seen += len(chunk)
             if counted > TOO_LONG_MARGIN * max_context:
                 raise PromptTooLongError(
-                    f"prompt of {chars} characters has over {counted} tokens in its first {seen} "
-                    f"characters alone: far past the target's context of {max_context} tokens")
+                    f"prompt of {chars} characters has over {counted} tokens in its first "
+                    f"{seen} characters alone (messages and tools): far past the target's "
+                    f"context of {max_context} tokens")
+
+
+def rendered_texts(messages: list[dict], tools: list[dict] | tuple[dict, ...] | None) -> list[str]:
+    """The client's texts a template writes into the prompt: each message's content, its
+    calls' names and arguments (keys too: they are rendered as JSON), every string of the tools."""
+    texts = []
+    for message in messages:
+        texts.append(content_of(message))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            texts.append(str(function.get("name") or ""))
+            texts += [text for _, text in client_strings(function.get("arguments"))]
+    texts += [text for _, text in client_strings(list(tools or ()))]
+    return texts
 
 
 def generation_config_eos(target_dir: Path | None) -> list[int]:

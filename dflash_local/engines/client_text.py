@@ -135,18 +135,20 @@ class MarkedValues:
     messages: list[dict]
     tools: list[dict] | None
     texts: tuple[str, ...]  # mark N stands for texts[N]
+    extra: tuple[str, ...] = ()  # the extra texts, marked
 
 
-def mark_special_texts(tokenizer, messages: list[dict],
-                       tools: list[dict] | None) -> MarkedValues | None:
+def mark_special_texts(tokenizer, messages: list[dict], tools: list[dict] | None,
+                       extra: tuple[str, ...] = ()) -> MarkedValues | None:
     """The values with every special token's text in their strings marked (a key a tag's
     markup would complete into special text, whole); None when none holds any (their prompt is
-    the template's text encoded whole)."""
+    the template's text encoded whole). `extra`: client texts written outside the template (a
+    forced call's name), marked alike."""
     specials = _specials(tokenizer)
     if specials.found is None or not any(
             specials.found.search(text)
             or (where.endswith(KEY) and _completes_special(specials, text))
-            for where, text in client_strings([messages, tools or []])):
+            for where, text in client_strings([messages, tools or [], list(extra)])):
         return None
     numbers: dict[str, int] = {}
 
@@ -163,7 +165,9 @@ def mark_special_texts(tokenizer, messages: list[dict],
             return [marked(item) for item in value]
         return value
 
-    return MarkedValues(marked(messages), marked(tools) if tools else tools, tuple(numbers))
+    marked_extra = tuple(marked(list(extra)))
+    return MarkedValues(marked(messages), marked(tools) if tools else tools, tuple(numbers),
+                        marked_extra)
 
 
 def encode_marked(tokenizer, rendered: str, texts: tuple[str, ...]) -> list[int]:

@@ -48,9 +48,16 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict] | None = None,
+                    assistant_prefix: str | tuple[str, ...] = "") -> list[int]:
         """Apply the target's chat template (thinking on/off where it has the switch; `tools`
-        rendered by it), ending with `assistant_prefix` as the reply's start."""
+        rendered by it), ending with `assistant_prefix` as the reply's start: template text, or
+        pieces alternating template text and client text (chat_prompt.AssistantPrefix)."""
+
+    def check_request_size(self, messages: list[dict], tools: list[dict] | None = None) -> None:
+        """Refuse, before the request waits for the worker, one that surely cannot fit the
+        context, without templating it (a local engine counts with its tokenizer). A served
+        engine's server judges its own requests."""
 
     @abc.abstractmethod
     def encode_raw(self, text: str) -> list[int]:

@@ -189,9 +189,13 @@ class LocalEngine(Engine):
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict] | None = None, assistant_prefix: str | tuple[str, ...] = "") -> list[int]:
         return chat_prompt.request_prompt_ids(self.tokenizer, messages, self.capabilities.max_context,
                                               thinking, tools, assistant_prefix)
+
+    def check_request_size(self, messages: list[dict], tools: list[dict] | None = None) -> None:
+        chat_prompt.check_prompt_length(self.tokenizer, messages, self.capabilities.max_context,
+                                        tools)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)

@@ -67,7 +67,7 @@ class RemoteEngine(Engine):
             tokenizes=False)
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
-                    tools: list[dict] | None = None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict] | None = None, assistant_prefix: str | tuple[str, ...] = "") -> list[int]:
         raise EngineUnavailableError(f"{self.main.url} tokenizes on the server: use stream_chat")
 
     def encode_raw(self, text: str) -> list[int]:

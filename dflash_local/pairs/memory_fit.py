@@ -30,6 +30,23 @@ def weights_from_params(params_b: float, quantization: str) -> int:
     return int(params_b * 1e9 * QUANT_BYTES_PER_PARAM[quantization])
 
 
+def config_param_count(config: dict) -> int | None:
+    """A lower bound on a dense model's parameters from its config (attention, gated MLP, one
+    embedding table): what an engine allocates whatever the weights files hold. None where the
+    config lacks the sizes."""
+    text = _text(config)
+    try:
+        hidden, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
+        vocab, intermediate = int(text["vocab_size"]), int(text.get("intermediate_size") or 0)
+        heads = int(text.get("num_attention_heads") or 1)
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    attention = hidden * head_dim * 2 * (heads + kv_heads)  # q, o and k, v projections
+    return layers * (attention + 3 * hidden * intermediate) + vocab * hidden
+
+
 def _text(config: dict) -> dict:
     return config.get("text_config") or config
 

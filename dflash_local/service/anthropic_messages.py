@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.service import jobs
 from dflash_local.service.anthropic_messages_schemas import CountTokensRequest, MessagesRequest
+from dflash_local.service.api_errors import unexpected_error_response
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
@@ -232,6 +233,7 @@ class AnthropicErrors:
                 held["start"] = message
                 return
             if "start" not in held:
+                held["sent"] = True
                 return await send(message)
             parts.append(message.get("body", b""))
             if message.get("more_body"):
@@ -243,4 +245,9 @@ class AnthropicErrors:
             await send({**start, "headers": headers + [(b"content-length", str(len(payload)).encode())]})
             await send({"type": "http.response.body", "body": payload})
 
-        return await self.app(scope, receive, reshaping_send)
+        try:
+            return await self.app(scope, receive, reshaping_send)
+        except Exception as exc:  # the app's catch-all answers outside this middleware: here, too
+            if held.get("sent"):
+                raise
+            return await unexpected_error_response(exc)(scope, receive, reshaping_send)

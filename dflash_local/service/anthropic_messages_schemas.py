@@ -33,7 +33,7 @@ from dflash_local.service.request_fields import (
 from dflash_local.service.system_turns import SystemTurns, place_system_turns
 from dflash_local.service.validation import shown_value
 
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # Anthropic's rule for a tool's name
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")  # Anthropic's rule for a tool's name
 CUSTOM_TOOL_TYPES = (None, "custom")  # the others are Anthropic's server tools (web search, bash...)
 # a user's tool_result blocks are template messages each: a message's blocks are capped too
 MAX_CONTENT_BLOCKS = 1_000
@@ -101,7 +101,7 @@ class AnthropicTool(StrictModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
-        if not TOOL_NAME.match(name):
+        if not TOOL_NAME.fullmatch(name):  # match's "$" would let a trailing newline through
             raise ValueError("must be 1 to 128 letters, digits, '_' or '-'")
         return name
 

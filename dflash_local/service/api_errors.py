@@ -59,6 +59,7 @@ STATUS_BY_CODE = {
     "incompatible_pair": 400,
     "bad_checkpoint": 400,
     "download_refused": 400,
+    "model_too_large": 400,
     "invalid_api_key": 401,
     "model_not_found": 404,
     "not_found": 404,
@@ -134,10 +135,14 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        # the one catch-all: the client gets a short message, the log gets the traceback
-        log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal server error (details are in the server log)",
-                              "internal_error")
+        return unexpected_error_response(exc)
+
+
+def unexpected_error_response(exc: Exception) -> JSONResponse:
+    """The one catch-all: the client gets a short message, the log gets the traceback."""
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal server error (details are in the server log)",
+                          "internal_error")
 
 
 def logged_reason(body: bytes) -> str:

@@ -25,6 +25,7 @@ from dflash_local.service.guards import (
     BodyLimit,
     HostAllowList,
 )
+from dflash_local.service.json_depth import JsonBodyCheck
 from dflash_local.service.state import ServiceState
 
 
@@ -41,7 +42,8 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dflash = state  # routes reach it through app_state.ServiceStateDep
     install_handlers(app)
-    # the last added runs first: Host, then the key, then the body's size
+    # the last added runs first: Host, then the key, then the body's size, then its JSON's shape
+    app.add_middleware(JsonBodyCheck)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, api_key=state.api_key)
     app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)

@@ -158,6 +158,9 @@ async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
     if id_prefix is not None:
         job.id = id_prefix + job.id.removeprefix("chatcmpl-")
     encoder = make_encoder(job.id)
+    # off the event loop, and before the worker: a body that cannot fit never holds it
+    prompt_tools = [] if request.tool_choice == "none" else list(request.tools)  # as plan_tools does
+    await asyncio.to_thread(loaded.engine.check_request_size, request.messages, prompt_tools)
     loaded.worker.submit(job)
     watcher = asyncio.create_task(_wait_disconnect(http_request))
     try:

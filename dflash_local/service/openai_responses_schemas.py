@@ -106,7 +106,7 @@ InputItem = Annotated[
 
 class NamedTool(StrictModel):
     type: Literal["function", "custom"]
-    name: Text
+    name: ToolName
 
 
 # A binary thinking switch: OpenAI's lowest efforts mean (almost) no reasoning

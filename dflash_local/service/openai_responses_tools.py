@@ -21,7 +21,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from dflash_local.service.request_fields import StrictModel, Text, template_tool
+from dflash_local.service.request_fields import (
+    TOOL_NAME_PATTERN,
+    StrictModel,
+    Text,
+    ToolName,
+    template_tool,
+)
 from dflash_local.service.validation import shown_value
 
 # Codex sends these on every request, whatever the provider; OpenAI runs them on its side.
@@ -55,6 +61,9 @@ class FunctionTool(StrictModel):
     def _named(self) -> FunctionTool:
         if not self.name:
             raise ValueError("a function tool needs a name")
+        if not re.fullmatch(TOOL_NAME_PATTERN, self.name):  # chat's rule: a forced call writes it as markup
+            raise ValueError(f"name {shown_value(self.name)} must be 1 to 64 letters, digits, "
+                             f"'_', '.' or '-'")
         return self
 
     def template(self, context: str) -> dict:
@@ -101,7 +110,7 @@ def grammar_problem(syntax: str, definition: str) -> str | None:
 
 class CustomTool(StrictModel):
     type: Literal["custom"]
-    name: Text = Field(min_length=1)
+    name: ToolName
     description: Text | None = None
     format: InputFormat | None = None
 

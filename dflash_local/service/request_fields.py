@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from dflash_local.engines.chat_prompt import unicode_problem
+from dflash_local.service.json_depth import depth_problem
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
@@ -68,7 +69,8 @@ class StrictModel(BaseModel):
 
 # --- OpenAI's function call: chat's tool_calls[].function, and a Responses function_call item ---
 
-ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+TOOL_NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
+ToolName = Annotated[str, Field(pattern=f"^{TOOL_NAME_PATTERN}$")]
 
 
 class FunctionCall(StrictModel):
@@ -78,6 +80,8 @@ class FunctionCall(StrictModel):
     @field_validator("arguments")
     @classmethod
     def _json_object(cls, arguments: str) -> str:
+        if (problem := depth_problem(arguments, "the text")) is not None:
+            raise ValueError(problem)  # before the parser recurses into it
         try:
             value = json.loads(arguments)
         except ValueError as exc:

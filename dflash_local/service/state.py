@@ -31,6 +31,7 @@ from dflash_local.errors import (
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
+from dflash_local.pairs.load_fit import check_load_fits
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.prompt_count import PromptCounter
@@ -270,6 +271,9 @@ class ServiceState:
             self.loading_phase = LOADING
             self._ensure_idle()
             precheck_pair(target, drafter)
+            if kind_of(engine) == LOCAL and Path(target).is_dir():
+                check_load_fits(engine, served_name, Path(target), drafter and Path(drafter),
+                                options.dtype, options.device)
             engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,

@@ -10,6 +10,7 @@ writes calls, is read from its chat template once, at load (ToolSupport).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,11 +57,13 @@ def _model_type(target_path: Path | None) -> str | None:
 @dataclass(frozen=True)
 class ToolPlan:
     tools: list[dict] | None  # for the chat template; None: render without tools
-    assistant_prefix: str  # the reply's forced start ("" unless a call is forced)
+    assistant_prefix: str | tuple[str, ...]  # the reply's forced start ("" unless a call is forced)
     splitter: ToolCallSplitter | HarmonySplitter | None  # None: the reply is all text
 
 
 NO_TOOLS = ToolPlan(None, "", None)
+FORCED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # every API's tool-name rule, the widest
+NAME_SLOT = "FORCEDTOOLNAME"  # where a format writes the name (a tool name, so written as is)
 
 
 def forced_name(tool_choice: str | dict) -> str | None:
@@ -81,13 +84,25 @@ def plan_tools(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str |
         raise InvalidRequestError(f"tools: {support.model} writes tool calls in a format this "
                                   f"server does not parse (hermes, qwen3_coder, llama3_json, harmony)")
     name = forced_name(tool_choice)  # one of `tools`: every API's schema checks that
+    if name is not None and not FORCED_NAME.fullmatch(name):  # it is written as markup, unmarked
+        raise InvalidRequestError(f"tool_choice: {name[:80]!r} is not a tool name (letters, "
+                                  f"digits, '_', '-', '.')")
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools}
     splitter = (HarmonySplitter(schemas) if support.harmony
                 else ToolCallSplitter(support.format, schemas))
-    prefix = "" if tool_choice == "auto" else support.format.forced(name)
+    prefix = "" if tool_choice == "auto" else forced_opener(support.format, name)
     if prefix:
-        splitter.feed(prefix)  # the forced opener is the prompt's; the reply continues the call
+        splitter.feed("".join(prefix))  # the forced opener is the prompt's; the reply continues the call
     return ToolPlan(list(tools), prefix, splitter)
+
+
+def forced_opener(tool_format: ToolFormat, name: str | None) -> str | tuple[str, str, str]:
+    """The format's call opener; around a named tool, (markup, the name, markup), so the
+    prompt marks the name as the client's text (chat_prompt.AssistantPrefix)."""
+    if name is None:
+        return tool_format.forced(None)
+    before, found, after = tool_format.forced(NAME_SLOT).partition(NAME_SLOT)
+    return (before, name, after) if found else tool_format.forced(name)
 
 
 def new_call_id() -> str:
