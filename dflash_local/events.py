@@ -132,6 +132,7 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt's tokens, those a kept prefix gave (not computed)
+    cached_tier: str | None = None  # the prefix cache's tier that gave them: "ram" or "disk"
     block_size: int = 1  # width used this round (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
     copied: int = 0  # of `accepted`, the last ones a prompt-lookup copy brought, not the drafter
@@ -158,6 +159,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, those a kept prefix gave (prefix_cache.py)
+    cached_tier: str | None = None  # which tier of the prefix cache gave them: "ram" or "disk"
     completion_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -173,6 +175,7 @@ class GenerationStats:
         if event.round_index == 0:
             self.prompt_tokens = event.prompt_tokens
             self.cached_tokens = event.cached_tokens
+            self.cached_tier = event.cached_tier
             self.prefill_s = event.prefill_s
         else:
             self.rounds += 1

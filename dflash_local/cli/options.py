@@ -43,7 +43,8 @@ def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
     to the engine they were given with (the draft window comes with each load)."""
     shared = EngineOptions(dtype=args.dtype)
     local = EngineOptions(dtype=args.dtype, prefix_cache=not args.no_prefix_cache,
-                          prefix_cache_mb=args.prefix_cache_mb)
+                          prefix_cache_mb=args.prefix_cache_mb,
+                          prefix_cache_disk_mb=args.prefix_cache_disk_mb)
     options = {**dict.fromkeys(engine_names(LOCAL), local), **dict.fromkeys(engine_names(LAUNCHED), shared)}
     if kind_of(args.engine) == RELAY:
         options[args.engine] = EngineOptions(api_key=args.remote_api_key,
