@@ -130,7 +130,7 @@ def test_the_budget_evicts_the_least_recently_used_entries(tmp_path):
     time.sleep(0.01)  # mtimes order the LRU: the first conversation is now the latest used
     disk.load(name)
     written(disk, conversations[2])
-    found = {tuple(entry.token_ids.tolist()) for entry in tier(tmp_path).entries()}
+    found = {tuple(entry.token_ids.tolist()) for entry in tier(tmp_path).entries().values()}
     assert found == {tuple(conversations[0]), tuple(conversations[2])}
     assert sum(size for _, size in prefix_disk.entry_files(tmp_path)) <= disk.budget
 
@@ -139,7 +139,7 @@ def test_an_entry_the_new_one_extends_is_replaced(tmp_path):
     disk = tier(tmp_path)
     written(disk, list(range(10)))
     written(disk, list(range(20)))
-    assert [len(entry.token_ids) for entry in disk.entries()] == [20]
+    assert [len(entry.token_ids) for entry in disk.entries().values()] == [20]
 
 
 def _write_many(root, start: int) -> None:
@@ -157,10 +157,9 @@ def test_two_processes_on_one_directory_leave_only_whole_entries(tmp_path):
         writer.join(120)
     assert [writer.exitcode for writer in writers] == [0, 0]
     disk = tier(tmp_path)
-    entries = disk.entries()
-    assert entries and not list(tmp_path.glob("*/*.tmp"))
-    for name in list(disk._index):
-        assert disk.load(name) is not None
+    names = list(disk.entries())
+    assert names and not list(tmp_path.glob("*/*.tmp"))
+    assert all(disk.load(name) is not None for name in names)
 
 
 def test_budgets_given_are_checked(tmp_path, monkeypatch):
@@ -181,3 +180,30 @@ def test_a_directory_that_cannot_be_written_leaves_ram_only(tmp_path, caplog):
         assert make_disk_tier(root, IDENTITY, 64 * MIB, NumpyCodec()) is None
     assert "cannot be written" in caplog.text and "RAM only" in caplog.text
     assert make_disk_tier(tmp_path / "ok", IDENTITY, 0, NumpyCodec()) is None  # 0: off
+
+
+def _write_until_killed(root, started) -> None:
+    disk = tier(root, budget=64 * MIB)
+    for index in range(10_000):
+        written(disk, [index % 7 + 1, index] * 8, rows=2048 + index % 5 * 512)  # 0.5-1 MB each
+        started.set()
+
+
+def test_kill_9_during_writes_leaves_only_whole_entries(tmp_path):
+    """A writer killed at random moments, again and again: the next start loads every entry it
+    finds, and no temporary file outlives it."""
+    context = multiprocessing.get_context("spawn")
+    random = np.random.default_rng(0)
+    for _ in range(10):
+        started = context.Event()
+        writer = context.Process(target=_write_until_killed, args=(tmp_path, started))
+        writer.start()
+        assert started.wait(60)
+        time.sleep(float(random.uniform(0, 0.2)))  # a random moment of its writes
+        writer.kill()
+        writer.join()
+    disk = tier(tmp_path)
+    assert not list(tmp_path.glob("*/*.tmp"))
+    names = list(disk.entries())
+    assert names
+    assert all(disk.load(name) is not None for name in names)

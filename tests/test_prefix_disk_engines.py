@@ -118,7 +118,7 @@ def test_a_flipped_bit_is_detected_and_the_entry_dropped(make_engine, caplog):
 def test_another_pair_is_never_served_the_entry(make_engine):
     second = first_turn(make_engine)
     other = make_engine(drafter_seed=2)  # the same target, another drafter
-    assert other.prefix_disk.entries() == []
+    assert other.prefix_disk.entries() == {}
     _, stats = turn(other, second)
     assert stats.cached_tokens == 0
     assert len({path.parent for path in prefix_cache_root().glob("*/pair.json")}) == 2

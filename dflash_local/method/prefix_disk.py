@@ -190,10 +190,11 @@ class DiskTier:
         """Wait until every submitted entry is written (a clean shutdown keeps its last turns)."""
         self._pending.join()
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> dict[str, Entry]:
+        """This pair's entries by name, as the directory holds them now."""
         with self._lock:
             self._refresh()
-            return list(self._index.values())
+            return dict(self._index)
 
     def status(self) -> dict:
         """The budget, what every pair's entries hold against it, this pair's entry count, and
@@ -208,6 +209,8 @@ class DiskTier:
             name, manifest, arrays = self._pending.get()
             try:
                 self._write(name, manifest, arrays)
+            except Exception:  # the writer must outlive any entry: `flush` (and exit) waits on it
+                log.exception("prefix cache: entry %s not written", name)
             finally:
                 self._pending.task_done()
 
