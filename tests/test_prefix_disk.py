@@ -6,6 +6,7 @@ gives are checked, and a directory that cannot be written leaves the engine RAM-
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -207,3 +208,16 @@ def test_kill_9_during_writes_leaves_only_whole_entries(tmp_path):
     names = list(disk.entries())
     assert names
     assert all(disk.load(name) is not None for name in names)
+
+
+def test_a_full_disk_stops_the_writes_and_says_so_once(tmp_path, monkeypatch, caplog):
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prefix_disk, "write_entry", full)
+    disk = tier(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="dflash_local.method.prefix_disk"):
+        written(disk, list(range(10)))
+        written(disk, list(range(20)))
+    assert caplog.text.count("is full") == 1
+    assert "full" in disk.status()["note"] and disk.status()["entries"] == 0

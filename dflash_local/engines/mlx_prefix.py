@@ -96,7 +96,7 @@ class MLXPrefixStates:
 class MLXPrefixCodec:
     """The disk tier's view of an MLX state (prefix_disk_format.LeafCodec)."""
 
-    identity = "mlx"  # part of the pair's key: where the arrays are restored
+    identity = "default-device"  # part of the pair's key: where the arrays are restored (MLX's default)
 
     def to_numpy(self, value) -> tuple[np.ndarray, str] | None:
         if not isinstance(value, mx.array):

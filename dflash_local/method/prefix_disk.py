@@ -219,7 +219,7 @@ class DiskTier:
             write_entry(self.directory, name, arrays, manifest)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                self._stop(f"the disk holding {self.root} is full: entries are no longer written")
+                self._stop("the disk holding the cache is full: entries are no longer written")
             else:
                 log.warning("prefix cache: entry not written to %s (%s)", self.directory, error)
             return
