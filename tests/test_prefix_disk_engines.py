@@ -128,3 +128,18 @@ def test_a_budget_of_0_turns_the_disk_tier_off(make_engine):
     engine = make_engine(disk_mb=0)
     assert engine.prefix_disk is None and engine.prefix_cache is not None
     assert engine.prefix_cache_status()["disk"] is None
+
+
+def test_a_next_turn_warmed_while_idle_is_written_too(make_engine):
+    import threading
+
+    from dflash_local.engines import turn_warmup
+
+    engine = make_engine()
+    reply, _ = turn(engine, PROMPT)
+    history = PROMPT + reply + [7, 8]
+    params = params_of(max_tokens=10, block_size=4, stop_token_ids=(NEVER,))
+    assert turn_warmup.warm(engine, history, params, lambda: False, threading.Lock())
+    engine.prefix_disk.flush()
+    held = [entry.token_ids.tolist() for entry in make_engine().prefix_disk.entries().values()]
+    assert history in held

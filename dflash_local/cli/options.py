@@ -33,8 +33,10 @@ def bench_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def multiturn_options(args: argparse.Namespace) -> EngineOptions:
-    """`bench --multi-turn`: --dtype and the prefix cache's budget it measures."""
-    return EngineOptions(dtype=args.dtype, prefix_cache_mb=args.prefix_cache_mb)
+    """`bench --multi-turn`: --dtype and the prefix cache's budget it measures; no disk tier
+    (an earlier run's entries would serve the first turns)."""
+    return EngineOptions(dtype=args.dtype, prefix_cache_mb=args.prefix_cache_mb,
+                         prefix_cache_disk_mb=0)
 
 
 def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
