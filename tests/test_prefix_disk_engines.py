@@ -143,3 +143,14 @@ def test_a_next_turn_warmed_while_idle_is_written_too(make_engine):
     engine.prefix_disk.flush()
     held = [entry.token_ids.tolist() for entry in make_engine().prefix_disk.entries().values()]
     assert history in held
+
+
+def test_a_data_dir_that_cannot_be_written_leaves_ram_only(make_engine, tmp_path, monkeypatch,
+                                                          caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(blocked / "home"))
+    with caplog.at_level(logging.WARNING, logger="dflash_local.method.prefix_disk"):
+        engine = make_engine()
+    assert engine.prefix_disk is None and "RAM only" in caplog.text
+    assert turn(engine, PROMPT)[0] == turn(make_engine(cache=False), PROMPT)[0]

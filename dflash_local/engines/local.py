@@ -54,8 +54,9 @@ PREFIX_CACHE_DIR = "prefix-cache"  # under the data dir: the prefix cache's disk
 
 
 def prefix_cache_root() -> Path:
-    """Where every pair's disk tier lives (not created here)."""
-    return paths.data_dir() / PREFIX_CACHE_DIR
+    """Where every pair's disk tier lives (not created here: one that cannot be leaves the
+    engine RAM-only, with a warning)."""
+    return paths.data_dir_path() / PREFIX_CACHE_DIR
 
 
 class LocalEngine(Engine):
