@@ -135,6 +135,7 @@ class StepEvent:
     prefill_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt's tokens, those a kept prefix gave (not computed)
+    cached_tier: str | None = None  # the prefix cache's tier that gave them: "ram" or "disk"
     width: int = 1  # this round's width: the anchor and the drafted tokens (1 = plain step)
     accepted_chars: int = 0  # how much of `text` (from its start) the accepted drafts made
     lookup_accepted: int = 0  # of `accepted`, the last ones a prompt-lookup draft brought, not the drafter
@@ -161,6 +162,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, those a kept prefix gave (prefix_cache.py)
+    cached_tier: str | None = None  # which tier of the prefix cache gave them: "ram" or "disk"
     completion_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -176,6 +178,7 @@ class GenerationStats:
         if event.round_index == 0:
             self.prompt_tokens = event.prompt_tokens
             self.cached_tokens = event.cached_tokens
+            self.cached_tier = event.cached_tier
             self.prefill_s = event.prefill_s
         else:
             self.rounds += 1

@@ -12,10 +12,15 @@ APP_NAME = "dflash-local"
 
 def data_dir() -> Path:
     """DFLASH_LOCAL_HOME overrides the platform data dir (tests and CI use it)."""
-    override = os.environ.get("DFLASH_LOCAL_HOME")
-    path = Path(override) if override else platform_data_dir()
+    path = data_dir_path()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def data_dir_path() -> Path:
+    """`data_dir`, not created here (a caller that can do without it reports its absence)."""
+    override = os.environ.get("DFLASH_LOCAL_HOME")
+    return Path(override) if override else platform_data_dir()
 
 
 def platform_data_dir() -> Path:

@@ -89,3 +89,14 @@ def gpt(served):
     from service_support import openai_client
 
     return openai_client(served[1])
+
+
+def _prefix_disk_off_by_default() -> None:
+    """A test's engine keeps its prefixes in RAM alone unless it gives a disk budget: tests
+    count the cached tokens of one engine's turns, and the session's data dir is shared."""
+    from dflash_local.method import prefix_disk
+
+    prefix_disk.DEFAULT_DISK_MB = 0
+
+
+_prefix_disk_off_by_default()

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
+from dflash_local.cli import cache as cache_cli
 from dflash_local.cli import flags
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_parser(commands)
     bench_cli.add_parser(commands)
     _add_trace(commands)
+    cache_cli.add_parser(commands)
     return parser
 
 

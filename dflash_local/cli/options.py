@@ -33,8 +33,10 @@ def bench_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def multiturn_options(args: argparse.Namespace) -> EngineOptions:
-    """`bench --multi-turn`: --dtype and the prefix cache's budget it measures."""
-    return EngineOptions(dtype=args.dtype, prefix_cache_mb=args.prefix_cache_mb)
+    """`bench --multi-turn`: --dtype and the prefix cache's budget it measures; no disk tier
+    (an earlier run's entries would serve the first turns)."""
+    return EngineOptions(dtype=args.dtype, prefix_cache_mb=args.prefix_cache_mb,
+                         prefix_cache_disk_mb=0)
 
 
 def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
@@ -43,7 +45,8 @@ def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
     to the engine they were given with (the draft window comes with each load)."""
     shared = EngineOptions(dtype=args.dtype)
     local = EngineOptions(dtype=args.dtype, prefix_cache=not args.no_prefix_cache,
-                          prefix_cache_mb=args.prefix_cache_mb)
+                          prefix_cache_mb=args.prefix_cache_mb,
+                          prefix_cache_disk_mb=args.prefix_cache_disk_mb)
     options = {**dict.fromkeys(engine_names(LOCAL), local), **dict.fromkeys(engine_names(LAUNCHED), shared)}
     if kind_of(args.engine) == RELAY:
         options[args.engine] = EngineOptions(api_key=args.remote_api_key,

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dflash_local import paths
 from dflash_local.drafter.config import (
     DrafterConfig,
     load_checked_drafter_config,
@@ -41,13 +42,21 @@ from dflash_local.events import (
     check_draft_window,
     widest_block,
 )
-from dflash_local.method import calibration, speculative
+from dflash_local.method import calibration, prefix_disk, speculative
 from dflash_local.method.interfaces import Drafter, TargetRunner
-from dflash_local.method.prefix_cache import PrefixStates, Resume, make_prefix_cache
+from dflash_local.method.prefix_cache import Hit, PrefixStates, Resume, make_prefix_cache
+from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
 from dflash_local.pairs.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
+PREFIX_CACHE_DIR = "prefix-cache"  # under the data dir: the prefix cache's disk tier
+
+
+def prefix_cache_root() -> Path:
+    """Where every pair's disk tier lives (not created here: one that cannot be leaves the
+    engine RAM-only, with a warning)."""
+    return paths.data_dir_path() / PREFIX_CACHE_DIR
 
 
 class LocalEngine(Engine):
@@ -59,11 +68,13 @@ class LocalEngine(Engine):
     def __init__(self, target_path: Path, drafter_path: Path | None, *,
                  target_name: str | None = None, drafter_name: str | None = None,
                  dtype: str = "float32", draft_window: int | None = None, draft_vocab: bool = True,
-                 prefix_cache: bool = True, prefix_cache_mb: int | None = None):
+                 prefix_cache: bool = True, prefix_cache_mb: int | None = None,
+                 prefix_cache_disk_mb: int | None = None):
         """`dtype`: auto or one of `dtypes`; `draft_window`: the drafter's context rows (None:
         unbounded); `draft_vocab=False`: the drafter scores the whole vocabulary
         (scripts/experiments/draft_vocab_ab.py compares); `prefix_cache` / `prefix_cache_mb`: recent
-        conversations' states (method/prefix_cache.py)."""
+        conversations' states (method/prefix_cache.py); `prefix_cache_disk_mb`: their disk tier
+        under the data dir (method/prefix_disk.py; None: its default, 0: off)."""
         raw_config = read_target_config(target_path)  # once: every check below reads it
         dtype = self._checked_dtype(dtype, raw_config)
         max_context = self.target_context(target_path, raw_config)
@@ -91,6 +102,8 @@ class LocalEngine(Engine):
         self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
                                               self.kept_row_bytes(raw_config, dtype, taps))
         self.prefix_states = self.make_prefix_states()
+        self.prefix_disk = (self._make_prefix_disk(prefix_cache_disk_mb)
+                            if self.prefix_cache is not None else None)
         self._ready_to_generate()
         self.choose_threads()
 
@@ -100,6 +113,18 @@ class LocalEngine(Engine):
         if dtype not in self.dtypes:
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(self.dtypes)}")
         return dtype
+
+    def _make_prefix_disk(self, megabytes: int | None) -> prefix_disk.DiskTier | None:
+        """The disk tier of this pair's states: keyed by both models' files, the dtype, the
+        engine and where its arrays are restored, so no other pair is served its entries."""
+        root = prefix_cache_root()
+        codec = self.make_prefix_codec()
+        identity = {"engine": self.name, "dtype": self.pair.dtype, "codec": codec.identity,
+                    "target": prefix_disk.files_signature(self.pair.target_path),
+                    "drafter": prefix_disk.files_signature(self.pair.drafter_path),
+                    "draft_vocab": self.pair.draft_vocab_size}
+        budget = prefix_disk.disk_budget_bytes(megabytes, root)
+        return prefix_disk.make_disk_tier(root, identity, budget, codec)
 
     def _ready_to_generate(self) -> None:
         self.eos_token_ids = chat_prompt.end_of_turn_ids(
@@ -150,6 +175,10 @@ class LocalEngine(Engine):
     @abc.abstractmethod
     def make_prefix_states(self) -> PrefixStates:
         """How this engine keeps and restores a generation's state (method/prefix_cache.py)."""
+
+    @abc.abstractmethod
+    def make_prefix_codec(self) -> LeafCodec:
+        """How the disk tier writes and reads those states (method/prefix_disk_format.py)."""
 
     def choose_threads(self) -> None:
         """Pick the thread count the loaded pair runs fastest with here, where the engine can."""
@@ -242,6 +271,30 @@ class LocalEngine(Engine):
                 yield replace(event, text=text, accepted_chars=accepted_chars,
                               lookup_accepted_chars=accepted_chars - drafter_chars)
 
+    def _lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
+        """The RAM tier's hit, or the disk tier's where it gives more rows (loaded, then kept
+        in RAM too)."""
+        hit = self.prefix_cache.lookup(prompt_ids, needs_taps)
+        disk = self.prefix_disk
+        if disk is None or (hit is not None and hit.rows >= len(prompt_ids) - 1):
+            return hit
+        found = disk.lookup(prompt_ids, needs_taps)
+        if found is None or (hit is not None and found[1] <= hit.rows):
+            return hit
+        entry = disk.load(found[0])
+        if entry is None:
+            return hit
+        self.prefix_cache.store(entry.token_ids.tolist(), entry.kept)
+        return Hit(entry, found[1], tier="disk")
+
+    def prefix_cache_status(self) -> dict | None:
+        """The prefix cache's tiers for /dflash/status (None: the cache is off)."""
+        if self.prefix_cache is None:
+            return None
+        return {"ram": {"budget_bytes": self.prefix_cache.budget, "bytes": self.prefix_cache.nbytes,
+                        "entries": len(self.prefix_cache)},
+                "disk": self.prefix_disk.status() if self.prefix_disk is not None else None}
+
     def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
                        params: GenerationParams, thinking: bool | None,
                        should_stop: Callable[[], bool]) -> bool:
@@ -256,11 +309,12 @@ class LocalEngine(Engine):
         cache, states = self.prefix_cache, self.prefix_states
         if cache is None or states is None or not states.accepts(drafter):
             return None
-        hit = cache.lookup(prompt_ids, needs_taps=drafter is not None)
+        hit = self._lookup(prompt_ids, needs_taps=drafter is not None)
         resume = Resume(keep_prompt=states.keeps_prompt(runner))
         if hit is not None:
             resume.unseen_taps = states.restore(hit.entry.kept, hit.rows, runner, drafter)
             resume.cached_rows = hit.rows
+            resume.cached_tier = hit.tier
 
         def keep(row_ids: list[int], unseen_taps) -> None:
             kept = states.snapshot(runner, drafter, unseen_taps)
@@ -270,6 +324,8 @@ class LocalEngine(Engine):
                 self.prefix_cache_note = kept
                 return
             cache.store(row_ids, kept)
+            if self.prefix_disk is not None:
+                self.prefix_disk.submit(row_ids, kept)
 
         resume.keep = keep
         return resume

@@ -27,7 +27,7 @@ from dflash_local.drafter.config import DrafterConfig, load_target_info, model_t
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
 from dflash_local.engines.local import LocalEngine
 from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
-from dflash_local.engines.mlx_prefix import MLXPrefixStates
+from dflash_local.engines.mlx_prefix import MLXPrefixCodec, MLXPrefixStates
 from dflash_local.engines.table import MLX
 from dflash_local.errors import InvalidRequestError
 from dflash_local.method.draft_tree import DraftTree
@@ -247,6 +247,9 @@ class MLXEngine(LocalEngine):
 
     def make_prefix_states(self) -> MLXPrefixStates:
         return MLXPrefixStates()
+
+    def make_prefix_codec(self) -> MLXPrefixCodec:
+        return MLXPrefixCodec()
 
     def choose_threads(self) -> None:
         blas.choose_threads(self._decode_probe)  # Linux with our OpenBLAS only

@@ -6,6 +6,8 @@ prefix_cache.py's).
 Recurrent state cannot be trimmed: a hybrid target's entries are the states where the prompt
 and where the generation ended (a turn's two ends), each reusable only whole. Entries are never written after they are stored: MLX caches write
 into their buffers in place, so a restore hands each cache a fresh slice, never the entry's array.
+The same object is the disk tier's codec (method/prefix_disk_format.py): a kept state's arrays
+to numpy and back, bfloat16 carried as its bits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from dflash_local.drafter.model_mlx import DraftSession
@@ -88,6 +91,33 @@ class MLXPrefixStates:
         if rows > context.end and state.unseen_taps is not None:
             return state.unseen_taps[:, : rows - context.end]
         return None
+
+
+class MLXPrefixCodec:
+    """The disk tier's view of an MLX state (prefix_disk_format.LeafCodec)."""
+
+    identity = "default-device"  # part of the pair's key: where the arrays are restored (MLX's default)
+
+    def to_numpy(self, value) -> tuple[np.ndarray, str] | None:
+        if not isinstance(value, mx.array):
+            return None
+        dtype = str(value.dtype).removeprefix("mlx.core.")
+        if value.dtype == mx.bfloat16:  # numpy has no bfloat16: its bits travel as uint16
+            return np.array(value.view(mx.uint16)), dtype
+        return np.array(value), dtype
+
+    def from_numpy(self, array: np.ndarray, dtype: str) -> mx.array:
+        value = mx.array(array)
+        return value.view(mx.bfloat16) if dtype == "bfloat16" else value
+
+    def to_tag(self, value) -> str | None:
+        return None
+
+    def from_tag(self, tag: str):
+        raise ValueError(f"an MLX entry holds no tagged value, got {tag!r}")
+
+    def object_type(self, name: str) -> type | None:
+        return {"_State": _State, "_DrafterContext": _DrafterContext}.get(name)
 
 
 def _fill(cache: KVCache, held: tuple[mx.array, mx.array], rows: int) -> None:

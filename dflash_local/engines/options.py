@@ -40,6 +40,9 @@ class EngineOptions:
     # default budget, engines' prefix caches: method/prefix_cache.py)
     prefix_cache: bool = _option(True, LOCAL)
     prefix_cache_mb: int | None = _option(None, LOCAL)
+    # local: the prefix cache's disk tier under the data dir, in MB (None: its default, 0: off;
+    # method/prefix_disk.py)
+    prefix_cache_disk_mb: int | None = _option(None, LOCAL)
     # launched: also start a plain server of the target (speculation off per request, races)
     plain_twin: bool = _option(False, LAUNCHED)
     # launched: the interpreter whose venv has the server (None: this one)

@@ -31,7 +31,7 @@ from dflash_local.drafter.model_torch import DraftSession, load_drafter
 from dflash_local.engines import torch_rollback
 from dflash_local.engines.local import LocalEngine
 from dflash_local.engines.table import TRANSFORMERS
-from dflash_local.engines.torch_prefix import TorchPrefixStates, row_bytes
+from dflash_local.engines.torch_prefix import TorchPrefixCodec, TorchPrefixStates, row_bytes
 from dflash_local.errors import CheckpointError
 from dflash_local.method.draft_tree import DraftTree
 
@@ -261,6 +261,9 @@ class TorchEngine(LocalEngine):
 
     def make_prefix_states(self) -> TorchPrefixStates:
         return TorchPrefixStates()
+
+    def make_prefix_codec(self) -> TorchPrefixCodec:
+        return TorchPrefixCodec(self.device)
 
     def compute_threads(self) -> int | None:
         return torch.get_num_threads() if self.model.device.type == "cpu" else None

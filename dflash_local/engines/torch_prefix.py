@@ -11,6 +11,8 @@ is neither (a static or quantized cache) is not kept (the reason is logged).
 Entries are never written after they are stored: restoring copies the rows (DynamicCache grows
 by concatenation), or the whole layers (recurrent layers update their states in place), and
 slices the drafter's.
+The disk tier's codec (method/prefix_disk_format.py) is `TorchPrefixCodec`: tensors to numpy and
+back (bfloat16 as its bits), the kept layer objects by their attributes.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from transformers import cache_utils
 from transformers.cache_utils import (
+    CacheLayerMixin,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
@@ -149,3 +154,48 @@ def _layer_tensors(value) -> list[torch.Tensor]:
     if hasattr(value, "__dict__") and not isinstance(value, type):
         return _layer_tensors(vars(value))
     return []
+
+
+class TorchPrefixCodec:
+    """The disk tier's view of a Transformers state (prefix_disk_format.LeafCodec): tensors
+    come back on `device`."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self.identity = f"torch:{self.device}"  # part of the pair's key
+
+    def to_numpy(self, value) -> tuple[np.ndarray, str] | None:
+        if not isinstance(value, torch.Tensor):
+            return None
+        dtype = str(value.dtype).removeprefix("torch.")
+        value = value.detach().cpu()
+        if value.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits travel as uint16
+            value = value.view(torch.uint16)
+        return value.numpy(), dtype
+
+    def from_numpy(self, array: np.ndarray, dtype: str) -> torch.Tensor:
+        tensor = torch.from_numpy(array.copy() if not array.flags.writeable else array)
+        if dtype == "bfloat16":
+            tensor = tensor.view(torch.bfloat16)
+        return tensor.to(self.device)
+
+    def to_tag(self, value) -> str | None:
+        if isinstance(value, torch.dtype):
+            return "dtype:" + str(value).removeprefix("torch.")
+        if isinstance(value, torch.device):
+            return "device:" + str(value)
+        return None
+
+    def from_tag(self, tag: str):
+        kind, _, name = tag.partition(":")
+        if kind == "dtype":
+            return getattr(torch, name)
+        return torch.device(name)
+
+    def object_type(self, name: str) -> type | None:
+        """Our state's dataclasses and transformers' cache layers (what a whole entry holds)."""
+        if name in ("_State", "_DrafterContext"):
+            return {"_State": _State, "_DrafterContext": _DrafterContext}[name]
+        found = getattr(cache_utils, name, None)
+        layer_kinds = (CacheLayerMixin, LinearAttentionCacheLayerMixin)
+        return found if isinstance(found, type) and issubclass(found, layer_kinds) else None

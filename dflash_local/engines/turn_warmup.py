@@ -48,7 +48,11 @@ def warm(engine, ids: list[int], params: GenerationParams, should_stop: Callable
     with guard:
         kept = engine.prefix_states.snapshot(runner, drafter,
                                              runner.join_taps(unseen) if unseen else None)
-    return not isinstance(kept, str) and engine.prefix_cache.store(ids, kept)
+    if isinstance(kept, str) or not engine.prefix_cache.store(ids, kept):
+        return False
+    if engine.prefix_disk is not None:  # the next turn's prefix, as it will be spelled, survives a restart
+        engine.prefix_disk.submit(ids, kept)
+    return True
 
 
 def _start(engine, ids: list[int], params: GenerationParams):

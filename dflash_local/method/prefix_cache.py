@@ -51,6 +51,7 @@ class Entry:
 class Hit:
     entry: Entry
     rows: int  # the prompt's first `rows` rows come from the entry
+    tier: str = "ram"  # which tier served the entry: "ram" or "disk" (prefix_disk.py)
 
 
 class PrefixStates(Protocol):
@@ -82,6 +83,7 @@ class Resume:
     unseen_taps: Any = None
     keep: Callable[[list[int], Any], None] | None = None
     keep_prompt: bool = False
+    cached_tier: str | None = None  # which tier gave the cached rows: "ram" or "disk"
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -89,6 +91,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     length = min(len(a), len(b))
     differs = np.flatnonzero(a[:length] != b[:length])
     return int(differs[0]) if len(differs) else length
+
+
+def usable_rows(entry: Entry, prompt: np.ndarray, needs_taps: bool) -> int:
+    """How many of the prompt's rows `entry` gives: at most all but the last (its logits start
+    the generation), an entry kept whole only whole, none without the drafter's context the
+    request needs (0: none)."""
+    if needs_taps and not entry.kept.has_taps:
+        return 0
+    rows = min(common_prefix(entry.token_ids, prompt), len(prompt) - 1)
+    if entry.kept.whole_only and rows < len(entry.token_ids):
+        return 0
+    return max(rows, 0)
+
+
+def extends(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
+    """Whether a new trimmable entry (`kept` of rows `ids`) serves every prompt `entry` serves,
+    as well."""
+    return (len(entry.token_ids) <= len(ids) and not kept.whole_only
+            and not entry.kept.whole_only and (kept.has_taps or not entry.kept.has_taps)
+            and common_prefix(entry.token_ids, ids) == len(entry.token_ids))
 
 
 def budget_bytes(megabytes: int, machine_bytes: int) -> int:
@@ -149,11 +171,7 @@ class PrefixCache:
         best: tuple[int, int] | None = None
         with self._lock:
             for key, entry in self._entries.items():
-                if needs_taps and not entry.kept.has_taps:
-                    continue
-                rows = min(common_prefix(entry.token_ids, prompt), len(prompt) - 1)
-                if entry.kept.whole_only and rows < len(entry.token_ids):
-                    continue
+                rows = usable_rows(entry, prompt, needs_taps)
                 if rows > 0 and (best is None or rows > best[1]):
                     best = (key, rows)
             if best is None:
@@ -177,7 +195,7 @@ class PrefixCache:
                 self._drop(key)  # the same rows again: the newer state replaces it
             if not kept.whole_only:
                 for key in [key for key, entry in self._entries.items()
-                            if self._covers(kept, ids, entry)]:
+                            if extends(kept, ids, entry)]:
                     self._drop(key)
             while self._entries and self._nbytes + kept.nbytes > self.budget:
                 self._drop(next(iter(self._entries)))  # the least recently used
@@ -188,13 +206,6 @@ class PrefixCache:
 
     def _drop(self, key: int) -> None:
         self._nbytes -= self._entries.pop(key).kept.nbytes
-
-    @staticmethod
-    def _covers(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
-        """Whether a new trimmable entry serves every prompt `entry` serves, as well."""
-        return (len(entry.token_ids) <= len(ids) and not entry.kept.whole_only
-                and (kept.has_taps or not entry.kept.has_taps)
-                and common_prefix(entry.token_ids, ids) == len(entry.token_ids))
 
     def clear(self) -> None:
         with self._lock:

@@ -59,7 +59,8 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     try:
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
-                        cached_tokens=resume.cached_rows, mode=planner.mode,
+                        cached_tokens=resume.cached_rows, cached_tier=resume.cached_tier,
+                        mode=planner.mode,
                         logprobs=_logprobs(last_logits[None], [0], [anchor_id], params))
         if resume.keep_prompt and resume.keep is not None:  # a turn's end: a state that
             sources.add_taps(taps)  # cannot be trimmed is kept where the prompt ends too

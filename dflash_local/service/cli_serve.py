@@ -58,6 +58,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     flags.add_prefix_cache_flag(serve, help="memory for recent conversations' caches, reused by their "
                                             "next turn (local engines; default: 64K tokens of the pair, "
                                             "at most 1/8 of this machine's memory)")
+    serve.add_argument("--prefix-cache-disk-mb", type=int, metavar="N",
+                       help="disk for conversations' caches under the data dir, reused after a "
+                            "restart (local engines; default: 2048, at most 1/4 of the free "
+                            "space; 0: off)")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="compute every prompt whole (no conversation cache)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
@@ -153,15 +157,21 @@ def _initial_load(state, args: argparse.Namespace) -> None:
 
 
 def _check_prefix_cache(args: argparse.Namespace) -> None:
-    """A budget of 0 or more than this machine has is refused before anything loads."""
+    """A RAM budget of 0 or more than this machine has, a disk budget below 0 or more than the
+    free space, are refused before anything loads."""
+    from dflash_local.engines.local import prefix_cache_root
     from dflash_local.errors import InvalidRequestError
     from dflash_local.method.prefix_cache import budget_bytes, machine_memory_bytes
+    from dflash_local.method.prefix_disk import disk_budget_bytes
 
-    if args.prefix_cache_mb is None:
-        return
-    if args.no_prefix_cache:
-        raise InvalidRequestError("give --prefix-cache-mb or --no-prefix-cache, not both")
-    budget_bytes(args.prefix_cache_mb, machine_memory_bytes())
+    for flag, value in (("--prefix-cache-mb", args.prefix_cache_mb),
+                        ("--prefix-cache-disk-mb", args.prefix_cache_disk_mb)):
+        if value is not None and args.no_prefix_cache:
+            raise InvalidRequestError(f"give {flag} or --no-prefix-cache, not both")
+    if args.prefix_cache_mb is not None:
+        budget_bytes(args.prefix_cache_mb, machine_memory_bytes())
+    if args.prefix_cache_disk_mb is not None:
+        disk_budget_bytes(args.prefix_cache_disk_mb, prefix_cache_root())
 
 
 def allowed_hosts(args: argparse.Namespace) -> list[str]:

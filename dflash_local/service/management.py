@@ -15,6 +15,7 @@ import psutil
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from dflash_local.engines.local import LocalEngine
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
 from dflash_local.pairs.catalog import AVAILABLE, INCOMPLETE, ModelSpec, find_local
@@ -166,6 +167,8 @@ def _status(state: ServiceState) -> dict:
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,
         "loaded_fit": _status_fit(loaded) if loaded else None,
         "worker": loaded.worker.status() if loaded else None,
+        "prefix_cache": (loaded.engine.prefix_cache_status()
+                         if loaded and isinstance(loaded.engine, LocalEngine) else None),
         "memory": {"rss_bytes": psutil.Process().memory_info().rss,
                    "available_bytes": memory.available, "total_bytes": memory.total},
         "downloads_active": sum(1 for d in state.downloads.list() if d["status"] not in

@@ -51,6 +51,7 @@ def reply_usage(stats: GenerationStats, engine: str, block_size: int, speculativ
             "prefill_s": round(stats.prefill_s, 6),
             "prefill_tokens": stats.prefill_tokens,  # computed; the rest came from the cache
             "cached_tokens": stats.cached_tokens,
+            "cached_tier": stats.cached_tier,  # "ram", "disk" (a kept prefix from before a restart) or null
             "decode_s": round(stats.decode_s, 6),
             "engine": engine,
             "block_size": block_size,
