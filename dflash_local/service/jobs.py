@@ -158,9 +158,11 @@ async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
     if id_prefix is not None:
         job.id = id_prefix + job.id.removeprefix("chatcmpl-")
     encoder = make_encoder(job.id)
-    # off the event loop, and before the worker: a body that cannot fit never holds it
-    prompt_tools = [] if request.tool_choice == "none" else list(request.tools)  # as plan_tools does
-    await asyncio.to_thread(loaded.engine.check_request_size, request.messages, prompt_tools)
+    # off the event loop, and before the worker: a body that cannot fit never holds it; with
+    # the counter's own tokenizer (prompt_count.py), never the one the worker encodes with
+    if loaded.prompt_counter is not None:
+        prompt_tools = [] if request.tool_choice == "none" else list(request.tools)  # as plan_tools does
+        await asyncio.to_thread(loaded.prompt_counter.check_size, request.messages, prompt_tools)
     loaded.worker.submit(job)
     watcher = asyncio.create_task(_wait_disconnect(http_request))
     try:

@@ -1,5 +1,6 @@
-"""POST /v1/messages/count_tokens' counting: the very prompt a generation would get, encoded
-beside the worker without touching the worker's tokenizer.
+"""Counting beside the worker without touching the worker's tokenizer: POST
+/v1/messages/count_tokens' count (the very prompt a generation would get), and every generating
+request's early size check (jobs.run).
 
 A Hugging Face fast tokenizer keeps a per-call setting (split_special_tokens) on its backend
 object, so two threads encoding with one tokenizer can change each other's ids. The counter
@@ -37,3 +38,8 @@ class PromptCounter:
         tools = plan_tools(self._tool_support, request.tools, request.tool_choice)
         with self._lock:
             return encode_prompt(self._engine, request, tools)
+
+    def check_size(self, messages: list[dict], tools: list[dict]) -> None:
+        """The engine's early refusal of a body that cannot fit the context (blocking)."""
+        with self._lock:
+            self._engine.check_request_size(messages, tools)
