@@ -141,7 +141,9 @@ class ChatStore:
         # damage found now, where the app can set the file aside, not on some later send
         problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
-            raise sqlite3.DatabaseError(f"database disk image is malformed: {problems[0]}")
+            damage = sqlite3.DatabaseError(f"database disk image is malformed: {problems[0]}")
+            damage.sqlite_errorcode = sqlite3.SQLITE_CORRUPT  # what is_damage reads, as SQLite's own
+            raise damage
         with self._tx():
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='streaming'")
 

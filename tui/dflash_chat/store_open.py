@@ -30,7 +30,7 @@ def open_store(path: Path) -> OpenedStore:
     try:
         return OpenedStore(ChatStore(path))
     except OPEN_ERRORS as exc:
-        if isinstance(exc, StoreError) and exc.damaged or is_damage(exc):
+        if getattr(exc, "damaged", False) or is_damage(exc):
             return _replace_damaged(path, exc)
         return _in_memory(f"The chat history {path} cannot be written ({exc})")
 
