@@ -144,7 +144,7 @@ class MessageView(Vertical, can_focus=True):
         """A code block highlighted again (a theme change) lost its colours: paint it again
         (the other blocks still show theirs and are skipped)."""
         event.stop()
-        if self.show_accepted:
+        if self.show_accepted and self._stream is None:  # a streaming reply has its painter
             colour_markdown(self.body, self.text, self.rounds, self._painted)
 
     # --- streaming ---
