@@ -173,8 +173,8 @@ class DiskTier:
     def submit(self, token_ids: list[int], kept: Kept) -> None:
         """Queue a turn's state for writing (packed now: the engine may write its arrays
         after); skipped when too large, when writes are behind, or after a full disk."""
-        if self.note is not None or kept.nbytes > self.budget:
-            return
+        if self.note is not None or kept.nbytes > self.budget or self._pending.full():
+            return  # full: not packed at all (packing copies the state on the request's thread)
         try:
             skeleton, arrays = pack(kept.state, self.codec)
         except Unpackable as error:
@@ -318,13 +318,7 @@ def sweep_orphans(root: Path) -> None:
 
 def clear(root: Path) -> int:
     """Delete every entry under `root` (every pair's); returns how many."""
-    with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = entry_files(root)
-        for manifest, _ in entries:
-            manifest.unlink(missing_ok=True)
-            manifest.with_suffix(PAYLOAD).unlink(missing_ok=True)
-    return len(entries)
+    return evict(root, -1)  # below any total, empty entries included
 
 
 def _running(pid: int) -> bool:
