@@ -32,11 +32,12 @@ WORKER = r"""
 import json, sys
 from dflash_local import events
 from dflash_local.engines import load_engine
-try:  # the layout with method/ and pairs/, typed engine options
+import importlib.util
+if importlib.util.find_spec("dflash_local.pairs"):  # the layout with method/, pairs/, typed options
     from dflash_local.engines.options import EngineOptions
     from dflash_local.pairs.default_pair import pair_names
     options, trace_module = {"options": EngineOptions(dtype="auto")}, "dflash_local.method.round_trace"
-except ImportError:  # before it: modules at the package's root, options as keywords
+else:  # before it: modules at the package's root, options as keywords
     from dflash_local.cli import pair_names
     options, trace_module = {"dtype": "auto"}, "dflash_local.round_trace"
 auto = events.AUTO if hasattr(events, "AUTO") else "auto"

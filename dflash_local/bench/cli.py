@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
@@ -179,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
         recalibrate=args.recalibrate, lookup=args.lookup, tree=args.tree,
         repeats=args.repeats, draft_window=args.draft_window,
     )
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from dflash_local.cli.options import quiet_frameworks
+
+    quiet_frameworks()
     trace = None
     if args.trace is not None:  # opened before the load: a path it cannot write fails at once
         from dflash_local.method.round_trace import RoundTrace

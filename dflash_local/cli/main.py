@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
 from dflash_local.cli import cache as cache_cli
 from dflash_local.cli import flags
+from dflash_local.cli.options import quiet_frameworks
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
 from dflash_local.engines.table import LOCAL
@@ -139,7 +139,7 @@ def run_generate(args: argparse.Namespace) -> int:
         logprobs=args.logprobs,
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
-    _quiet_frameworks()
+    quiet_frameworks()
     trace = None
     if args.trace is not None:  # opened before the load: a path it cannot write fails at once
         from dflash_local.method.round_trace import RoundTrace
@@ -226,16 +226,10 @@ def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
 def run_import_embedded(args: argparse.Namespace) -> int:
     from dflash_local.pairs.embedded import import_embedded
 
-    _quiet_frameworks()
+    quiet_frameworks()
     path = import_embedded(dtype=args.dtype, force=args.force)
     print(f"embedded target ready in {path}")
     return 0
-
-
-def _quiet_frameworks() -> None:
-    """Progress bars and advice from transformers/huggingface_hub would drown the output."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _warn(message: str) -> None:

@@ -5,6 +5,7 @@ command's flags ask of the engine it loads. Imports no engine: `--help` stays fa
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 
 from dflash_local.engines.options import EngineOptions
@@ -56,3 +57,9 @@ def serve_options(args: argparse.Namespace) -> dict[str, EngineOptions]:
                                              server_python=args.server_python,
                                              extra_args=tuple(shlex.split(args.server_args)))
     return options
+
+
+def quiet_frameworks() -> None:
+    """Progress bars and advice from transformers/huggingface_hub would drown a command's output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -17,6 +17,7 @@ from dflash_local.pairs.memory_fit import (
     config_param_count,
     config_quantized,
     estimate_fit,
+    gb,
 )
 from dflash_local.pairs.pair_fit import ModelFiles, held_bytes
 from dflash_local.pairs.precision import resolve_dtype
@@ -46,9 +47,9 @@ def check_load_fits(engine: str, name: str, target_dir: Path, drafter_dir: Path 
                             drafter_config=drafter.config if drafter else None, dtype_bytes=run_bytes)
     if not estimate.fits:
         raise ModelTooLargeError(
-            f"{name} does not fit this machine: it needs {_gb(estimate.total_bytes)} GB "
-            f"({_gb(weights)} GB of weights in {run_dtype}), and the {engine} engine has "
-            f"{_gb(available)} GB available ({place})")
+            f"{name} does not fit this machine: it needs {gb(estimate.total_bytes)} GB "
+            f"({gb(weights)} GB of weights in {run_dtype}), and the {engine} engine has "
+            f"{gb(available)} GB available ({place})")
 
 
 def check_named_pair_fits(engine: str, target: str, drafter: str | None, dtype: str | None = None,
@@ -94,7 +95,3 @@ def _memory_here(engine: str, device: str | None) -> tuple[str, int] | None:
     if on_cpu:
         return CPU, min(memory.ram_bytes, int(psutil.virtual_memory().available))
     return budget.device, budget.budget_bytes
-
-
-def _gb(count: int) -> str:
-    return f"{count / 1e9:.1f}"

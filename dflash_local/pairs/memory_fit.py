@@ -173,15 +173,16 @@ class FitEstimate:
         if self.max_context:
             return f"fits up to {self.max_context:,} tokens of context"
         if self.fits:
-            return f"fits: needs {_gb(self.total_bytes)} GB, has {_gb(self.budget_bytes)} GB{size_only}"
-        return f"does not fit: needs {_gb(self.total_bytes)} GB, has {_gb(self.budget_bytes)} GB{size_only}"
+            return f"fits: needs {gb(self.total_bytes)} GB, has {gb(self.budget_bytes)} GB{size_only}"
+        return f"does not fit: needs {gb(self.total_bytes)} GB, has {gb(self.budget_bytes)} GB{size_only}"
 
     def to_json(self) -> dict:
         return {**asdict(self), "total_bytes": self.total_bytes, "fits": self.fits,
                 "label": self.label()}
 
 
-def _gb(count: int) -> str:
+def gb(count: int) -> str:
+    """Bytes as decimal gigabytes, one place: how every fit message writes a size."""
     return f"{count / 1e9:.1f}"
 
 

@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.api_key and not _is_loopback(args.host):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can "
               f"use it", file=sys.stderr)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from dflash_local.cli.options import quiet_frameworks
+
+    quiet_frameworks()
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
