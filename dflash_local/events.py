@@ -80,6 +80,24 @@ class TokenLogprob:
     top_logprobs: tuple[float, ...] = ()
 
 
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What a reply's text must follow (dflash_local/constraints/ compiles it for a tokenizer).
+    `kind`: one of CONSTRAINT_KINDS; `source`: the JSON Schema as JSON text ("{}" for
+    json_object), the regex, or the Lark grammar."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in CONSTRAINT_KINDS:
+            raise InvalidRequestError(
+                f"a constraint's kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 256
@@ -94,6 +112,7 @@ class GenerationParams:
     tree: bool = True  # drafter rounds verify a tree of drafts (draft_tree.py) where the engine can
     draft_window: int | None = None  # the drafter keeps this many context rows (None: the engine's)
     logprobs: int | None = None  # report each token's logprob and this many top alternatives (0-20)
+    constraint: OutputConstraint | None = None  # the reply follows this schema, regex or grammar
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
