@@ -9,13 +9,16 @@ them, and compares each loglikelihood and is_greedy, and the task's accuracy.
     python scripts/lm_eval_completions.py --lm-eval /tmp/completions/venv/bin/lm_eval \
         [--engine transformers|mlx] [--record docs/records/lm-eval-completions.json]
 
-The lm-eval venv needs `lm-eval[api]` and `transformers` (its tokenizer; no torch). Prints one
+The lm-eval venv needs `lm-eval[api]` and `transformers` (its tokenizer; no torch):
+`python3 -m venv /tmp/completions/venv && /tmp/completions/venv/bin/pip install 'lm-eval[api]'
+transformers`. Prints one
 JSON summary; exit 1 when a loglikelihood differs past TOLERANCE or an is_greedy disagrees.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -156,12 +159,21 @@ def compare(samples: list[dict], target: Path) -> list[dict]:
             targets = torch.tensor(continuation_ids)
             loglikelihood = predicting[torch.arange(len(targets)), targets].sum().item()
             greedy = bool((predicting.argmax(-1) == targets).all())
-            served_ll, served_greedy = response[0]
+            served_ll, served_greedy = logged_result(response)
             rows.append({"doc": sample["doc_id"], "continuation": arguments["arg_1"],
                          "lm_eval": served_ll, "forward": loglikelihood,
                          "difference": served_ll - loglikelihood,
                          "greedy_agree": bool(served_greedy) == greedy})
     return rows
+
+
+def logged_result(response: list) -> tuple[float, bool]:
+    """A request's (loglikelihood, is_greedy) as lm-eval logs it: values, or their text."""
+    value = response[0]
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    loglikelihood, greedy = value
+    return float(loglikelihood), greedy in (True, "True")
 
 
 def forward_accuracy(samples: list[dict], compared: list[dict]) -> float:
