@@ -186,8 +186,10 @@ def forward_accuracy(samples: list[dict], compared: list[dict]) -> float:
 
 
 def record(summary: dict, compared: list[dict]) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+               "unknown")
     return {
         "title": "lm-eval loglikelihood over /v1/completions against the target's own forward",
         "compares": "lm-eval's local-completions loglikelihoods through /v1/completions (echo + "

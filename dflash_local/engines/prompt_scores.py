@@ -6,7 +6,8 @@ The prompt runs from row 0 in chunks of SCORE_CHUNK_ROWS rows, each chunk's logi
 its tokens' log-probabilities before the next runs, so memory holds one chunk's logits
 [rows, V], never the whole prompt's. A kept prefix cannot be reused (it holds no logits), but
 the scored state is kept as a prefix-cache entry, as a warm-up's is (turn_warmup.py): the
-generation then restores every prompt row but the last and prefills one.
+generation then restores every prompt row but the last and prefills one (with the cache off,
+it prefills the whole prompt again).
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ async def completions(body: CompletionRequest, request: Request, state: ServiceS
         raise InvalidRequestError(f"/v1/completions runs token ids as given, on a local engine; "
                                   f"the loaded {loaded.engine.name} engine relays a server's text")
     prompts = body.prompts()
-    raw_prompts = [await raw_prompt(prompt, loaded, body.echo, f"prompt.{index}" if len(prompts) > 1 else "prompt")
-                   for index, prompt in enumerate(prompts)]
+    fields = [f"prompt.{index}" for index in range(len(prompts))] if len(prompts) > 1 else ["prompt"]
+    raw_prompts = [await raw_prompt(prompt, loaded, body.echo, field)
+                   for prompt, field in zip(prompts, fields, strict=True)]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def encoder_of(index: int):
