@@ -100,7 +100,7 @@ def _turn(engine, messages: list[dict], max_tokens: int) -> tuple[str, str | Non
 
 
 COLUMNS = [("conversations", "conversations", 0), ("budget", "budget (MiB)", 0),
-           ("held", "most held (MiB)", 1), ("within", "within budget", 0),
+           ("held", "most held (MiB)", 2), ("within", "within budget", 0),
            ("entries", "entries at the end", 0), ("from_disk", "second turns from disk", 0)]
 
 
@@ -110,7 +110,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
     label = {"mlx": "MLX", "transformers": "Transformers"}[args.engine]
     record = {
         "title": "The prefix cache's disk tier under interleaved conversations: its budget held",
-        "measured": __doc__.split("\n\n")[2].replace("\n", " "),
+        "measured": __doc__.split("\n\n")[2].replace("\n", " ").strip(),
         "command": (f"nice scripts/prefix_disk_budget.py --engine {args.engine} --conversations "
                     f"{args.conversations} --disk-mb {args.disk_mb} --record {args.record}"),
         "date": datetime.date.today().isoformat(),
@@ -122,7 +122,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
         "row_header": "run", "source": "scripts/prefix_disk_budget.py",
         "columns": [{"key": key, "label": label, "decimals": decimals}
                     for key, label, decimals in COLUMNS],
-        "rows": [{"label": label, **{key: round(value, 1) if isinstance(value, float) else value
+        "rows": [{"label": label, **{key: round(value, 2) if isinstance(value, float) else value
                                      for key, value in row.items()}}]}
     args.record.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
 

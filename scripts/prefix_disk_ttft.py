@@ -91,7 +91,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
 
     record = json.loads(args.record.read_text()) if args.record.exists() else {
         "title": "The prefix cache's disk tier: the next turn's first token after a restart",
-        "measured": __doc__.split("\n\n")[2].replace("\n", " "),
+        "measured": __doc__.split("\n\n")[2].replace("\n", " ").strip(),
         "command": [], "dataset": f"this script's own text as a ~{args.tokens}-token system "
                                   f"prompt, then the reply and a short next message",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
