@@ -8,9 +8,9 @@ token. Not run in CI (it prefills thousands of tokens); the embedded pair by def
 
 A restart is a new engine object on the same data dir (a temporary DFLASH_LOCAL_HOME): its RAM
 tier is empty, so the second turn's prefix can only come from disk; the same request again is
-served from RAM. A restart with the load's preload (`LocalEngine.prepare`: the latest entries
-read into RAM) is timed too, the preload apart. Times are wall clock from the request to its
-first token (a disk read and restore included). `--record` puts the engine's row in the record.
+served from RAM. A restart with the service load's preload (`preload_prefix_cache`: the
+latest entries read into RAM) is timed too, the preload apart. Times are wall clock from the request to its
+first token (a disk read and restore included).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ engine object on the same data dir) the next turn is served from disk, at least 
 prompt cached, token for token what an engine without the cache gives (greedy, float32), on MLX
 (a Qwen3 and a Qwen3.5 hybrid, its recurrent state kept whole) and Transformers (Qwen3, a
 Qwen3.5 hybrid, Gemma 3 sliding windows kept whole); a flipped bit is detected and the entry
-dropped; another pair is never served the entry; a restart's `prepare` reads the latest entries
-into RAM; bad budgets are refused before the weights load."""
+dropped; another pair is never served the entry; a restart's `preload_prefix_cache` (the
+service's load runs it) reads the latest entries into RAM; bad budgets are refused before the
+weights load."""
 
 from __future__ import annotations
 
@@ -158,11 +159,9 @@ def test_a_data_dir_that_cannot_be_written_leaves_ram_only(make_engine, tmp_path
 
 
 def test_a_restart_reads_the_latest_entries_into_ram_at_load(make_engine):
-    from dflash_local.events import parse_block_size
-
     second = first_turn(make_engine)
     restarted = make_engine()
-    restarted.prepare(parse_block_size(4))  # what the service runs at load
+    assert restarted.preload_prefix_cache() > 0  # what the service's load runs
     assert len(restarted.prefix_cache) == len(restarted.prefix_disk.entries()) > 0  # a hybrid: 2
     tokens, stats = turn(restarted, second)
     assert stats.cached_tier == "ram" and stats.cached_tokens >= 0.9 * len(second)

@@ -228,17 +228,13 @@ class LocalEngine(Engine):
 
     def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:
-        """Calibrate (block size auto), then read the disk tier's latest entries into RAM."""
         if isinstance(block_size, Auto) and self.pair.drafter is not None:
             self.calibrate(force=recalibrate,
                            on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
-        self.preload_prefix_cache()
 
     def preload_prefix_cache(self) -> int:
-        """Read this pair's most recently used disk entries into the RAM tier (at most
-        PRELOAD_ENTRIES, within a PRELOAD_SHARE of its budget), so the first request after a
-        restart, an agent's fixed system prompt and tools above all, starts from RAM; returns
-        how many came."""
+        """The disk tier's most recently used entries of this pair, at most PRELOAD_ENTRIES
+        within 1/PRELOAD_SHARE of the RAM budget, read into RAM."""
         disk, cache = self.prefix_disk, self.prefix_cache
         if disk is None or cache is None:
             return 0
