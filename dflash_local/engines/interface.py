@@ -96,6 +96,13 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
 
+    def preload_prefix_cache(self) -> int:
+        """Read the latest entries of a prefix cache that outlives the process into RAM (a
+        local engine's disk tier: engines/local.py), so the first request after a restart, an
+        agent's fixed system prompt and tools above all, starts warm; returns how many came.
+        The service calls it at load. A served engine keeps no cache of ours."""
+        return 0
+
     def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
                        params: GenerationParams, thinking: bool | None,
                        should_stop: Callable[[], bool]) -> bool:

@@ -45,19 +45,41 @@ from dflash_local.events import (
 )
 from dflash_local.method import calibration, prefix_disk, speculative
 from dflash_local.method.interfaces import Drafter, TargetRunner
-from dflash_local.method.prefix_cache import Hit, PrefixStates, Resume, make_prefix_cache
+from dflash_local.method.prefix_cache import (
+    Hit,
+    PrefixStates,
+    Resume,
+    budget_bytes,
+    machine_memory_bytes,
+    make_prefix_cache,
+)
 from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
 from dflash_local.pairs.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
 PREFIX_CACHE_DIR = "prefix-cache"  # under the data dir: the prefix cache's disk tier
+# at load, the disk tier's latest entries are read into RAM: an agent's fixed prefix or the
+# conversations of the last session, not the whole tier (a read costs load time)
+PRELOAD_ENTRIES = 4
+PRELOAD_SHARE = 2  # at most this fraction (1/2) of the RAM tier's budget
 
 
 def prefix_cache_root() -> Path:
     """Where every pair's disk tier lives (not created here: one that cannot be leaves the
     engine RAM-only, with a warning)."""
     return paths.data_dir_path() / PREFIX_CACHE_DIR
+
+
+def _checked_prefix_budgets(enabled: bool, ram_mb: int | None, disk_mb: int | None) -> int:
+    """The prefix cache's budgets refused before any weight loads (a RAM budget given: checked
+    against the machine; its default needs the loaded pair); returns the disk tier's in bytes
+    (0: off)."""
+    if not enabled:
+        return 0
+    if ram_mb is not None:
+        budget_bytes(ram_mb, machine_memory_bytes())
+    return prefix_disk.disk_budget_bytes(disk_mb, prefix_cache_root())
 
 
 class LocalEngine(Engine):
@@ -80,6 +102,7 @@ class LocalEngine(Engine):
         dtype = self._checked_dtype(dtype, raw_config)
         max_context = self.target_context(target_path, raw_config)
         check_draft_window(draft_window, max_context)  # before any weight loads
+        disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
         drafter_config = (load_checked_drafter_config(drafter_path, target_path,
                                                       load_target_info(target_path, raw_config))
                           if drafter_path else None)
@@ -103,7 +126,7 @@ class LocalEngine(Engine):
         self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
                                               self.kept_row_bytes(raw_config, dtype, taps))
         self.prefix_states = self.make_prefix_states()
-        self.prefix_disk = (self._make_prefix_disk(prefix_cache_disk_mb)
+        self.prefix_disk = (self._make_prefix_disk(disk_budget)
                             if self.prefix_cache is not None else None)
         self._ready_to_generate()
         self.choose_threads()
@@ -115,7 +138,7 @@ class LocalEngine(Engine):
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(self.dtypes)}")
         return dtype
 
-    def _make_prefix_disk(self, megabytes: int | None) -> prefix_disk.DiskTier | None:
+    def _make_prefix_disk(self, budget: int) -> prefix_disk.DiskTier | None:
         """The disk tier of this pair's states: keyed by both models' files, the dtype, the
         engine and where its arrays are restored, so no other pair is served its entries."""
         root = prefix_cache_root()
@@ -124,7 +147,6 @@ class LocalEngine(Engine):
                     "target": prefix_disk.files_signature(self.pair.target_path),
                     "drafter": prefix_disk.files_signature(self.pair.drafter_path),
                     "draft_vocab": self.pair.draft_vocab_size}
-        budget = prefix_disk.disk_budget_bytes(megabytes, root)
         return prefix_disk.make_disk_tier(root, identity, budget, codec)
 
     def _ready_to_generate(self) -> None:
@@ -184,6 +206,12 @@ class LocalEngine(Engine):
     def choose_threads(self) -> None:
         """Pick the thread count the loaded pair runs fastest with here, where the engine can."""
 
+    def close(self) -> None:
+        """Stop the disk tier's writer, its queued entries written first (a subclass frees its
+        framework's part, then calls this)."""
+        if self.prefix_disk is not None:
+            self.prefix_disk.close()
+
     # --- per generation ---
 
     @abc.abstractmethod
@@ -204,6 +232,20 @@ class LocalEngine(Engine):
         if isinstance(block_size, Auto) and self.pair.drafter is not None:
             self.calibrate(force=recalibrate,
                            on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
+
+    def preload_prefix_cache(self) -> int:
+        """The disk tier's most recently used entries of this pair, at most PRELOAD_ENTRIES
+        within 1/PRELOAD_SHARE of the RAM budget, read into RAM."""
+        disk, cache = self.prefix_disk, self.prefix_cache
+        if disk is None or cache is None:
+            return 0
+        chosen = disk.recent(PRELOAD_ENTRIES, cache.budget // PRELOAD_SHARE)
+        loaded = 0
+        for name in reversed(chosen):  # the latest stored last: the RAM tier's most recent
+            entry = disk.load(name)
+            if entry is not None and cache.store(entry.token_ids.tolist(), entry.kept):
+                loaded += 1
+        return loaded
 
     def calibrate(self, force: bool = False,
                   on_measure: Callable[[], None] | None = None) -> calibration.Calibration:

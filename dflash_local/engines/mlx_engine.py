@@ -276,6 +276,7 @@ class MLXEngine(LocalEngine):
         """Put back what the engine installed on its target and in mlx-lm's modules (the BLAS
         stays: libmlx is bound to it for the life of the process)."""
         uninstall_all(self.accelerations)
+        super().close()
 
     def make_runner(self, collect_taps: bool) -> MLXTargetRunner:
         tap_ids = self.tap_ids if collect_taps else None

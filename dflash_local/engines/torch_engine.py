@@ -283,6 +283,7 @@ class TorchEngine(LocalEngine):
         The packed linears stay: they are this engine's own model, released with it (unpacking
         would cost a matmul per layer; `self.packed.uninstall()` does it for who keeps the model)."""
         uninstall_all(self.accelerations)
+        super().close()
 
     def make_runner(self, collect_taps: bool) -> TorchTargetRunner:
         return TorchTargetRunner(self.model, self.taps if collect_taps else None,

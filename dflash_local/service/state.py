@@ -298,6 +298,7 @@ class ServiceState:
                                      options)
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
+            engine_obj.preload_prefix_cache()  # an agent's fixed prefix: warm from the first request
             return engine_obj
         except Exception as exc:
             self.load_error = redact_paths(f"{type(exc).__name__}: {exc}")
