@@ -2,7 +2,8 @@
 pair served on 127.0.0.1 (tests/client_harness.py; the clients live in scripts/setup_clients.sh's
 venv and run as subprocesses). Greedy and speculative, every reply equals the service's plain
 decoding of the same conversation, whichever API the client speaks: the three APIs render one
-prompt, and speculation is lossless.
+prompt, and speculation is lossless. Some clients send their own model names (openai-agents'
+default, pydantic-ai's gpt-4o, Claude's): any name but another known pair's is the loaded pair.
 
 Skipped without the clients' venv (CI runs them with DFLASH_CI_CLIENTS=1).
 """
@@ -71,7 +72,8 @@ for event in stream:
 
 LANGCHAIN_OPENAI = f"""
 from langchain_openai import ChatOpenAI
-model = ChatOpenAI(model=os.environ["DFLASH_MODEL"], max_tokens={MAX_TOKENS}, temperature=0,
+model = ChatOpenAI(model=os.environ["DFLASH_MODEL"], max_tokens=int(os.environ.get("MAX_TOKENS", {MAX_TOKENS})),
+                   temperature=0,
                    use_responses_api=os.environ.get("USE_RESPONSES") == "1")
 for chunk in model.stream({PROMPT!r}):
     pieces.append(chunk.text)
@@ -92,8 +94,8 @@ import asyncio
 from agents import Agent, ModelSettings, Runner
 from openai.types.responses import ResponseTextDeltaEvent
 async def main():
-    agent = Agent(name="assistant", model=os.environ["DFLASH_MODEL"],
-                  model_settings=ModelSettings(max_tokens={MAX_TOKENS}, temperature=0))
+    # no model named: the SDK's default (gpt-4.1) is served by the loaded pair
+    agent = Agent(name="assistant", model_settings=ModelSettings(max_tokens={MAX_TOKENS}, temperature=0))
     run = Runner.run_streamed(agent, {PROMPT!r})
     async for event in run.stream_events():
         if event.type == "raw_response_event" and isinstance(event.data, ResponseTextDeltaEvent):
@@ -106,7 +108,7 @@ import asyncio
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
-model = OpenAIChatModel(os.environ["DFLASH_MODEL"], provider=OpenAIProvider(
+model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(
     base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"]))
 async def main():
     agent = Agent(model, model_settings={{"max_tokens": {MAX_TOKENS}, "temperature": 0}})
@@ -132,6 +134,10 @@ SNIPPETS = {
     "litellm-responses": (LITELLM_RESPONSES, {}),
     "langchain-openai": (LANGCHAIN_OPENAI, {}),
     "langchain-openai-responses": (LANGCHAIN_OPENAI, {"USE_RESPONSES": "1"}),
+    # past the 8192-token context: lowered to the room, the same reply (opencode's case)
+    "langchain-openai-past-the-context": (LANGCHAIN_OPENAI, {"MAX_TOKENS": "100000"}),
+    "langchain-openai-responses-past-the-context": (LANGCHAIN_OPENAI, {"USE_RESPONSES": "1",
+                                                                       "MAX_TOKENS": "100000"}),
     "langchain-anthropic": (LANGCHAIN_ANTHROPIC, {}),
     "openai-agents": (OPENAI_AGENTS, {}), "pydantic-ai": (PYDANTIC_AI, {}),
     "instructor": (INSTRUCTOR, {}),
