@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from client_harness import API_KEY, requires_clients
 
 pytestmark = requires_clients
 
 PROMPT = "Name three colours of the rainbow."
+COMPLETION_PROMPT = "The three primary colours are"  # /v1/completions: the text as it is
+COMPLETION_TOKENS = 24
 # past the reply's natural end (62 tokens): openai-agents takes a reply cut at max_tokens for a
 # failed turn, as it would from the real API
 MAX_TOKENS = 80
@@ -129,6 +132,16 @@ for chunk in stream:
 pieces[:] = [p for p in pieces if p]
 """
 
+LITELLM_TEXT_COMPLETION = f"""
+import litellm
+stream = litellm.text_completion(model="text-completion-openai/" + os.environ["DFLASH_MODEL"],
+                                 api_base=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"],
+                                 prompt={COMPLETION_PROMPT!r}, max_tokens={COMPLETION_TOKENS}, stream=True)
+for chunk in stream:
+    pieces.append(chunk.choices[0].text or "")
+pieces[:] = [p for p in pieces if p]
+"""
+
 SNIPPETS = {
     "litellm-chat": (LITELLM_CHAT, {}), "litellm-messages": (LITELLM_MESSAGES, {}),
     "litellm-responses": (LITELLM_RESPONSES, {}),
@@ -163,3 +176,14 @@ def test_llm_lists_what_a_client_may_send(py_clients):
     listed = py_clients.run_argv(["-m", "llm", "openai", "endpoint", py_clients.base_url + "/v1",
                                   "--models", "--key", API_KEY])
     assert py_clients.model in listed.split()
+
+
+def test_litellm_text_completion_streams_the_plain_continuation(py_clients):
+    """litellm's text_completion over /v1/completions: the prompt untemplated."""
+    response = httpx.post(py_clients.base_url + "/v1/completions", timeout=120,
+                          headers={"Authorization": f"Bearer {API_KEY}"},
+                          json={"model": py_clients.model, "prompt": COMPLETION_PROMPT,
+                                "max_tokens": COMPLETION_TOKENS, "speculative": False})
+    assert response.status_code == 200, response.text
+    plain = response.json()["choices"][0]["text"]
+    assert streamed(py_clients.run(snippet(LITELLM_TEXT_COMPLETION))) == plain
