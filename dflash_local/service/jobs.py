@@ -8,6 +8,8 @@ wait, the SSE generator's `finally` once streaming.
 A stream whose prefill outlasts KEEPALIVE_S (a 30k-token agent prompt) begins before its first
 token, once the worker says the prompt passed its checks (Started), and sends a keep-alive after
 every KEEPALIVE_S of silence: one mechanism for every API, each naming its keep-alive bytes.
+An SSE comment says how the prefill goes (`: keep-alive prefill 30000 tokens, 12 s`), as
+/dflash/status's `worker.current` does (its phase and prompt tokens).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dflash_local.events import (
 )
 from dflash_local.service.api_errors import status_of
 from dflash_local.service.raw_prompt import PromptEcho
-from dflash_local.service.sse import KEEPALIVE_COMMENT, KEEPALIVE_S, SSE_HEADERS
+from dflash_local.service.sse import KEEPALIVE_S, SSE_HEADERS, keepalive_comment
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import reply_usage
 from dflash_local.service.worker import (
@@ -154,9 +156,10 @@ def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
 
 async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
               make_encoder: Callable[[str], ReplyEncoder], stream: bool,
-              id_prefix: str | None = None, keepalive: bytes = KEEPALIVE_COMMENT) -> Response:
+              id_prefix: str | None = None, keepalive: bytes | None = None) -> Response:
     """`make_encoder(reply_id)`; `id_prefix` names the reply as its API does ("msg_", "resp_");
-    `keepalive`: the SSE bytes a stream sends while nothing else comes."""
+    `keepalive`: the SSE bytes a stream sends while nothing else comes (None: an SSE comment
+    that says how the prefill goes)."""
     try:
         if not stream:
             return JSONResponse(await reply_body(request, loaded, http_request, make_encoder,
@@ -216,14 +219,14 @@ async def _submitted(request: JobRequest, loaded: LoadedPair,
 
 
 async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair,
-                  keepalive: bytes) -> AsyncIterator[bytes]:
+                  keepalive: bytes | None) -> AsyncIterator[bytes]:
     items = [] if first is None else [first]
     try:
         while True:
             if not items:
                 items = await _waiting_items(job)
                 if not items:
-                    yield keepalive
+                    yield keepalive or keepalive_comment(job.prefill_progress())
                     continue
             # every step stays its own SSE event; the steps already waiting go out in one write
             events, done = [], False

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -43,10 +44,10 @@ class JobRequest:
 
     messages: list[dict]
     params: GenerationParams
-    max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
-    # the API's choice for a given max_tokens past the room left: lower it to the room (logged)
-    # rather than refuse the request
-    fit_max_tokens: bool = False
+    # False: params.max_tokens is a default. Either way a max_tokens past the room the prompt
+    # leaves is lowered to it (a given one, logged), as llama.cpp, Ollama and LM Studio do:
+    # agents ask for more than a small local context holds, and loop on a refusal
+    max_tokens_given: bool
     thinking: bool | None = None
     stop: tuple[str, ...] = ()
     tools: tuple[dict, ...] = ()
@@ -107,6 +108,7 @@ class Job:
         self.rounds_at_cancel: int | None = None
         self.prompt_ids: list[int] | None = None  # a local engine's, once templated
         self.echo: PromptEcho | None = None  # a completion's echoed prompt, until sent
+        self.prefill_started: float | None = None  # monotonic, once the prompt passed its checks
         # the text the client got (stop strings applied), a piece per round: joined once, when
         # the next turn is warmed (appending to one string copies the whole reply every round)
         self.reply_parts: list[str] = []
@@ -147,9 +149,25 @@ class Job:
         for item in items:
             self.outbox.put_nowait(item)
 
+    @property
+    def phase(self) -> str:
+        """queued, prefill (its prompt's rows going into the cache: no token yet), or decode."""
+        if self.prefill_started is None:
+            return "queued" if self.outcome == "queued" else "decode"
+        return "prefill" if not self.reply_parts else "decode"
+
+    def prefill_progress(self) -> str:
+        """What a keep-alive says while the prefill runs: the prompt's size and the time so far
+        (the prefill is one pass per chunk, with no count of its own to report)."""
+        if self.phase != "prefill" or self.prompt_ids is None:
+            return ""
+        elapsed = time.monotonic() - self.prefill_started
+        return f"prefill {len(self.prompt_ids)} tokens, {elapsed:.0f} s"
+
     def summary(self) -> dict:
-        return {"id": self.id, "outcome": self.outcome, "rounds": self.rounds,
-                "rounds_at_cancel": self.rounds_at_cancel}
+        return {"id": self.id, "outcome": self.outcome, "phase": self.phase,
+                "prompt_tokens": None if self.prompt_ids is None else len(self.prompt_ids),
+                "rounds": self.rounds, "rounds_at_cancel": self.rounds_at_cancel}
 
 
 def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
@@ -350,6 +368,7 @@ class GenerationWorker:
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
         job.prompt_ids = list(raw.ids) if raw is not None else encode_prompt(self.engine, request, tools)
         params = self._fit_max_tokens(job, len(job.prompt_ids))
+        job.prefill_started = time.monotonic()
         job.put(Started(len(job.prompt_ids)))  # the request holds: errors from here on are the stream's
         if raw is not None and raw.echo:  # scored first: the generation then resumes its state
             job.echo = prompt_echo(self.engine, raw, params, logprobs)
@@ -365,10 +384,6 @@ class GenerationWorker:
         asked = request.params.max_tokens
         if asked <= room:
             return request.params
-        if request.max_tokens_given and not request.fit_max_tokens:
-            raise PromptTooLongError(f"prompt of {prompt_len} tokens + max_tokens {asked} exceeds "
-                                     f"the target's context of {context} tokens",
-                                     prompt_tokens=prompt_len, max_tokens=asked, max_context=context)
         if request.max_tokens_given:
             log.info("%s: max_tokens %d lowered to the %d tokens left (prompt %d, context %d)",
                      job.id, asked, room, prompt_len, context)
