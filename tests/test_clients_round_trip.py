@@ -5,7 +5,7 @@ decoding of the same conversation, whichever API the client speaks: the three AP
 prompt, and speculation is lossless. Some clients send their own model names (openai-agents'
 default, pydantic-ai's gpt-4o, Claude's): any name but another known pair's is the loaded pair.
 
-Skipped without the clients' venv (CI runs them with DFLASH_CI_CLIENTS=1).
+Skipped without the clients' venv; scripts/run-tests.sh (CI) sets it up unless DFLASH_CI_CLIENTS=0.
 """
 
 from __future__ import annotations
