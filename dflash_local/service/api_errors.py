@@ -70,6 +70,7 @@ STATUS_BY_CODE = {
     "engine_unavailable": 503,
     "load_failed": 503,
     "model_not_loaded": 503,
+    "storage_unavailable": 503,
 }
 TYPE_BY_STATUS = {
     400: "invalid_request_error",
