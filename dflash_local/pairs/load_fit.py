@@ -2,8 +2,9 @@
 
 Boundary: a local engine's directories (config.json and the weights' sizes) and the engine's
 memory on this machine in; a ModelTooLargeError naming what is needed and what is available
-out. The weights are held as the engine will hold them (precision.py), and never counted below
-what the config's shapes allocate, whatever the files hold. The arithmetic is memory_fit.py's.
+out. The weights are held in the dtype the engine resolved (precision.py), and never counted
+below what the config's shapes allocate, whatever the files hold (pair_fit.local_pair_fit). Asked
+by LocalEngine's construction, so every command and the service ask it the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 from dflash_local.errors import ModelTooLargeError
 from dflash_local.pairs.memory_fit import DTYPE_BYTES, gb
 from dflash_local.pairs.pair_fit import ModelFiles, local_pair_fit
-from dflash_local.pairs.precision import resolve_dtype
 
 LOAD_CONTEXT_TOKENS = 1  # a load is refused only if not even one token of context fits
 CPU = "CPU"
@@ -31,14 +31,12 @@ def check_load_fits(engine: str, name: str, target_dir: Path, drafter_dir: Path 
     if where is None:  # the engine cannot run here: loading it says why
         return
     place, available = where
-    run_dtype = resolve_dtype(dtype, accelerator=place != CPU, target_config=target.config)
     drafter = ModelFiles.read(Path(drafter_dir)) if drafter_dir is not None else None
-    estimate = local_pair_fit(target, drafter, DTYPE_BYTES[run_dtype], LOAD_CONTEXT_TOKENS,
-                              available)
+    estimate = local_pair_fit(target, drafter, DTYPE_BYTES[dtype], LOAD_CONTEXT_TOKENS, available)
     if not estimate.fits:
         raise ModelTooLargeError(
             f"{name} does not fit this machine: it needs {gb(estimate.total_bytes)} GB "
-            f"({gb(estimate.weights_bytes)} GB of weights in {run_dtype}), and the {engine} "
+            f"({gb(estimate.weights_bytes)} GB of weights in {dtype}), and the {engine} "
             f"engine has {gb(available)} GB available ({place})")
 
 
