@@ -130,7 +130,6 @@ def _add_models(commands) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from dflash_local.cli.options import engine_options
     from dflash_local.engines import load_engine
-    from dflash_local.pairs.load_fit import check_named_pair_fits
 
     params = GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -147,7 +146,6 @@ def run_generate(args: argparse.Namespace) -> int:
         trace = RoundTrace(args.trace)
         trace.label = args.prompt[:60]
     options = engine_options(args)
-    check_named_pair_fits(args.engine, target, drafter, options.dtype, options.device)
     engine = load_engine(args.engine, target, drafter, options)
     engine.round_trace = trace
     try:

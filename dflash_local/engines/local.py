@@ -55,6 +55,7 @@ from dflash_local.method.prefix_cache import (
 )
 from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
+from dflash_local.pairs.load_fit import check_load_fits, model_name
 from dflash_local.pairs.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class LocalEngine(Engine):
         under the data dir (method/prefix_disk.py; None: its default, 0: off)."""
         raw_config = read_target_config(target_path)  # once: every check below reads it
         dtype = self._checked_dtype(dtype, raw_config)
+        # before any weight is allocated: a pair that cannot fit would take the machine down
+        check_load_fits(self.name, model_name(target_name or str(target_path), target_path),
+                        target_path, drafter_path, dtype, self.on_accelerator())
         max_context = self.target_context(target_path, raw_config)
         check_draft_window(draft_window, max_context)  # before any weight loads
         disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)

@@ -36,8 +36,8 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 PING = named_sse({"type": "ping"})  # Anthropic's keep-alive event; its SDKs skip it
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-               503: "overloaded_error"}
+               404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error"}
 
 router = APIRouter()
 

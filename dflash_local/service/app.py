@@ -25,14 +25,8 @@ from dflash_local.service import (
 )
 from dflash_local.service.anthropic_messages import AnthropicErrors
 from dflash_local.service.api_errors import ErrorLog, install_handlers
-from dflash_local.service.guards import (
-    DEFAULT_MAX_BODY_BYTES,
-    LOOPBACK_HOSTS,
-    BearerAuth,
-    BodyLimit,
-    HostAllowList,
-)
-from dflash_local.service.json_depth import JsonBodyCheck
+from dflash_local.service.guards import LOOPBACK_HOSTS, BearerAuth, HostAllowList
+from dflash_local.service.request_body import BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestBody
 from dflash_local.service.state import ServiceState
 
 
@@ -43,15 +37,15 @@ async def lifespan(app: FastAPI):
 
 
 def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     # no docs page, so no schema either: it would only map the API for a stranger
     app = FastAPI(title="dflash-local", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dflash = state  # routes reach it through app_state.ServiceStateDep
     install_handlers(app)
-    # the last added runs first: Host, then the key, then the body's size, then its JSON's shape
-    app.add_middleware(JsonBodyCheck)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    # the last added runs first: Host, then the key, then the body (size, arrival, JSON's shape)
+    app.add_middleware(RequestBody, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     app.add_middleware(BearerAuth, api_key=state.api_key)
     app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)
     app.add_middleware(AnthropicErrors)  # it reshapes the guards' errors too

@@ -244,11 +244,15 @@ async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair,
 
 
 async def _waiting_items(job: Job) -> list:
-    """The job's next item and those behind it; [] after KEEPALIVE_S without one."""
-    try:
-        items = [await asyncio.wait_for(job.outbox.get(), KEEPALIVE_S)]
-    except TimeoutError:
-        return []
+    """The job's next item and those behind it; [] after KEEPALIVE_S without one. Only an
+    empty queue is waited on, under a deadline (no task per chunk, as wait_for would make)."""
+    items = []
+    if job.outbox.empty():
+        try:
+            async with asyncio.timeout(KEEPALIVE_S):
+                items.append(await job.outbox.get())  # a cancelled get leaves its item queued
+        except TimeoutError:
+            return []
     while not job.outbox.empty():
         items.append(job.outbox.get_nowait())
     return items
