@@ -154,6 +154,7 @@ class DeadEndGrammar:
 
     def __init__(self, token_id: int, vocab: int):
         self.token_id, self.vocab, self.consumed = token_id, vocab, 0
+        self.busy_s = 0.0
 
     def allowed(self):
         allowed = np.zeros(self.vocab, dtype=bool)
