@@ -284,7 +284,8 @@ def record(rows: list[dict]) -> dict:
         "engine": "none (grammar engines alone)", "dataset": "3 JSON Schemas and documents (the script's SCHEMAS)",
         "settings": {"whitespace": "fixed, ', ' and ': '", "rollback tokens": ROLLBACK},
         "compares": "llguidance, xgrammar and outlines-core on the embedded 49k and a 151k "
-                    "vocabulary: mask per token, compile, rollback (why llguidance)", "source": "scripts/experiments/grammar_engines.py",
+                    "vocabulary: mask per token, compile, rollback (why llguidance)",
+        "source": "scripts/experiments/grammar_engines.py",
         "row_header": "engine, vocabulary",
         "columns": [{"key": key, "label": label, "decimals": decimals} for key, label, decimals in columns],
         "rows": rows,
