@@ -191,3 +191,8 @@ def test_a_grammar_that_admits_nothing_ends_the_reply(engine, block_size):
 def test_a_guide_needs_a_stop_token():
     with pytest.raises(InvalidRequestError, match="stop token"):
         Guide(DeadEndGrammar(1, 4), (), free_draft=0, max_tokens=4)
+
+
+def test_a_negative_stop_id_is_no_stop_token():
+    with pytest.raises(InvalidRequestError, match="stop token"):
+        Guide(DeadEndGrammar(1, 4), (-1,), free_draft=0, max_tokens=4)

@@ -83,6 +83,7 @@ class Guide:
     `max_tokens`: the reply's limit (a round's tree stays within what is left)."""
 
     def __init__(self, grammar: Grammar, stop_ids: Sequence[int], free_draft: int, max_tokens: int):
+        stop_ids = [int(token) for token in stop_ids if token >= 0]  # -1: "never stops"
         if not stop_ids:
             raise InvalidRequestError("a constrained reply needs a stop token to end it")
         self.grammar, self.stop_ids, self.free_draft = grammar, np.asarray(stop_ids), free_draft
