@@ -196,3 +196,11 @@ def test_a_guide_needs_a_stop_token():
 def test_a_negative_stop_id_is_no_stop_token():
     with pytest.raises(InvalidRequestError, match="stop token"):
         Guide(DeadEndGrammar(1, 4), (-1,), free_draft=0, max_tokens=4)
+
+
+def test_a_kept_prefix_serves_a_constrained_reply_unchanged(engine, oracle_runs):
+    prompt_ids, expected = oracle_runs[PROMPTS[0]]
+    run(engine, prompt_ids, block_size=4)  # keeps this conversation's state
+    tokens, events = run(engine, prompt_ids, block_size=4)
+    assert events[0].cached_tokens > 0
+    assert tokens == expected
