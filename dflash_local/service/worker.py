@@ -112,6 +112,7 @@ class Job:
         # the text the client got (stop strings applied), a piece per round: joined once, when
         # the next turn is warmed (appending to one string copies the whole reply every round)
         self.reply_parts: list[str] = []
+        self.reply_ids: list[int] = []  # every token the engine committed (adapt/record.py keeps them)
         self._loop = loop
         self._cancel = threading.Event()
         self._handoff: deque = deque()  # items put by the worker, not yet in outbox
@@ -196,8 +197,10 @@ def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[
 
 
 class GenerationWorker:
-    def __init__(self, engine: Engine, max_queue: int = 8):
+    def __init__(self, engine: Engine, max_queue: int = 8,
+                 on_finished: Callable[[Job], None] | None = None):
         self.engine = engine
+        self.on_finished = on_finished or (lambda job: None)  # after each job: adapt/record.py
         self.max_queue = max_queue
         self.current: Job | None = None
         self.last: Job | None = None
@@ -272,6 +275,7 @@ class GenerationWorker:
                 self.current = None
                 self.last = job
                 self.jobs_done += 1
+            self.on_finished(job)
             self._warm_next_turn(job)
 
     def _warm_next_turn(self, job: Job) -> None:
@@ -326,6 +330,7 @@ class GenerationWorker:
         try:
             for event in stream:
                 stats.add(event)
+                job.reply_ids.extend(event.token_ids)
                 if event.round_index > 0:
                     job.rounds += 1
                     self.rounds_total += 1
