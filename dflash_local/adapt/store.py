@@ -102,7 +102,8 @@ class ReplyStore:
         self.max_replies = max_replies
         self.max_bytes = max_bytes
         self.set_aside: Path | None = None  # where a corrupt file was moved, if one was
-        self.path.parent.mkdir(parents=True, exist_ok=True)  # OSError: read-only, full
+        # the user's prompts: readable by the user alone (OSError: a read-only or full disk)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             self.connection = self._open()
         except sqlite3.DatabaseError as exc:
