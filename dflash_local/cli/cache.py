@@ -43,7 +43,7 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"{directory.name}  {_describe_pair(directory)}")
         for manifest, size in reversed(entries):  # the latest used first
             print(f"  {_tokens(manifest):>7} tokens  {size / MIB:8.1f} MiB  "
-                  f"used {_age(manifest.stat().st_mtime)} ago")
+                  f"used {age(manifest.stat().st_mtime)} ago")
     return 0
 
 
@@ -73,7 +73,8 @@ def _tokens(manifest: Path) -> str:
         return "?"
 
 
-def _age(mtime: float) -> str:
+def age(mtime: float) -> str:
+    """How long ago `mtime` (seconds since the epoch) was, in its largest unit: 3d, 2h, 5m, 9s."""
     seconds = max(0, int(time.time() - mtime))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:

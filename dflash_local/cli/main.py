@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from dflash_local.bench import cli as bench_cli
+from dflash_local.cli import adapt as adapt_cli
 from dflash_local.cli import cache as cache_cli
 from dflash_local.cli import flags
 from dflash_local.cli.options import quiet_frameworks
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(commands)
     _add_trace(commands)
     cache_cli.add_parser(commands)
+    adapt_cli.add_parser(commands)
     return parser
 
 

@@ -68,6 +68,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "space; 0: off)")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="compute every prompt whole (no conversation cache)")
+    serve.add_argument("--no-adapt", action="store_true",
+                       help="do not record finished replies for the drafter's adaptation (local "
+                            "engines record them under the data dir by default; they never leave "
+                            "this machine: dflash-local adapt status|reset|export)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])
@@ -113,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     state = ServiceState(api_key=args.api_key, max_queue=args.max_queue, max_batch=args.max_batch,
-                         load_options=serve_options(args), on_loading_phase=_print_phase)
+                         load_options=serve_options(args), on_loading_phase=_print_phase,
+                         adapt=not args.no_adapt)
     if not args.no_load:
         _initial_load(state, args)
     sock = bind(args.host, args.port)

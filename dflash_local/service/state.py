@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dflash_local.adapt.record import ReplyRecorder, recorded_pair
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.engines.interface import Engine
 from dflash_local.engines.options import ENGINE_DEFAULTS, EngineOptions
@@ -75,6 +76,7 @@ class LoadedPair:
     # where its chat template takes system turns: tried at load, on the load's thread (a
     # template render is too slow for the event loop)
     system_turns: SystemTurns = SystemTurns.ANYWHERE
+    recorder: ReplyRecorder | None = None  # its finished replies, kept for adaptation (adapt/)
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
@@ -85,7 +87,8 @@ class LoadedPair:
                 "target": self.names[0], "drafter": self.names[1], "dtype": pair.dtype,
                 "drafter_block_size": pair.drafter_block,
                 "default_block_size": self.default_block_size.request_value,
-                "draft_window": self.draft_window}
+                "draft_window": self.draft_window,
+                "adapt": self.recorder.status() if self.recorder else {"recording": False}}
 
 
 def public_name(name: str | Path | None) -> str | None:
@@ -136,7 +139,8 @@ class ServiceState:
                  hub_endpoint: str | None = None,
                  hub_cache_dir: str | Path | None = None,
                  load_options: dict[str, EngineOptions] | None = None,
-                 on_loading_phase: Callable[[str, str], None] | None = None):
+                 on_loading_phase: Callable[[str, str], None] | None = None, adapt: bool = True):
+        self.adapt = adapt  # record local pairs' finished replies (serve --no-adapt: off)
         self.catalog = catalog or load_catalog()
         # engine name -> its options (dtype, a served engine's URLs): the `serve` flags reach
         # the engine they were given for, never another loaded later
@@ -273,13 +277,16 @@ class ServiceState:
             precheck_pair(target, drafter)
             engine_obj, max_batch = self._load_engine(engine, target, drafter, block_size,
                                                       recalibrate, options)
-            worker = GenerationWorker(engine_obj, max_queue=self.max_queue, max_batch=max_batch)
+            names = names or (public_name(target), public_name(drafter))
+            recorder = (ReplyRecorder(recorded_pair(engine_obj.pair, names))
+                        if self.adapt and kind_of(engine) == LOCAL else None)
+            worker = GenerationWorker(engine_obj, max_queue=self.max_queue, max_batch=max_batch,
+                                      on_finished=recorder.record if recorder else None)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
                                 prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
                                 system_turns=SystemTurns.of(engine_obj),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
-                                draft_window=draft_window,
-                                names=names or (public_name(target), public_name(drafter)))
+                                draft_window=draft_window, names=names, recorder=recorder)
             previous, self.loaded = self.loaded, loaded
             self.load_error, self.load_warning = None, warning
             if previous is not None:
@@ -326,6 +333,8 @@ class ServiceState:
         if loaded is not None:
             loaded.worker.close()
             loaded.engine.close()
+            if loaded.recorder is not None:
+                loaded.recorder.close()
 
     def shutdown(self) -> None:
         self.downloads.cancel_all()

@@ -57,6 +57,7 @@ class Job:
         # the text the client got (stop strings applied), a piece per round: joined once, when
         # the next turn is warmed (appending to one string copies the whole reply every round)
         self.reply_parts: list[str] = []
+        self.reply_ids: list[int] = []  # every token the engine committed (adapt/record.py keeps them)
         self._loop = loop
         self._cancel = threading.Event()
         self._handoff: deque = deque()  # items put by the worker, not yet in outbox
@@ -141,10 +142,13 @@ def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[
 
 
 class GenerationWorker:
-    """`max_batch`: generations in flight at once (scheduler.max_batch_for chooses it)."""
+    """`max_batch`: generations in flight at once (scheduler.max_batch_for chooses it);
+    `on_finished`: called after each job (adapt/record.py)."""
 
-    def __init__(self, engine: Engine, max_queue: int = 8, max_batch: int = 1):
+    def __init__(self, engine: Engine, max_queue: int = 8, max_batch: int = 1,
+                 on_finished: Callable[[Job], None] | None = None):
         self.engine = engine
+        self.on_finished = on_finished or (lambda job: None)  # after each job: adapt/record.py
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.last: Job | None = None
@@ -224,6 +228,7 @@ class GenerationWorker:
                     self._batch.remove(lane)
                     self.last = lane.job
                     self.jobs_done += 1
+                    self.on_finished(lane.job)
                     self._to_warm.append(lane.job)
 
     def _warm_finished(self) -> None:
@@ -285,6 +290,7 @@ class GenerationWorker:
         try:
             for event in stream:
                 stats.add(event)
+                job.reply_ids.extend(event.token_ids)
                 if event.round_index > 0:
                     job.rounds += 1
                     self.rounds_total += 1
