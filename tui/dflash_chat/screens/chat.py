@@ -130,13 +130,14 @@ class ChatScreen(Screen):
             self.notify(str(exc), title="Not sent", severity="error")
             return
         try:
-            if conversation.chat_id is None:
+            if conversation.chat_id is None:  # stored with the values it is sent with
                 await self._open_new_chat(chat_title(message.text))
+            else:
+                self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
             if self._editing is not None:
                 await conversation.drop_from(self._editing)
                 self._editing = None
             settings = self.app.settings
-            self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
             await conversation.send(text, settings.sampling(), settings.speculative)
         except StoreError as exc:  # a full disk: what was typed stays, to send again
             self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",

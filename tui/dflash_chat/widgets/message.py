@@ -195,6 +195,9 @@ def describe(message: Message) -> str:
         if meta.get("speculative", True):
             parts.append(f"tau {stats.get('tau', 0.0):.2f}")
         parts.append(f"{stats.get('decode_tokens_per_s', 0.0):.1f} tok/s")
+        if stats.get("cached_tokens"):  # the prefix cache served the prompt's start
+            tier = stats.get("cached_tier")
+            parts.append(f"{stats['cached_tokens']} cached" + (f" ({tier})" if tier else ""))
     if stats.get("finish_reason") == "length":
         parts.append("max tokens reached")
     if message.status not in ("done", "streaming"):
