@@ -4,7 +4,16 @@ cost; driven through Pilot with no service (a reply's chunks arrive as its worke
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from dflash_chat.context_fit import (
+    TRIM_TO,
+    ContextOverflow,
+    HistoryMessage,
+    fit_history,
+    meter_text,
+)
 from dflash_chat.protocol import StreamUsage
 from dflash_chat.widgets import draft_colours
 from dflash_chat.widgets.prompt_input import PromptInput
@@ -68,3 +77,59 @@ def test_a_new_chats_first_send_writes_its_settings_once(home):
         conversation.stop()
         await until(pilot, lambda: not conversation.generating, "reply stopped")
     run_offline(scenario, WIDE)
+
+
+# --- the overflow policy, on its own (a count of words stands in for the tokenizer) ---
+
+def history_of(turns: int, words: int = 10) -> list[HistoryMessage]:
+    history = []
+    for turn in range(turns):
+        history.append(HistoryMessage(2 * turn + 1, "user", f"question {turn} " + "w " * words))
+        history.append(HistoryMessage(2 * turn + 2, "assistant", f"answer {turn} " + "w " * words))
+    return history
+
+
+async def word_count(messages: list[dict]) -> int:
+    return sum(len(message["content"].split()) + 2 for message in messages)
+
+
+def fit(history, prompt="next question", context=300, max_tokens=50, policy="drop_oldest"):
+    system = [{"role": "system", "content": "be brief"}]
+    return asyncio.run(fit_history(word_count, system, history, prompt, context, max_tokens,
+                                   policy))
+
+
+def test_a_conversation_that_fits_is_sent_whole():
+    result = fit(history_of(3))
+    assert result.first_kept is None and result.dropped == 0
+    assert result.tokens == asyncio.run(word_count(
+        [{"role": "system", "content": "be brief"}] + [
+            {"role": m.role, "content": m.content} for m in history_of(3)]
+        + [{"role": "user", "content": "next question"}]))
+
+
+def test_drop_oldest_cuts_whole_turns_to_below_the_trimmed_budget():
+    history = history_of(40)  # 40 turns of 14 words a message: far past 250
+    result = fit(history)
+    budget = 300 - 50
+    assert result.tokens <= budget * TRIM_TO
+    kept = [m for m in history if m.id >= result.first_kept]
+    assert kept[0].role == "user" and result.dropped == len(history) - len(kept)
+    one_more = history[len(history) - len(kept) - 2:]  # a turn more would not fit the trim
+    assert asyncio.run(word_count([{"role": "system", "content": "be brief"}] + [
+        {"role": m.role, "content": m.content} for m in one_more]
+        + [{"role": "user", "content": "next question"}])) > budget * TRIM_TO
+
+
+def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():
+    with pytest.raises(ContextOverflow, match=r"would be \d+ tokens.*policy is refuse"):
+        fit(history_of(40), policy="refuse")
+    with pytest.raises(ContextOverflow, match=r"alone makes a prompt of \d+ tokens"):
+        fit(history_of(2), prompt="word " * 400)
+    with pytest.raises(ContextOverflow, match="alone"):
+        fit([], prompt="word " * 400)
+
+
+def test_the_meter_reads_tokens_over_the_context():
+    assert meter_text(1234, 8192) == "ctx 1.2k/8.2k 15%"
+    assert meter_text(None, 8192) == "" and meter_text(10, None) == ""

@@ -87,7 +87,8 @@ class LoadedPair:
                 "target": self.names[0], "drafter": self.names[1], "dtype": pair.dtype,
                 "drafter_block_size": pair.drafter_block,
                 "default_block_size": self.default_block_size.request_value,
-                "draft_window": self.draft_window}
+                "draft_window": self.draft_window,
+                "max_context": self.engine.capabilities.max_context}  # the app's context meter
 
 
 def public_name(name: str | Path | None) -> str | None:

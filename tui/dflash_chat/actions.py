@@ -41,6 +41,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("copy_message", "ctrl+y", "Copy the selected (or last) reply"),
     ActionSpec("copy_code", "ctrl+b", "Copy a reply's last code block (again: the one before)"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
+    ActionSpec("toggle_overflow", "f11", "Context overflow: drop oldest turns / refuse"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
     ActionSpec("search_chats", "ctrl+f", "Search past chats"),
     ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),

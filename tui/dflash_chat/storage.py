@@ -63,9 +63,6 @@ DROP TRIGGER IF EXISTS messages_fts_update;
 DROP TABLE messages_fts;
 """
 MATCH_OPEN, MATCH_CLOSE = "\x02", "\x03"  # snippet marks, shown as [ ]: no text holds them
-# blank lines inside: Markdown in the reasoning still renders where the block opens
-REASONING_DETAILS = "<details><summary>Reasoning</summary>\n\n{}\n\n</details>\n\n"
-TITLE_CHARS = 60
 SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
 DB_NAME = "chats.sqlite3"
@@ -81,6 +78,7 @@ class Chat:
     updated: float
     created: float = 0.0
     settings: dict = field(default_factory=dict)  # the pair and sampling it was last sent with
+    context_from: int = 0  # its messages before this id are left out of requests (overflow)
 
 
 @dataclass(frozen=True)
@@ -167,6 +165,8 @@ class ChatStore:
         what it reads is still true when it writes."""
         if "settings" not in self._columns("chats"):
             self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+        if "context_from" not in self._columns("chats"):
+            self._db.execute("ALTER TABLE chats ADD COLUMN context_from INTEGER NOT NULL DEFAULT 0")
         if "reasoning" not in self._columns("messages"):
             self._db.execute(f"ALTER TABLE messages ADD COLUMN {REASONING_COLUMN}")
         tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
@@ -218,6 +218,11 @@ class ChatStore:
         with self._tx():
             self._db.execute("UPDATE chats SET settings=? WHERE id=?",
                              (json.dumps(settings), chat_id))
+
+    def set_context_from(self, chat_id: int, message_id: int) -> None:
+        """Leave the chat's messages before `message_id` out of its requests (0: none)."""
+        with self._tx():
+            self._db.execute("UPDATE chats SET context_from=? WHERE id=?", (message_id, chat_id))
 
     def search(self, query: str, limit: int = SEARCH_LIMIT) -> list[SearchHit]:
         """Chats whose messages hold every word of `query` (as word prefixes), best first."""
@@ -311,28 +316,6 @@ class ChatStore:
         return history
 
 
-def chat_title(prompt: str) -> str:
-    """A new chat's title: the first line of its first prompt that has words."""
-    line = next((line.strip() for line in prompt.splitlines() if line.strip()), "New chat")
-    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"
-
-
-def export_markdown(chat: Chat, messages: list[Message]) -> str:
-    """A chat as a Markdown document: title, system prompt, then each turn; a reply's reasoning
-    comes before its answer, in a collapsed `<details>` block titled "Reasoning"."""
-    parts = [f"# {chat.title}\n"]
-    if chat.system_prompt:
-        parts.append(f"> System: {chat.system_prompt}\n")
-    for message in messages:
-        heading = "You" if message.role == "user" else "Assistant"
-        if message.status not in ("done", "streaming"):
-            heading += f" ({message.status})"
-        reasoning = message.meta.get("reasoning", "").strip()
-        details = REASONING_DETAILS.format(reasoning) if reasoning else ""
-        parts.append(f"## {heading}\n\n{details}{message.content}\n")
-    return "\n".join(parts)
-
-
 class _Transaction:
     """BEGIN ... COMMIT, or ROLLBACK on an exception (sqlite3 in autocommit mode). A write SQLite
     refuses comes out as StoreError, which the app reports (and keeps what the user typed)."""
@@ -359,7 +342,7 @@ class _Transaction:
 
 def _chat(row: sqlite3.Row) -> Chat:
     return Chat(row["id"], row["title"], row["system_prompt"], row["updated"], row["created"],
-                json.loads(row["settings"]))
+                json.loads(row["settings"]), row["context_from"])
 
 
 def _search_hit(row: sqlite3.Row) -> SearchHit:

@@ -11,12 +11,14 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
-from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
+from dflash_chat.chat_text import export_markdown
+from dflash_chat.context_fit import POLICY_WORDS
+from dflash_chat.screens.chat_send import SendFlow
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
-from dflash_chat.settings import THINKING_MODES, Settings
+from dflash_chat.settings import OVERFLOW_POLICIES, THINKING_MODES, Settings
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
-from dflash_chat.storage import StoreError, chat_title, export_markdown
+from dflash_chat.storage import StoreError
 from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
@@ -25,7 +27,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
-class ChatScreen(Screen):
+class ChatScreen(SendFlow, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS = bindings_for(CHAT)
     AUTO_FOCUS = "#prompt"
@@ -118,35 +120,6 @@ class ChatScreen(Screen):
 
     # --- sending ---
 
-    async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
-        conversation = self.conversation
-        if conversation.generating:  # the prompt stays in the field for after
-            self.notify("A reply is streaming: Esc stops it, then Enter sends this",
-                        severity="warning")
-            return
-        try:
-            text = expand_attachments(message.text, Path.cwd())
-        except AttachmentError as exc:
-            self.notify(str(exc), title="Not sent", severity="error")
-            return
-        try:
-            if conversation.chat_id is None:  # stored with the values it is sent with
-                await self._open_new_chat(chat_title(message.text))
-            else:
-                self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
-            if self._editing is not None:
-                await conversation.drop_from(self._editing)
-                self._editing = None
-            settings = self.app.settings
-            await conversation.send(text, settings.sampling(), settings.speculative)
-        except StoreError as exc:  # a full disk: what was typed stays, to send again
-            self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
-                        title="Not sent", severity="error", timeout=30)
-            self.refresh_chat_list()
-            return
-        self.query_one(PromptInput).accept()
-        self.refresh_chat_list()
-
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
         self._show_speed(message.snapshot)
 
@@ -154,6 +127,7 @@ class ChatScreen(Screen):
         """The panel's figures, and their compact line in the status bar (seen at every width)."""
         self.query_one(SpeedPanel).snapshot = snapshot
         self.query_one(StatusBar).speed = compact_speed_text(snapshot)
+        self._show_context(self._context_of(snapshot))
 
     def on_descendant_focus(self, event) -> None:
         """A reply selected: the panel shows its figures (the streaming one shows itself)."""
@@ -246,6 +220,12 @@ class ChatScreen(Screen):
         warning = self.app.thinking_warning()
         self.notify(f"Thinking {mode}" + (f": {warning}" if warning else ""),
                     severity="warning" if warning else "information")
+
+    def action_toggle_overflow(self) -> None:
+        policies = OVERFLOW_POLICIES
+        policy = policies[(policies.index(self.app.settings.overflow) + 1) % len(policies)]
+        self._set_chat_value(overflow=policy)
+        self.notify(f"When this chat's context is full, {POLICY_WORDS[policy]}")
 
     async def action_new_chat(self) -> None:
         await self.open_chat(None)

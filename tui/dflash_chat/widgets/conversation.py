@@ -95,7 +95,13 @@ class Conversation(VerticalScroll):
         if chat_id is not None:
             views = [MessageView(m, self.show_accepted) for m in self.store.messages(chat_id)]
             await self.mount_all(views)
+            self.mark_left_out(self.store.chat(chat_id).context_from)
         self.call_after_refresh(self.scroll_end, animate=False)
+
+    def mark_left_out(self, context_from: int) -> None:
+        """The messages the overflow policy leaves out of requests: shown, and marked."""
+        for view in self.views():
+            view.left_out = view.message_id < context_from
 
     def views(self) -> list[MessageView]:
         return list(self.query(MessageView))
@@ -146,12 +152,24 @@ class Conversation(VerticalScroll):
                                                                 "speculative": speculative})
 
     def request_messages(self) -> list[dict]:
-        assert self.chat_id is not None
+        return self.system_messages() + [{"role": m.role, "content": m.content}
+                                         for m in self.history()]
+
+    def system_messages(self) -> list[dict]:
+        if self.chat_id is None:
+            return []
         chat = self.store.chat(self.chat_id)
-        system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-        return system + [{"role": m.role, "content": m.content}
-                         for m in self.store.messages(self.chat_id)
-                         if m.content and m.status != "error"]
+        return [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+
+    def history(self, before: int | None = None) -> list[StoredMessage]:
+        """What a request sends of the chat (`before`: only messages older than that id): its
+        messages with text, none that failed, none the overflow policy left out."""
+        if self.chat_id is None:
+            return []
+        start = self.store.chat(self.chat_id).context_from
+        return [m for m in self.store.messages(self.chat_id)
+                if m.content and m.status != "error" and m.id >= start
+                and (before is None or m.id < before)]
 
     def stop(self) -> bool:
         if self._worker is None or not self.generating:

@@ -38,6 +38,7 @@ from dflash_chat.widgets.reasoning import (
 )
 
 __all__ = ["MessageView", "code_blocks", "describe"]
+LEFT_OUT = "left out of the context (kept here)"
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 
@@ -88,6 +89,7 @@ class MessageView(Vertical, can_focus=True):
 
     show_accepted: reactive[bool] = reactive(False)
     header: reactive[str] = reactive("")
+    left_out: reactive[bool] = reactive(False)  # the overflow policy leaves it out of requests
 
     def __init__(self, message: Message, show_accepted: bool = False):
         super().__init__(classes=f"-{message.role}")
@@ -104,7 +106,7 @@ class MessageView(Vertical, can_focus=True):
         self.set_reactive(MessageView.header, describe(message))
 
     def compose(self) -> ComposeResult:
-        yield Static(self.header, classes="header", markup=False)
+        yield Static(self._header_text(), classes="header", markup=False)
         if self.reasoning:
             yield ReasoningBlock(self.reasoning, collapsed=True)
         if self.role == "user":  # the user's words as written: code keeps its indentation
@@ -122,9 +124,16 @@ class MessageView(Vertical, can_focus=True):
         """The "Reasoning" block, None while the reply has no reasoning."""
         return reasoning_block_in(self)
 
-    def watch_header(self, header: str) -> None:
+    def _header_text(self) -> str:
+        return self.header + (f" | {LEFT_OUT}" if self.left_out else "")
+
+    def watch_header(self) -> None:
         if self.is_mounted:
-            self.query_one(".header", Static).update(header)
+            self.query_one(".header", Static).update(self._header_text())
+
+    def watch_left_out(self, left_out: bool) -> None:
+        self.set_class(left_out, "-left-out")
+        self.watch_header()
 
     async def watch_show_accepted(self, show: bool) -> None:
         if not self.is_mounted or self._stream is not None:
