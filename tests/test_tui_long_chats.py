@@ -15,7 +15,9 @@ from dflash_chat.context_fit import (
     meter_text,
 )
 from dflash_chat.protocol import StreamUsage
+from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets import draft_colours
+from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel, figures_text
 from tui_support import chunk, run_offline, streamed_reply, until
@@ -133,3 +135,90 @@ def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():
 def test_the_meter_reads_tokens_over_the_context():
     assert meter_text(1234, 8192) == "ctx 1.2k/8.2k 15%"
     assert meter_text(None, 8192) == "" and meter_text(10, None) == ""
+
+
+# --- branches: regenerate and edit keep the earlier versions ---
+
+async def reply_posted(app, pilot, text: str) -> None:
+    """The reply started (Enter, Ctrl+R) gets its chunks and its end, as its worker posts them."""
+    conversation = app.chat_screen.conversation
+    await until(pilot, lambda: conversation.generating, "reply started")
+    reply_id = conversation.last_view("assistant").message_id
+    conversation.post_message(Conversation.ChunksArrived(reply_id, [chunk(text, [1, 2], 1, 1)]))
+    conversation.post_message(Conversation.StreamEnded(reply_id, "done", None, None))
+    await until(pilot, lambda: not conversation.generating, "reply ended")
+    await pilot.pause()
+
+
+def shown(app) -> list[str]:
+    return [view.text for view in app.chat_screen.conversation.views()]
+
+
+def test_regenerate_and_edit_keep_the_earlier_versions_across_a_restart(home):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Branches")
+    for turn in range(3):
+        store.add_message(chat.id, "user", f"prompt {turn}")
+        store.add_message(chat.id, "assistant", f"reply {turn}")
+    store.close()
+
+    async def first_run(app, pilot):
+        conversation = app.chat_screen.conversation
+        await pilot.press("ctrl+r")
+        await reply_posted(app, pilot, "reply 2, again")
+        assert shown(app)[-2:] == ["prompt 2", "reply 2, again"]
+        newest = conversation.last_view("assistant")
+        assert "version 2/2" in newest._header_text()
+        newest.focus()
+        await pilot.press("left")  # the earlier reply, shown again
+        await until(pilot, lambda: shown(app)[-1] == "reply 2", "version 1 shown")
+        assert "version 1/2" in conversation.last_view("assistant")._header_text()
+        conversation.views()[2].focus()  # "prompt 1": edit it, a fork at message 3
+        await pilot.press("ctrl+o")
+        prompt = app.chat_screen.query_one(PromptInput)
+        assert prompt.value == "prompt 1"
+        prompt.value = "prompt 1, edited"
+        await pilot.press("enter")
+        await reply_posted(app, pilot, "reply 1, edited")
+        assert shown(app) == ["prompt 0", "reply 0", "prompt 1, edited", "reply 1, edited"]
+        assert "version 2/2" in conversation.views()[2]._header_text()
+        await pilot.press("f9")
+        exported = (home / "exports" / f"chat-{chat.id}.md").read_text()
+        assert "prompt 1, edited" in exported and "# Another version, after: reply 0" in exported
+        assert "reply 2, again" in exported and "reply 2\n" in exported
+    run_offline(scenario=first_run, size=WIDE)
+
+    async def after_restart(app, pilot):  # both branches stored, the last one shown
+        conversation = app.chat_screen.conversation
+        assert shown(app) == ["prompt 0", "reply 0", "prompt 1, edited", "reply 1, edited"]
+        conversation.views()[2].focus()
+        await pilot.press("right")  # wraps round to the first version of prompt 1
+        await until(pilot, lambda: len(shown(app)) == 6, "the first branch shown")
+        assert shown(app)[2:4] == ["prompt 1", "reply 1"] and shown(app)[-1] == "reply 2, again"
+    run_offline(scenario=after_restart, size=WIDE)
+
+
+def test_a_store_from_before_branches_reads_as_one_branch(tmp_path):
+    import sqlite3
+
+    from dflash_chat.storage_schema import SCHEMA
+
+    path = tmp_path / DB_NAME
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA)  # no parents, no head, no context start
+    old.execute("INSERT INTO chats (id, title, created, updated) VALUES (1, 'Old', 0, 0)")
+    for index, role in enumerate(("user", "assistant", "user", "assistant")):
+        old.execute("INSERT INTO messages (chat_id, role, content, created) VALUES (1, ?, ?, 0)",
+                    (role, f"message {index}"))
+    old.commit()
+    old.close()
+    store = ChatStore(path)
+    messages = store.messages(1)
+    assert [m.content for m in messages] == [f"message {i}" for i in range(4)]
+    assert [m.parent_id for m in messages] == [None] + [m.id for m in messages[:-1]]
+    assert store.versions(1) == {} and store.chat(1).context_from == 0
+    again = store.add_message(1, "assistant", "message 3, again", parent=messages[2].id)
+    assert store.versions(1) == {messages[3].id: (1, 2), again.id: (2, 2)}
+    store.delete_messages_from(1, messages[2].id)  # a message and what follows, every branch
+    assert [m.content for m in store.messages(1)] == ["message 0", "message 1"]
+    assert store.search("again") == [] and len(store.all_messages(1)) == 2

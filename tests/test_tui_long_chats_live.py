@@ -36,6 +36,15 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
+async def replied(pilot, app, views: int) -> None:
+    """The reply sent last is on screen (`views` messages shown) and stored, finished."""
+    conversation = app.chat_screen.conversation
+    await until(pilot, lambda: len(conversation.views()) == views, "sent", 60)
+    reply_id = conversation.last_view("assistant").message_id
+    await until(pilot, lambda: app.store.message(reply_id).status != "streaming", "replied", 120)
+    await until(pilot, lambda: not conversation.generating, "the reply's end handled")
+
+
 def said(app) -> str:
     return "\n".join(str(note.message) for note in app._notifications)
 
@@ -52,9 +61,7 @@ def test_a_chat_past_the_context_drops_its_oldest_turns_and_refuse_keeps_the_pro
             chat_id = conversation.chat_id
             prompt.value = "And the next one?"
             await pilot.press("enter")
-            await until(pilot, lambda: len(conversation.views()) == 2 * TURNS + 2, "sent")
-            await until(pilot, lambda: not conversation.generating, "reply finished", 120)
-            await app.workers.wait_for_complete()
+            await replied(pilot, app, 2 * TURNS + 2)
             reply = app.store.messages(chat_id)[-1]
             assert reply.status == "done", reply.meta
             stats = reply.meta["stats"]
@@ -77,4 +84,34 @@ def test_a_chat_past_the_context_drops_its_oldest_turns_and_refuse_keeps_the_pro
                 str(n.title) for n in app._notifications), "refused")
             assert len(app.store.messages(chat_id)) == stored
             assert prompt.value == "Far too long. " * 80 and "policy is refuse" in said(app)
+    asyncio.run(scenario())
+
+
+def test_a_fork_at_an_earlier_prompt_is_served_with_the_shared_prefix_cached(served, home):
+    _, server = served
+
+    async def scenario():
+        app = DFlashChatApp(Options(server=server.url), settings=Settings(max_tokens=8))
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(pilot, lambda: app.service_ready.is_set(), "service ready", 120)
+            await pilot.press("ctrl+n")
+            conversation, prompt = app.chat_screen.conversation, app.chat_screen.query_one(PromptInput)
+            for turn in range(6):
+                prompt.value = f"Turn {turn}: say something."
+                await pilot.press("enter")
+                await replied(pilot, app, 2 * turn + 2)
+            chat_id = conversation.chat_id
+            before_fork = [{"role": m.role, "content": m.content}
+                           for m in app.store.messages(chat_id)[:6]]
+            probe = [{"role": "user", "content": "x"}]
+            shared = (await app.client.count_tokens(app.served_model(), before_fork + probe)
+                      - await app.client.count_tokens(app.served_model(), probe))
+            conversation.views()[6].focus()  # turn 3's prompt
+            await pilot.press("ctrl+o")
+            prompt.value = "Turn 3, asked another way."
+            await pilot.press("enter")
+            await replied(pilot, app, 8)
+            reply = app.store.messages(chat_id)[-1]
+            assert reply.status == "done" and reply.meta["stats"]["cached_tokens"] >= shared > 0
+            assert len(app.store.all_messages(chat_id)) == 14  # the first branch is kept
     asyncio.run(scenario())

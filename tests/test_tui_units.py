@@ -384,7 +384,7 @@ def test_search_finds_word_prefixes_across_chats_and_follows_edits(tmp_path):
 def test_a_store_an_older_app_wrote_gains_settings_and_search(tmp_path):
     import sqlite3
 
-    from dflash_chat.storage import SCHEMA
+    from dflash_chat.storage_schema import SCHEMA
 
     path = tmp_path / "chats.db"
     old = sqlite3.connect(path)
@@ -477,7 +477,7 @@ def test_the_picker_says_a_partial_download_is_incomplete():
 def test_a_store_whose_search_predates_reasoning_is_indexed_again_with_it(tmp_path):
     import sqlite3
 
-    from dflash_chat.storage import SCHEMA
+    from dflash_chat.storage_schema import SCHEMA
 
     path = tmp_path / "chats.db"
     old = sqlite3.connect(path)

@@ -18,17 +18,41 @@ def chat_title(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"
 
 
-def export_markdown(chat: Chat, messages: list[Message]) -> str:
-    """A chat as a Markdown document: title, system prompt, then each turn; a reply's reasoning
-    comes before its answer, in a collapsed `<details>` block titled "Reasoning"."""
+def export_markdown(chat: Chat, branch: list[Message], every: list[Message] | None = None) -> str:
+    """A chat as a Markdown document: title, system prompt, then each turn of the branch shown;
+    a reply's reasoning comes before its answer, in a collapsed `<details>` block titled
+    "Reasoning". With `every` message, each other branch follows, from where it forks."""
     parts = [f"# {chat.title}\n"]
     if chat.system_prompt:
         parts.append(f"> System: {chat.system_prompt}\n")
-    for message in messages:
-        heading = "You" if message.role == "user" else "Assistant"
-        if message.status not in ("done", "streaming"):
-            heading += f" ({message.status})"
-        reasoning = message.meta.get("reasoning", "").strip()
-        details = REASONING_DETAILS.format(reasoning) if reasoning else ""
-        parts.append(f"## {heading}\n\n{details}{message.content}\n")
+    parts += [_message_markdown(message) for message in branch]
+    written = {message.id for message in branch}
+    children: dict[int | None, list[Message]] = {}
+    for message in every or []:
+        children.setdefault(message.parent_id, []).append(message)
+    while fork := next((m for m in every or [] if m.id not in written and (
+            m.parent_id in written or m.parent_id is None)), None):  # forks of forks too
+        parts.append(f"---\n\n# Another version, {_after(fork, every or [])}\n")
+        message: Message | None = fork
+        while message is not None:  # down its newest replies, as the app shows a branch
+            parts.append(_message_markdown(message))
+            written.add(message.id)
+            message = max(children.get(message.id, []), key=lambda m: m.id, default=None)
     return "\n".join(parts)
+
+
+def _after(fork: Message, every: list[Message]) -> str:
+    parent = next((m for m in every if m.id == fork.parent_id), None)
+    if parent is None:
+        return "from the start"
+    words = " ".join(parent.content.split())
+    return f"after: {words[:50]}…" if len(words) > 50 else f"after: {words}"
+
+
+def _message_markdown(message: Message) -> str:
+    heading = "You" if message.role == "user" else "Assistant"
+    if message.status not in ("done", "streaming"):
+        heading += f" ({message.status})"
+    reasoning = message.meta.get("reasoning", "").strip()
+    details = REASONING_DETAILS.format(reasoning) if reasoning else ""
+    return f"## {heading}\n\n{details}{message.content}\n"

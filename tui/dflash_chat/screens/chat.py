@@ -77,6 +77,9 @@ class ChatScreen(SendFlow, Screen):
         bar.service, bar.model = state, self.app.model_label
         bar.warning = self.app.thinking_warning()
         self.query_one(SpeedPanel).pair = self.app.model_label
+        last = self.conversation.last_view("assistant")  # the meter, once the context is known
+        if last is not None and not self.conversation.generating:
+            self._show_context(self._context_of(reply_snapshot(last.meta)))
 
     # --- chats ---
 
@@ -237,21 +240,36 @@ class ChatScreen(SendFlow, Screen):
         if conversation.generating or last is None:
             return
         settings = self.app.settings
+        parent = self.app.store.message(last.message_id).parent_id  # the prompt it answers
+        await conversation.forget_from(last.message_id)  # stored still: ←/→ on the new reply
         try:
-            await conversation.drop_from(last.message_id)
-            await conversation.start_reply(settings.sampling(), settings.speculative)
+            await conversation.start_reply(settings.sampling(), settings.speculative, parent)
         except StoreError as exc:
             self._not_written(exc)
+            await conversation.show_chat(conversation.chat_id)
 
     def action_edit_last(self) -> None:
-        last = self.conversation.last_view("user")
-        if self.conversation.generating or last is None:
+        """The selected prompt, or the last: Enter sends the edit as a new version of it."""
+        focused = self.focused
+        chosen = focused if isinstance(focused, MessageView) and focused.role == "user" else None
+        chosen = chosen or self.conversation.last_view("user")
+        if self.conversation.generating or chosen is None:
             return
-        self._editing = last.message_id
+        self._editing = chosen.message_id
         prompt = self.query_one(PromptInput)
-        prompt.value = last.text
+        prompt.value = chosen.text
         prompt.focus()
-        self.notify("Editing the last prompt: Enter resends it (the old turn is replaced)")
+        self.notify("Editing this prompt: Enter sends it as a new version (the old one and its "
+                    "replies stay: ←/→ on it)")
+
+    async def on_conversation_branch_shown(self, message: Conversation.BranchShown) -> None:
+        self._editing = None
+        last = self.conversation.last_view("assistant")
+        self._show_speed(reply_snapshot(last.meta if last else {}))
+        shown = next((v for v in self.conversation.views() if v.message_id == message.message_id),
+                     None)
+        if shown is not None:
+            shown.focus()
 
     def _selected_view(self) -> MessageView | None:
         focused = self.focused
@@ -323,7 +341,8 @@ class ChatScreen(SendFlow, Screen):
         store = self.app.store
         chat = store.chat(self.current_chat_id())
         path = export_path(self.app.data_dir, chat.id)
-        path.write_text(export_markdown(chat, store.messages(chat.id)), encoding="utf-8")
+        path.write_text(export_markdown(chat, store.messages(chat.id), store.all_messages(chat.id)),
+                        encoding="utf-8")
         self.notify(f"Exported to {path}")
 
     def action_delete_chat(self) -> None:

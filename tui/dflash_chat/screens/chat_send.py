@@ -27,7 +27,7 @@ from dflash_chat.context_fit import (
 )
 from dflash_chat.protocol import ServiceError
 from dflash_chat.stats import SpeedSnapshot
-from dflash_chat.storage import StoreError
+from dflash_chat.storage import HEAD, StoreError
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.status_bar import StatusBar
 
@@ -100,18 +100,23 @@ class SendFlow:
                 await self._open_new_chat(chat_title(typed))
             else:
                 store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
-            if self._editing is not None:
-                await conversation.drop_from(self._editing)
-                self._editing = None
+            parent = HEAD
+            if self._editing is not None:  # a new version of that prompt: the old one stays
+                parent = store.message(self._editing).parent_id
             if fit is not None and fit.first_kept is not None:
                 store.set_context_from(conversation.chat_id, fit.first_kept)
             settings = self.app.settings
-            await conversation.send(text, settings.sampling(), settings.speculative)
+            if self._editing is not None:
+                await conversation.forget_from(self._editing)
+            await conversation.send(text, settings.sampling(), settings.speculative, parent)
         except StoreError as exc:  # a full disk: what was typed stays, to send again
             self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
                         title="Not sent", severity="error", timeout=30)
+            if conversation.chat_id is not None:  # what an edit took off the screen
+                await conversation.show_chat(conversation.chat_id)
             self.refresh_chat_list()
             return
+        self._editing = None
         self.query_one(PromptInput).accept()
         self.refresh_chat_list()
         if fit is not None:

@@ -17,17 +17,20 @@ A reasoning model's reasoning (a harmony target's analysis channel) streams into
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 from weakref import WeakKeyDictionary
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from dflash_chat.storage import Message
+from dflash_chat.storage import Message as StoredMessage
 from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.draft_colours import PaintedFence, PaintedMarkdown, colour_markdown
 from dflash_chat.widgets.reasoning import (
@@ -90,8 +93,19 @@ class MessageView(Vertical, can_focus=True):
     show_accepted: reactive[bool] = reactive(False)
     header: reactive[str] = reactive("")
     left_out: reactive[bool] = reactive(False)  # the overflow policy leaves it out of requests
+    version: reactive[tuple[int, int] | None] = reactive(None)  # (which, of how many versions)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left", "version(-1)", "Earlier version", show=False),
+        Binding("right", "version(1)", "Later version", show=False),
+    ]
 
-    def __init__(self, message: Message, show_accepted: bool = False):
+    class VersionRequested(Message):
+        def __init__(self, message_id: int, step: int):
+            super().__init__()
+            self.message_id = message_id
+            self.step = step
+
+    def __init__(self, message: StoredMessage, show_accepted: bool = False):
         super().__init__(classes=f"-{message.role}")
         self.message_id = message.id
         self.role = message.role
@@ -125,7 +139,15 @@ class MessageView(Vertical, can_focus=True):
         return reasoning_block_in(self)
 
     def _header_text(self) -> str:
-        return self.header + (f" | {LEFT_OUT}" if self.left_out else "")
+        version = f" | ‹ version {self.version[0]}/{self.version[1]} › (←/→)" if self.version else ""
+        return self.header + version + (f" | {LEFT_OUT}" if self.left_out else "")
+
+    def watch_version(self) -> None:
+        self.watch_header()
+
+    def action_version(self, step: int) -> None:
+        if self.version is not None:
+            self.post_message(self.VersionRequested(self.message_id, step))
 
     def watch_header(self) -> None:
         if self.is_mounted:
@@ -193,7 +215,7 @@ class MessageView(Vertical, can_focus=True):
             await self.body.update(self.text)
 
 
-def describe(message: Message) -> str:
+def describe(message: StoredMessage) -> str:
     """The header line: who, and for a reply its mode and figures."""
     if message.role == "user":
         return "You"
