@@ -222,3 +222,35 @@ def test_a_store_from_before_branches_reads_as_one_branch(tmp_path):
     store.delete_messages_from(1, messages[2].id)  # a message and what follows, every branch
     assert [m.content for m in store.messages(1)] == ["message 0", "message 1"]
     assert store.search("again") == [] and len(store.all_messages(1)) == 2
+
+
+# --- presets: the user's named values, applied per chat ---
+
+def test_a_preset_saved_from_one_chat_applies_to_another_and_leaves_the_defaults(home):
+    from dflash_chat.screens.presets import PresetScreen
+
+    async def save_and_apply(app, pilot):
+        screen = app.chat_screen
+        await screen._open_new_chat("Precise")
+        app.store.set_system_prompt(screen.conversation.chat_id, "Answer in one line.")
+        screen._set_chat_value(temperature=0.3, max_tokens=99, overflow="refuse")
+        await pilot.press("alt+p")
+        assert isinstance(app.screen, PresetScreen)
+        await pilot.press("enter")  # the first line: save this chat's values
+        await pilot.press(*"terse", "enter")
+        (preset,) = app.store.presets()
+        assert preset.name == "terse" and preset.system_prompt == "Answer in one line."
+        assert (preset.settings["temperature"], preset.settings["overflow"]) == (0.3, "refuse")
+        await pilot.press("ctrl+n")
+        assert app.settings.temperature == 0.0 and app.settings.overflow == "drop_oldest"
+        await pilot.press("alt+p", "down", "enter")  # the preset, on no chat yet: a new one
+        await until(pilot, lambda: app.settings.max_tokens == 99, "the preset applied")
+        chat = app.store.chat(screen.conversation.chat_id)
+        assert chat.system_prompt == "Answer in one line." and chat.settings["temperature"] == 0.3
+        assert app.defaults.temperature == 0.0 and app.defaults.overflow == "drop_oldest"
+    run_offline(save_and_apply, WIDE)
+
+    async def delete_after_restart(app, pilot):
+        await pilot.press("alt+p", "down", "delete")
+        assert app.store.presets() == []
+    run_offline(delete_after_restart, WIDE)

@@ -41,6 +41,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("copy_message", "ctrl+y", "Copy the selected (or last) reply"),
     ActionSpec("copy_code", "ctrl+b", "Copy a reply's last code block (again: the one before)"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
+    ActionSpec("presets", "alt+p", "Presets: apply one to this chat, or save its values"),
     ActionSpec("toggle_overflow", "f11", "Context overflow: drop oldest turns / refuse"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
     ActionSpec("search_chats", "ctrl+f", "Search past chats"),

@@ -54,6 +54,13 @@ class Message:
     parent_id: int | None = None  # the message it answers or follows (None: the chat's first)
 
 
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    system_prompt: str
+    settings: dict  # a chat's own values (settings.CHAT_FIELDS)
+
+
 class StoreError(Exception):
     """A write the store refused (a full disk, a read-only file) or a damaged file; the message
     is SQLite's. `damaged`: the file itself is broken, not the disk under it."""
@@ -288,6 +295,25 @@ class ChatStore:
             self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))  # cascades
             self._db.execute("UPDATE chats SET head_id=? WHERE id=?",
                              (parent[0] if parent else None, chat_id))
+
+    # --- presets: named system prompt and sampling, the user's ---
+
+    def save_preset(self, preset: Preset) -> None:
+        """Store it, or replace the one of that name."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO presets (name, system_prompt, settings, "
+                             "updated) VALUES (?, ?, ?, ?)", (preset.name, preset.system_prompt,
+                                                              json.dumps(preset.settings),
+                                                              time.time()))
+
+    def presets(self) -> list[Preset]:
+        rows = self._db.execute("SELECT * FROM presets ORDER BY name COLLATE NOCASE")
+        return [Preset(row["name"], row["system_prompt"], json.loads(row["settings"]))
+                for row in rows]
+
+    def delete_preset(self, name: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM presets WHERE name=?", (name,))
 
     def prompt_history(self, limit: int = 500) -> list[str]:
         """The user's prompts across chats, oldest first, without repeats in a row."""

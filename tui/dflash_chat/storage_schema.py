@@ -26,6 +26,12 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE TABLE IF NOT EXISTS presets (
+    name TEXT PRIMARY KEY,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}',
+    updated REAL NOT NULL
+);
 """
 # a reply's reasoning, which its meta keeps, as a column the search can index (added by
 # _migrate to every store, new or older)

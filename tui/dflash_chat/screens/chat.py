@@ -14,6 +14,7 @@ from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.chat_text import export_markdown
 from dflash_chat.context_fit import POLICY_WORDS
+from dflash_chat.screens.chat_presets import PresetActions
 from dflash_chat.screens.chat_send import SendFlow
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import OVERFLOW_POLICIES, THINKING_MODES, Settings
@@ -27,7 +28,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
-class ChatScreen(SendFlow, Screen):
+class ChatScreen(SendFlow, PresetActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS = bindings_for(CHAT)
     AUTO_FOCUS = "#prompt"
