@@ -20,7 +20,7 @@ from dflash_chat.widgets import draft_colours
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel, figures_text
-from tui_support import chunk, run_offline, streamed_reply, until
+from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 STATS = {"tau": 2.0, "decode_tokens_per_s": 30.0, "speculative": True, "rounds": 2,
@@ -254,3 +254,53 @@ def test_a_preset_saved_from_one_chat_applies_to_another_and_leaves_the_defaults
         await pilot.press("alt+p", "down", "delete")
         assert app.store.presets() == []
     run_offline(delete_after_restart, WIDE)
+
+
+# --- the lesser defects: the picker, F1 ---
+
+def catalog_rows() -> list[dict]:
+    from dflash_local.pairs.catalog import load_catalog
+
+    return [{**pair.to_json(), "available": {}, "loaded": index == 0, "fit": {}}
+            for index, pair in enumerate(load_catalog().pairs)]
+
+
+def test_the_picker_shows_whole_ids_says_what_it_shows_and_keeps_the_loaded_pair(home):
+    from dflash_chat.screens.picker import PickerScreen
+    from textual.widgets import DataTable, Static
+
+    async def scenario(app, pilot):
+        pairs = catalog_rows()
+        picker = PickerScreen()
+        await app.push_screen(picker)
+        picker.post_message(PickerScreen.Listed(pairs, {}))
+        await until(pilot, lambda: picker.query_one(DataTable).row_count == len(pairs), "listed")
+        await pilot.pause()
+        text = "\n".join(screen_lines(app))
+        assert "Loaded" in text.splitlines()[1]
+        assert all(pair["id"] in text for pair in pairs[:20])  # rows on screen, ids whole
+        await pilot.press("l")  # the first row is the loaded pair
+        assert "already loaded" in "\n".join(str(n.message) for n in app._notifications)
+        assert not app.service_state.startswith("loading")
+        picker.download_pair = pairs[0]["id"]
+        picker.post_message(PickerScreen.Progress({"id": "d1", "label": pairs[0]["id"],
+                                                   "status": "failed", "error": "disk full"}))
+        status = picker.query_one("#download-status", Static)
+        await until(pilot, lambda: "disk full" in str(status.render()), "the failure shown")
+        await pilot.press("down")
+        assert not status.display  # not under another pair
+        await pilot.press("up")
+        assert status.display
+    run_offline(scenario, WIDE)
+
+
+def test_f1_shows_every_action_id_whole_at_80_columns(home):
+    from dflash_chat.actions import ACTIONS
+
+    async def scenario(app, pilot):
+        await pilot.press("f1")
+        await pilot.pause()
+        text = "\n".join(screen_lines(app))
+        shown = [spec.id for spec in ACTIONS[:8]]  # the rows above the fold at 24 lines
+        assert all(f" {action_id} " in text for action_id in shown)
+    run_offline(scenario, NARROW)
