@@ -304,3 +304,59 @@ def test_f1_shows_every_action_id_whole_at_80_columns(home):
         shown = [spec.id for spec in ACTIONS[:8]]  # the rows above the fold at 24 lines
         assert all(f" {action_id} " in text for action_id in shown)
     run_offline(scenario, NARROW)
+
+
+def test_search_highlights_the_words_found_and_keeps_the_texts_own_brackets(home):
+    from dflash_chat.screens.search import hit_label
+
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Indexing")
+    store.add_message(chat.id, "user", "why does items[0] fail on an empty list")
+    (hit,) = store.search("empty")
+    label = hit_label(hit)
+    assert "items[0] fail on an empty" in label.plain and "[empty]" not in label.plain
+    highlighted = [label.plain[span.start:span.end] for span in label.spans
+                   if "reverse" in str(span.style)]
+    assert highlighted == ["empty"]
+
+
+def test_chats_that_begin_alike_get_titles_told_apart(home):
+    async def scenario(app, pilot):
+        prompt = app.chat_screen.query_one(PromptInput)
+        conversation = app.chat_screen.conversation
+        for _ in range(3):
+            await pilot.press("ctrl+n")
+            prompt.value = "Write a poem."
+            await pilot.press("enter")
+            await until(pilot, lambda: conversation.generating, "sent")
+            conversation.stop()
+            await until(pilot, lambda: not conversation.generating, "stopped")
+        titles = sorted(chat.title for chat in app.store.chats())
+        assert titles == ["Write a poem.", "Write a poem. (2)", "Write a poem. (3)"]
+    run_offline(scenario, WIDE)
+
+
+def test_the_delete_dialog_fits_80_columns_and_the_chat_comes_back(home):
+    title = "A chat with a rather long title that goes on and on about many things"
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat(title)
+    store.add_message(chat.id, "user", "first")
+    store.add_message(chat.id, "assistant", "one")
+    store.add_message(chat.id, "assistant", "another", parent=store.messages(chat.id)[0].id)
+    store.set_chat_settings(chat.id, {"temperature": 0.4})
+    store.close()
+
+    async def scenario(app, pilot):
+        await pilot.press("ctrl+g")
+        text = " ".join(line.strip(" █") for line in screen_lines(app))
+        assert "goes on and on about many things'?" in " ".join(text.split())
+        await pilot.press("y")
+        await until(pilot, lambda: app.store.chats() == [], "deleted")
+        await pilot.press("alt+z")
+        await until(pilot, lambda: len(app.store.chats()) == 1, "restored")
+        (back,) = app.store.chats()
+        assert back.title == title and back.settings == {"temperature": 0.4}
+        assert [m.content for m in app.store.messages(back.id)] == ["first", "another"]
+        assert len(app.store.versions(back.id)) == 2
+        await until(pilot, lambda: app.chat_screen.conversation.chat_id == back.id, "opened")
+    run_offline(scenario, NARROW)

@@ -18,6 +18,17 @@ def chat_title(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"
 
 
+def distinct_title(title: str, taken: list[str]) -> str:
+    """`title`, numbered ("… (2)") when another chat has it: chats that begin alike stay
+    apart in the list and in search."""
+    number = 1
+    candidate = title
+    while candidate in taken:
+        number += 1
+        candidate = f"{title} ({number})"
+    return candidate
+
+
 def export_markdown(chat: Chat, branch: list[Message], every: list[Message] | None = None) -> str:
     """A chat as a Markdown document: title, system prompt, then each turn of the branch shown;
     a reply's reasoning comes before its answer, in a collapsed `<details>` block titled

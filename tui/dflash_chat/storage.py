@@ -41,6 +41,15 @@ class SearchHit:
     chat: Chat
     snippet: str  # the matching message, the match in [brackets]
     in_reasoning: bool = False  # the match is in a reply's reasoning, not in its answer
+    marked: str = ""  # the snippet with each match between MATCH_OPEN and MATCH_CLOSE
+
+    def parts(self) -> list[tuple[str, bool]]:
+        """The snippet as (text, is a match) runs: a bracket of the text itself stays text."""
+        runs: list[tuple[str, bool]] = []
+        for index, piece in enumerate(self.marked.split(MATCH_OPEN)):
+            match, _, rest = piece.partition(MATCH_CLOSE) if index else ("", "", piece)
+            runs += [(text, is_match) for text, is_match in ((match, True), (rest, False)) if text]
+        return runs
 
 
 @dataclass(frozen=True)
@@ -358,9 +367,9 @@ def _chat(row: sqlite3.Row) -> Chat:
 def _search_hit(row: sqlite3.Row) -> SearchHit:
     """The answer's snippet where a word matched there, else the reasoning's."""
     in_reasoning = MATCH_OPEN not in row["answer_snip"]
-    snippet = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
-    snippet = snippet.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
-    return SearchHit(_chat(row), snippet, in_reasoning)
+    marked = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
+    snippet = marked.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
+    return SearchHit(_chat(row), snippet, in_reasoning, marked)
 
 
 def _message(row: sqlite3.Row) -> Message:

@@ -3,8 +3,6 @@ speed panel on the right, the modes of the next message in the status bar."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -12,11 +10,11 @@ from textual.widgets import Footer
 
 from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
-from dflash_chat.chat_text import export_markdown
+from dflash_chat.chat_text import distinct_title
 from dflash_chat.context_fit import POLICY_WORDS
+from dflash_chat.screens.chat_manage import ChatActions
 from dflash_chat.screens.chat_presets import PresetActions
 from dflash_chat.screens.chat_send import SendFlow
-from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.settings import OVERFLOW_POLICIES, THINKING_MODES, Settings
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
 from dflash_chat.storage import StoreError
@@ -28,7 +26,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
-class ChatScreen(SendFlow, PresetActions, Screen):
+class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS = bindings_for(CHAT)
     AUTO_FOCUS = "#prompt"
@@ -97,7 +95,9 @@ class ChatScreen(SendFlow, PresetActions, Screen):
 
     async def _open_new_chat(self, title: str) -> None:
         """Store a new chat with the values chosen for it so far (F2, Ctrl+T), then open it."""
-        chat = self.app.store.create_chat(title, self.app.settings.system_prompt)
+        taken = [chat.title for chat in self.app.store.chats()]
+        chat = self.app.store.create_chat(distinct_title(title, taken),
+                                          self.app.settings.system_prompt)
         self.app.store.set_chat_settings(chat.id, self.app.chat_settings())
         await self.open_chat(chat.id)
 
@@ -306,68 +306,6 @@ class ChatScreen(SendFlow, PresetActions, Screen):
         self.notify(f"Copied code block {index + 1} of {len(blocks)} ({len(blocks[index])} "
                     f"characters); {keys} again copies block {before + 1}")
 
-    def action_rename_chat(self) -> None:
-        if self.conversation.chat_id is not None:
-            self._rename_chat(self.conversation.chat_id)
-
-    def _rename_chat(self, chat_id: int) -> None:
-        store = self.app.store
-
-        def rename(title: str | None) -> None:
-            if title and title.strip() and self._write(store.rename_chat, chat_id, title.strip()):
-                self.refresh_chat_list()
-
-        self.app.push_screen(TextDialog("Rename chat", store.chat(chat_id).title), rename)
-
-    async def action_system_prompt(self) -> None:
-        store = self.app.store
-        if self.conversation.chat_id is None:
-            try:
-                await self._open_new_chat("New chat")
-            except StoreError as exc:
-                self._not_written(exc)
-                return
-        chat = store.chat(self.current_chat_id())
-
-        def save(prompt: str | None) -> None:
-            if prompt is not None and self._write(store.set_system_prompt, chat.id, prompt):
-                self.notify("System prompt saved (it applies from the next message)")
-
-        self.app.push_screen(TextDialog("System prompt for this chat", chat.system_prompt,
-                                        "You are a helpful assistant."), save)
-
-    def action_export_chat(self) -> None:
-        if self.conversation.chat_id is None:
-            return
-        store = self.app.store
-        chat = store.chat(self.current_chat_id())
-        path = export_path(self.app.data_dir, chat.id)
-        path.write_text(export_markdown(chat, store.messages(chat.id), store.all_messages(chat.id)),
-                        encoding="utf-8")
-        self.notify(f"Exported to {path}")
-
-    def action_delete_chat(self) -> None:
-        if self.conversation.chat_id is not None:
-            self._delete_chat(self.conversation.chat_id)
-
-    def _delete_chat(self, chat_id: int) -> None:
-        store = self.app.store
-        if chat_id == self.conversation.chat_id and self.conversation.generating:
-            self.notify("A reply is streaming in this chat: Esc stops it first", severity="warning")
-            return
-
-        async def delete(confirmed: bool | None) -> None:
-            if not confirmed:
-                return
-            if not self._write(store.delete_chat, chat_id):
-                return
-            if chat_id == self.conversation.chat_id:
-                await self.conversation.show_chat(None)
-            self.refresh_chat_list()
-
-        self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
-                             delete)
-
 
 NARROW_COLUMNS = 110  # below this the chat list and the speed panel step aside
 
@@ -383,9 +321,3 @@ def code_block_to_copy(copied: tuple[int, int, int] | None, message_id: int, cou
     if copied is None or copied[0] != message_id or copied[2] != count:
         return count - 1
     return (copied[1] - 1) % count
-
-
-def export_path(data_dir: Path, chat_id: int) -> Path:
-    folder = data_dir / "exports"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"chat-{chat_id}.md"

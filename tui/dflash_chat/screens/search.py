@@ -4,6 +4,7 @@ its chat."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import ClassVar
 
@@ -17,6 +18,8 @@ from textual.widgets.option_list import Option
 
 from dflash_chat.storage import SearchHit
 
+WHITESPACE = re.compile(r"\s+")  # a snippet's line breaks: one line per hit
+
 
 def hit_label(hit: SearchHit) -> Text:
     label = Text(hit.chat.title, style="bold")
@@ -24,7 +27,8 @@ def hit_label(hit: SearchHit) -> Text:
     label.append("\n")
     if hit.in_reasoning:  # where the chat keeps it collapsed
         label.append("in the reasoning: ", style="italic")
-    label.append(" ".join(hit.snippet.split()))
+    for text, is_match in hit.parts():  # the words found are highlighted, not bracketed
+        label.append(WHITESPACE.sub(" ", text), style="bold reverse" if is_match else "")
     return label
 
 
