@@ -360,3 +360,24 @@ def test_the_delete_dialog_fits_80_columns_and_the_chat_comes_back(home):
         assert len(app.store.versions(back.id)) == 2
         await until(pilot, lambda: app.chat_screen.conversation.chat_id == back.id, "opened")
     run_offline(scenario, NARROW)
+
+
+def test_a_selected_message_is_deleted_with_what_follows_it_in_every_branch(home):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Pruned")
+    first = store.add_message(chat.id, "user", "keep me")
+    store.add_message(chat.id, "assistant", "kept")
+    asked = store.add_message(chat.id, "user", "drop me")
+    store.add_message(chat.id, "assistant", "dropped, once")
+    store.add_message(chat.id, "assistant", "dropped, again", parent=asked.id)
+    store.close()
+
+    async def scenario(app, pilot):
+        conversation = app.chat_screen.conversation
+        conversation.views()[2].focus()
+        await pilot.press("alt+d")
+        assert "the 2 that follow it" in " ".join(" ".join(screen_lines(app)).split())
+        await pilot.press("y")
+        await until(pilot, lambda: shown(app) == ["keep me", "kept"], "deleted")
+        assert [m.content for m in app.store.all_messages(first.chat_id)] == ["keep me", "kept"]
+    run_offline(scenario, WIDE)

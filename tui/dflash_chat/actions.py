@@ -44,6 +44,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("presets", "alt+p", "Presets: apply one to this chat, or save its values"),
     ActionSpec("toggle_overflow", "f11", "Context overflow: drop oldest turns / refuse"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
+    ActionSpec("delete_message", "alt+d", "Delete the selected message and what follows it"),
     ActionSpec("restore_chat", "alt+z", "Bring back the chat deleted last"),
     ActionSpec("search_chats", "ctrl+f", "Search past chats"),
     ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),

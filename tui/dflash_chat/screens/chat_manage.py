@@ -10,6 +10,7 @@ from dflash_chat.actions import BY_ID, effective_keys, key_label
 from dflash_chat.chat_text import export_markdown
 from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
 from dflash_chat.storage import HEAD, ChatStore, StoreError
+from dflash_chat.widgets.message import MessageView
 
 
 class ChatActions:
@@ -83,6 +84,22 @@ class ChatActions:
         self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
                              delete)
 
+    def action_delete_message(self) -> None:
+        """The selected message and every one after it, in every branch (confirmed first)."""
+        view = self.focused
+        if not isinstance(view, MessageView) or self.conversation.generating:
+            self.notify("Select a message first (Tab moves to the messages)", severity="warning")
+            return
+        chat_id, store = self.conversation.chat_id, self.app.store
+
+        async def delete(confirmed: bool | None) -> None:
+            if confirmed and self._write(store.delete_messages_from, chat_id, view.message_id):
+                await self.conversation.show_chat(chat_id)
+
+        later = following(store.all_messages(chat_id), view.message_id)
+        self.app.push_screen(ConfirmDialog(
+            f"Delete this message and the {later} that follow it (in every branch)?"), delete)
+
     def action_restore_chat(self) -> None:
         if self._deleted is None:
             self.notify("No chat was deleted since the app started", severity="warning")
@@ -95,6 +112,19 @@ class ChatActions:
         self._deleted = None
         self.call_later(self.open_chat, chat_id)
         self.notify("The chat is back")
+
+
+def following(messages: list, message_id: int) -> int:
+    """How many messages follow `message_id` in the chat's tree (every branch)."""
+    children: dict[int | None, list[int]] = {}
+    for message in messages:
+        children.setdefault(message.parent_id, []).append(message.id)
+    pending, count = [message_id], 0
+    while pending:
+        below = children.get(pending.pop(), [])
+        count += len(below)
+        pending += below
+    return count
 
 
 def restore_chat(store: ChatStore, chat, messages: list) -> int:
