@@ -75,7 +75,7 @@ def test_a_chat_past_the_context_drops_its_oldest_turns_and_refuse_keeps_the_pro
             used = stats["prompt_tokens"] + stats["completion_tokens"]
             assert app.chat_screen.query_one(StatusBar).context == (used, 1024)
 
-            await pilot.press("f11")  # this chat: refuse
+            await pilot.press("alt+o")  # this chat: refuse
             assert app.settings.overflow == "refuse"
             stored = len(app.store.messages(chat_id))
             prompt.value = "Far too long. " * 80

@@ -84,7 +84,7 @@ def overflow_text(tokens: int, context: int, max_tokens: int, why: str) -> str:
     head = (f"This message alone makes a prompt of {tokens} tokens" if why == "alone" else
             f"With this message the prompt would be {tokens} tokens")
     advice = {"refuse": "This chat's overflow policy is refuse: shorten the message, start a new "
-                        "chat (Ctrl+N), or choose drop oldest (F11).",
+                        "chat (Ctrl+N), or choose drop oldest (Alt+O).",
               "drop_oldest": "Shorten it or start a new chat (Ctrl+N)."}
     return (f"{head}; the pair's context of {context} leaves {room} after {max_tokens} max "
             f"tokens for the reply. {advice.get(why, advice['drop_oldest'])}")

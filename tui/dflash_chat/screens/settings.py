@@ -79,7 +79,7 @@ class SettingsScreen(Screen):
                 yield Select([(m, m) for m in THINKING_MODES], value=settings.thinking,
                              allow_blank=False, id="sel-thinking")
             with Horizontal(classes="row"):
-                yield Label("When a chat fills the context (F11: the open chat's)")
+                yield Label("When a chat fills the context (Alt+O: the open chat's)")
                 yield Select([(OVERFLOW_LABELS[p], p) for p in OVERFLOW_POLICIES],
                              value=settings.overflow, allow_blank=False, id="sel-overflow")
             with Horizontal(classes="row"):
