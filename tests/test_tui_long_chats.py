@@ -381,3 +381,18 @@ def test_a_selected_message_is_deleted_with_what_follows_it_in_every_branch(home
         await until(pilot, lambda: shown(app) == ["keep me", "kept"], "deleted")
         assert [m.content for m in app.store.all_messages(first.chat_id)] == ["keep me", "kept"]
     run_offline(scenario, WIDE)
+
+
+def test_a_search_hit_in_another_branch_opens_that_branch(home):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Two answers")
+    asked = store.add_message(chat.id, "user", "name a colour")
+    store.add_message(chat.id, "assistant", "turquoise")
+    store.add_message(chat.id, "assistant", "crimson", parent=asked.id)  # the branch shown
+    store.close()
+
+    async def scenario(app, pilot):
+        assert shown(app) == ["name a colour", "crimson"]
+        await pilot.press("ctrl+f", *"turquo", "enter")
+        await until(pilot, lambda: shown(app) == ["name a colour", "turquoise"], "its branch")
+    run_offline(scenario, WIDE)

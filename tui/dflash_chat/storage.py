@@ -42,6 +42,7 @@ class SearchHit:
     snippet: str  # the matching message, the match in [brackets]
     in_reasoning: bool = False  # the match is in a reply's reasoning, not in its answer
     marked: str = ""  # the snippet with each match between MATCH_OPEN and MATCH_CLOSE
+    message_id: int = 0  # the message it is in (any branch)
 
     def parts(self) -> list[tuple[str, bool]]:
         """The snippet as (text, is a match) runs: a bracket of the text itself stays text."""
@@ -174,7 +175,8 @@ class ChatStore:
             return []
         match = " ".join(f'"{word}"*' for word in words)  # quoted: no FTS5 syntax from users
         rows = self._db.execute(  # the chat with each hit, and a snippet of either column
-            "SELECT c.*, snippet(messages_fts, 0, :open, :close, '…', 8) AS answer_snip, "
+            "SELECT c.*, m.id AS message_id, "
+            "snippet(messages_fts, 0, :open, :close, '…', 8) AS answer_snip, "
             "snippet(messages_fts, 1, :open, :close, '…', 8) AS reasoning_snip "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             "JOIN chats c ON c.id = m.chat_id WHERE messages_fts MATCH :match "
@@ -369,7 +371,7 @@ def _search_hit(row: sqlite3.Row) -> SearchHit:
     in_reasoning = MATCH_OPEN not in row["answer_snip"]
     marked = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
     snippet = marked.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
-    return SearchHit(_chat(row), snippet, in_reasoning, marked)
+    return SearchHit(_chat(row), snippet, in_reasoning, marked, row["message_id"])
 
 
 def _message(row: sqlite3.Row) -> Message:
