@@ -51,6 +51,8 @@ def test_models_lists_the_loaded_pair(client):
     models = client.models.list().data
     assert [model.id for model in models] == ["tiny"]
     assert models[0].model_extra["dflash"]["drafter_block_size"] == 8
+    context = client.models.list().data[0].model_extra["dflash"]["max_context"]
+    assert isinstance(context, int) and context > 0  # the chat app's context meter reads it
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

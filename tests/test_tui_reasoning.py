@@ -145,13 +145,19 @@ def test_export_search_and_copy_see_the_reasoning_where_it_belongs(service_url, 
             search = app.screen
             assert isinstance(search, SearchScreen)
             hits = search.query_one(OptionList)
-            def hit() -> str:
-                return str(hits.get_option_at_index(0).prompt) if hits.option_count == 1 else ""
+            def hit() -> str:  # the words found shown as [word]: highlighted on the screen
+                if hits.option_count != 1:
+                    return ""
+                label = hits.get_option_at_index(0).prompt
+                return "".join(f"[{label.plain[span.start:span.end]}]"
+                               if "reverse" in str(span.style) else "" for span in label.spans
+                               ) + " " + label.plain
 
             search.query_one(Input).value = "greet"
-            await until(pilot, lambda: "in the reasoning: [Greet] back." in hit(), "reasoning hit")
+            await until(pilot, lambda: "[Greet]" in hit() and "in the reasoning: Greet back."
+                        in hit(), "reasoning hit")
             search.query_one(Input).value = "there"
-            await until(pilot, lambda: "Hello [there]!" in hit(), "answer hit")
+            await until(pilot, lambda: "[there]" in hit() and "Hello there!" in hit(), "answer hit")
             assert "in the reasoning" not in hit()
             await pilot.press("enter")
             await until(pilot, lambda: app.chat_screen.conversation.chat_id == chat_id, "opened")

@@ -71,11 +71,10 @@ def read_only_bind(path: Path) -> None:
 def fill(disk: Path) -> Path:
     """Write a file until the file system says it is full."""
     filler = disk / "filler"
-    with filler.open("wb") as out:
+    with filler.open("wb", buffering=0) as out:  # no buffer left to flush into a full disk
         try:
             while True:
                 out.write(b"\0" * 65536)
-                out.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return filler

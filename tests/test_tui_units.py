@@ -9,10 +9,11 @@ import tomllib
 
 import pytest
 from dflash_chat.actions import ACTIONS, check_keymap
+from dflash_chat.chat_text import export_markdown
 from dflash_chat.protocol import StreamChunk
 from dflash_chat.settings import Settings, dumps, load_settings, save_settings
 from dflash_chat.stats import LiveStats, race_verdict
-from dflash_chat.storage import ChatStore, export_markdown
+from dflash_chat.storage import ChatStore
 from dflash_chat.widgets.speed_panel import figures_text
 
 
@@ -358,7 +359,7 @@ def test_the_picker_shows_the_fit_and_the_engines_this_machine_cannot_run():
 # --- issue 35: titles, search, an older store, attachments, colours on rendered text ---
 
 def test_chat_titles_are_the_first_line_with_words():
-    from dflash_chat.storage import TITLE_CHARS, chat_title
+    from dflash_chat.chat_text import TITLE_CHARS, chat_title
 
     assert chat_title("\n  Fix this bug  \n```py\nx = 1\n```") == "Fix this bug"
     long = chat_title("word " * 40)
@@ -383,7 +384,7 @@ def test_search_finds_word_prefixes_across_chats_and_follows_edits(tmp_path):
 def test_a_store_an_older_app_wrote_gains_settings_and_search(tmp_path):
     import sqlite3
 
-    from dflash_chat.storage import SCHEMA
+    from dflash_chat.storage_schema import SCHEMA
 
     path = tmp_path / "chats.db"
     old = sqlite3.connect(path)
@@ -476,7 +477,7 @@ def test_the_picker_says_a_partial_download_is_incomplete():
 def test_a_store_whose_search_predates_reasoning_is_indexed_again_with_it(tmp_path):
     import sqlite3
 
-    from dflash_chat.storage import SCHEMA
+    from dflash_chat.storage_schema import SCHEMA
 
     path = tmp_path / "chats.db"
     old = sqlite3.connect(path)

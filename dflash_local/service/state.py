@@ -88,6 +88,7 @@ class LoadedPair:
                 "drafter_block_size": pair.drafter_block,
                 "default_block_size": self.default_block_size.request_value,
                 "draft_window": self.draft_window,
+                "max_context": self.engine.capabilities.max_context,  # the app's context meter
                 "adapt": self.recorder.status() if self.recorder else {"recording": False}}
 
 

@@ -258,6 +258,13 @@ class DFlashChatApp(App):
         self.catalog = message.pairs
         self.mutate_reactive(DFlashChatApp.settings)  # re-check the thinking warning
 
+    def loaded_context(self) -> int | None:
+        """The loaded pair's context in tokens (None: no pair, or a service that does not say)."""
+        return (self.status.get("loaded") or {}).get("max_context")
+
+    def served_model(self) -> str:
+        return (self.status.get("loaded") or {}).get("served_name") or ""
+
     def catalog_pair(self, pair_id: str | None) -> dict | None:
         return next((pair for pair in self.catalog if pair["id"] == pair_id), None)
 

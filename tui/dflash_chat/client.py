@@ -49,6 +49,18 @@ class DFlashClient:
     async def cancel_download(self, download_id: str) -> dict:
         return await self._request("DELETE", f"/dflash/downloads/{download_id}")
 
+    async def count_tokens(self, model: str, messages: list[dict],
+                           thinking: bool | None = None) -> int:
+        """The tokens of the prompt these chat messages make: the service's own count
+        (/v1/messages/count_tokens templates them as a generation would)."""
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        body: dict = {"model": model, "messages": [m for m in messages if m["role"] != "system"]}
+        if system:
+            body["system"] = system
+        if thinking is not None:
+            body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+        return (await self._request("POST", "/v1/messages/count_tokens", json=body))["input_tokens"]
+
     async def _request(self, method: str, path: str, timeout=httpx.USE_CLIENT_DEFAULT,
                        **kwargs) -> dict:
         try:

@@ -41,6 +41,7 @@ class SpeedSnapshot:
     ttft_s: float | None = None  # request sent to first token, on the client's clock
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, those a prefix cache served
+    cached_tier: str | None = None  # the prefix cache's tier that served them: "ram" or "disk"
     finish_reason: str | None = None  # "length": the reply hit max tokens
 
     @property
@@ -176,7 +177,7 @@ def final_snapshot(totals: dict) -> SpeedSnapshot:
         per_round=tuple((k, n) for k, n in enumerate(histogram) if n),
         prefill_s=totals.get("prefill_s"), block_size=totals.get("block_size", 1),
         engine=totals.get("engine", ""), final=True, ttft_s=totals.get("ttft_s"),
-        prompt_tokens=prompt, cached_tokens=cached,
+        prompt_tokens=prompt, cached_tokens=cached, cached_tier=totals.get("cached_tier"),
         finish_reason=totals.get("finish_reason"))
 
 

@@ -13,62 +13,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY,
-    title TEXT NOT NULL,
-    system_prompt TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-    content TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'done',
-    meta TEXT NOT NULL DEFAULT '{}',
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
-"""
-# a reply's reasoning, which its meta keeps, as a column the search can index (added by
-# _migrate to every store, new or older)
-REASONING_COLUMN = ("reasoning TEXT GENERATED ALWAYS AS (json_extract(meta, '$.reasoning')) "
-                    "VIRTUAL")
-# search over past chats: an external-content FTS5 index of the messages' content and
-# reasoning, kept by triggers
-SEARCH_SCHEMA = """
-CREATE VIRTUAL TABLE messages_fts USING fts5(content, reasoning, content='messages',
-                                             content_rowid='id');
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, content, reasoning) VALUES (new.id, new.content, new.reasoning);
-END;
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
-        VALUES ('delete', old.id, old.content, old.reasoning);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, meta ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
-        VALUES ('delete', old.id, old.content, old.reasoning);
-    INSERT INTO messages_fts(rowid, content, reasoning) VALUES (new.id, new.content, new.reasoning);
-END;
-INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
-"""
-# an index an older app built (content alone): dropped, then built again with the reasoning
-OLD_SEARCH_DROP = """
-DROP TRIGGER IF EXISTS messages_fts_insert;
-DROP TRIGGER IF EXISTS messages_fts_delete;
-DROP TRIGGER IF EXISTS messages_fts_update;
-DROP TABLE messages_fts;
-"""
+from dflash_chat.storage_schema import SCHEMA, migrate, run_script
+
 MATCH_OPEN, MATCH_CLOSE = "\x02", "\x03"  # snippet marks, shown as [ ]: no text holds them
-# blank lines inside: Markdown in the reasoning still renders where the block opens
-REASONING_DETAILS = "<details><summary>Reasoning</summary>\n\n{}\n\n</details>\n\n"
-TITLE_CHARS = 60
 SEARCH_LIMIT = 50
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
 DB_NAME = "chats.sqlite3"
+HEAD = -1  # a new message's parent: the last message of the branch shown
 BUSY_TIMEOUT_S = 10.0  # how long a write waits for another app's (a second instance's) to end
 WAL_RETRY_S = 0.01
 
@@ -81,6 +32,8 @@ class Chat:
     updated: float
     created: float = 0.0
     settings: dict = field(default_factory=dict)  # the pair and sampling it was last sent with
+    context_from: int = 0  # its messages before this id are left out of requests (overflow)
+    head_id: int | None = None  # the last message of the branch shown (None: the newest)
 
 
 @dataclass(frozen=True)
@@ -88,6 +41,16 @@ class SearchHit:
     chat: Chat
     snippet: str  # the matching message, the match in [brackets]
     in_reasoning: bool = False  # the match is in a reply's reasoning, not in its answer
+    marked: str = ""  # the snippet with each match between MATCH_OPEN and MATCH_CLOSE
+    message_id: int = 0  # the message it is in (any branch)
+
+    def parts(self) -> list[tuple[str, bool]]:
+        """The snippet as (text, is a match) runs: a bracket of the text itself stays text."""
+        runs: list[tuple[str, bool]] = []
+        for index, piece in enumerate(self.marked.split(MATCH_OPEN)):
+            match, _, rest = piece.partition(MATCH_CLOSE) if index else ("", "", piece)
+            runs += [(text, is_match) for text, is_match in ((match, True), (rest, False)) if text]
+        return runs
 
 
 @dataclass(frozen=True)
@@ -98,6 +61,14 @@ class Message:
     content: str
     status: str  # one of STATUSES
     meta: dict = field(default_factory=dict)  # speculative, stats, per-round acceptance, reasoning, error
+    parent_id: int | None = None  # the message it answers or follows (None: the chat's first)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    system_prompt: str
+    settings: dict  # a chat's own values (settings.CHAT_FIELDS)
 
 
 class StoreError(Exception):
@@ -136,8 +107,8 @@ class ChatStore:
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a killed process
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._tx():  # one writer at a time: two apps opening a new store at once
-            self._run_script(SCHEMA)
-            self._migrate()
+            run_script(self._db, SCHEMA)
+            migrate(self._db)
         # damage found now, where the app can set the file aside, not on some later send
         problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
@@ -160,33 +131,6 @@ class ChatStore:
                 if not busy or time.monotonic() > deadline:
                     raise
                 time.sleep(WAL_RETRY_S)
-
-    def _migrate(self) -> None:
-        """Bring a store an older app wrote up to this schema (columns added, the search built, or
-        built again to cover the reasoning). Runs inside the opening's write transaction, so
-        what it reads is still true when it writes."""
-        if "settings" not in self._columns("chats"):
-            self._db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
-        if "reasoning" not in self._columns("messages"):
-            self._db.execute(f"ALTER TABLE messages ADD COLUMN {REASONING_COLUMN}")
-        tables = {row["name"] for row in self._db.execute("SELECT name FROM sqlite_master")}
-        if "messages_fts" in tables and "reasoning" not in self._columns("messages_fts"):
-            self._run_script(OLD_SEARCH_DROP + SEARCH_SCHEMA)
-        elif "messages_fts" not in tables:
-            self._run_script(SEARCH_SCHEMA)
-
-    def _run_script(self, script: str) -> None:
-        """Statement by statement: executescript would COMMIT the transaction this runs in."""
-        statement = ""
-        for line in script.splitlines(keepends=True):
-            statement += line
-            if sqlite3.complete_statement(statement):  # a trigger's inner ";" does not end it
-                self._db.execute(statement)
-                statement = ""
-
-    def _columns(self, table: str) -> set[str]:
-        """A table's columns, generated ones included (table_info leaves those out)."""
-        return {row["name"] for row in self._db.execute(f"PRAGMA table_xinfo({table})")}
 
     def close(self) -> None:
         self._db.close()
@@ -219,6 +163,11 @@ class ChatStore:
             self._db.execute("UPDATE chats SET settings=? WHERE id=?",
                              (json.dumps(settings), chat_id))
 
+    def set_context_from(self, chat_id: int, message_id: int) -> None:
+        """Leave the chat's messages before `message_id` out of its requests (0: none)."""
+        with self._tx():
+            self._db.execute("UPDATE chats SET context_from=? WHERE id=?", (message_id, chat_id))
+
     def search(self, query: str, limit: int = SEARCH_LIMIT) -> list[SearchHit]:
         """Chats whose messages hold every word of `query` (as word prefixes), best first."""
         words = [w.replace('"', '""') for w in query.split()]
@@ -226,7 +175,8 @@ class ChatStore:
             return []
         match = " ".join(f'"{word}"*' for word in words)  # quoted: no FTS5 syntax from users
         rows = self._db.execute(  # the chat with each hit, and a snippet of either column
-            "SELECT c.*, snippet(messages_fts, 0, :open, :close, '…', 8) AS answer_snip, "
+            "SELECT c.*, m.id AS message_id, "
+            "snippet(messages_fts, 0, :open, :close, '…', 8) AS answer_snip, "
             "snippet(messages_fts, 1, :open, :close, '…', 8) AS reasoning_snip "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             "JOIN chats c ON c.id = m.chat_id WHERE messages_fts MATCH :match "
@@ -254,25 +204,32 @@ class ChatStore:
     # --- messages ---
 
     def add_message(self, chat_id: int, role: str, content: str, status: str = "done",
-                    meta: dict | None = None) -> Message:
+                    meta: dict | None = None, parent: int | None = HEAD) -> Message:
+        """A message after `parent` (HEAD: the branch shown; another: a new version of that
+        message's answer or follow-up); it becomes the end of the branch shown."""
         with self._tx():
-            return self._insert(chat_id, role, content, status, meta or {})
+            return self._insert(chat_id, role, content, status, meta or {}, parent)
 
-    def add_turn(self, chat_id: int, prompt: str, reply_meta: dict) -> tuple[Message, Message]:
+    def add_turn(self, chat_id: int, prompt: str, reply_meta: dict,
+                 parent: int | None = HEAD) -> tuple[Message, Message]:
         """A prompt and its reply to come (status "streaming") in one transaction: both or
         neither, so a refused write leaves no half turn."""
         with self._tx():
-            return (self._insert(chat_id, "user", prompt, "done", {}),
-                    self._insert(chat_id, "assistant", "", "streaming", reply_meta))
+            user = self._insert(chat_id, "user", prompt, "done", {}, parent)
+            return user, self._insert(chat_id, "assistant", "", "streaming", reply_meta, user.id)
 
-    def _insert(self, chat_id: int, role: str, content: str, status: str, meta: dict) -> Message:
+    def _insert(self, chat_id: int, role: str, content: str, status: str, meta: dict,
+                parent: int | None) -> Message:
         _check_status(status)
         now = time.time()
+        parent = self._head(chat_id) if parent == HEAD else parent
         cursor = self._db.execute(
-            "INSERT INTO messages (chat_id, role, content, status, meta, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (chat_id, role, content, status, json.dumps(meta), now))
-        self._db.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
-        return Message(cursor.lastrowid, chat_id, role, content, status, meta)
+            "INSERT INTO messages (chat_id, role, content, status, meta, created, parent_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, role, content, status, json.dumps(meta), now, parent))
+        self._db.execute("UPDATE chats SET updated=?, head_id=? WHERE id=?",
+                         (now, cursor.lastrowid, chat_id))
+        return Message(cursor.lastrowid, chat_id, role, content, status, meta, parent)
 
     def update_message(self, message_id: int, content: str, status: str,
                        meta: dict | None = None) -> None:
@@ -286,8 +243,53 @@ class ChatStore:
                                  (content, status, json.dumps(meta), message_id))
 
     def messages(self, chat_id: int) -> list[Message]:
+        """The branch shown: its last message and every one before it, oldest first."""
+        rows = self._db.execute(
+            "WITH RECURSIVE branch(id) AS (SELECT ? UNION ALL SELECT m.parent_id FROM messages m "
+            "JOIN branch ON m.id = branch.id WHERE m.parent_id IS NOT NULL) "
+            "SELECT messages.* FROM messages JOIN branch USING (id) ORDER BY id",
+            (self._head(chat_id),))
+        return [_message(row) for row in rows]
+
+    def all_messages(self, chat_id: int) -> list[Message]:
+        """Every message of every branch, oldest first."""
         rows = self._db.execute("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,))
         return [_message(row) for row in rows]
+
+    def _head(self, chat_id: int) -> int | None:
+        row = self._db.execute(
+            "SELECT COALESCE((SELECT m.id FROM chats c JOIN messages m ON m.id = c.head_id "
+            "WHERE c.id = :chat), (SELECT MAX(id) FROM messages WHERE chat_id = :chat))",
+            {"chat": chat_id}).fetchone()
+        return row[0]
+
+    def versions(self, chat_id: int) -> dict[int, tuple[int, int]]:
+        """For each message that has other versions (the answers or follow-ups of one parent):
+        (its place among them, how many), oldest first."""
+        siblings: dict[int | None, list[int]] = {}
+        for row in self._db.execute("SELECT id, parent_id FROM messages WHERE chat_id=? "
+                                    "ORDER BY id", (chat_id,)):
+            siblings.setdefault(row["parent_id"], []).append(row["id"])
+        return {message: (place, len(group)) for group in siblings.values() if len(group) > 1
+                for place, message in enumerate(group, 1)}
+
+    def versions_of(self, message_id: int) -> list[int]:
+        """The message and its other versions (the same parent's), oldest first."""
+        message = self.message(message_id)
+        return [row[0] for row in self._db.execute(
+            "SELECT id FROM messages WHERE chat_id=? AND parent_id IS ? ORDER BY id",
+            (message.chat_id, message.parent_id))]
+
+    def show_version(self, chat_id: int, message_id: int) -> None:
+        """Show the branch through `message_id`, to its newest end; what was left out of the
+        context is counted again on the next send."""
+        head = message_id
+        while (child := self._db.execute("SELECT MAX(id) FROM messages WHERE parent_id=?",
+                                         (head,)).fetchone()[0]) is not None:
+            head = child
+        with self._tx():
+            self._db.execute("UPDATE chats SET head_id=?, context_from=0 WHERE id=?",
+                             (head, chat_id))
 
     def message(self, message_id: int) -> Message:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
@@ -296,9 +298,33 @@ class ChatStore:
         return _message(row)
 
     def delete_messages_from(self, chat_id: int, message_id: int) -> None:
-        """Delete a message and every later one of its chat (regenerate, edit and resend)."""
+        """Delete a message and every one that follows it, in every branch (the branch shown
+        then ends before it)."""
         with self._tx():
-            self._db.execute("DELETE FROM messages WHERE chat_id=? AND id>=?", (chat_id, message_id))
+            parent = self._db.execute("SELECT parent_id FROM messages WHERE id=? AND chat_id=?",
+                                      (message_id, chat_id)).fetchone()
+            self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))  # cascades
+            self._db.execute("UPDATE chats SET head_id=? WHERE id=?",
+                             (parent[0] if parent else None, chat_id))
+
+    # --- presets: named system prompt and sampling, the user's ---
+
+    def save_preset(self, preset: Preset) -> None:
+        """Store it, or replace the one of that name."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO presets (name, system_prompt, settings, "
+                             "updated) VALUES (?, ?, ?, ?)", (preset.name, preset.system_prompt,
+                                                              json.dumps(preset.settings),
+                                                              time.time()))
+
+    def presets(self) -> list[Preset]:
+        rows = self._db.execute("SELECT * FROM presets ORDER BY name COLLATE NOCASE")
+        return [Preset(row["name"], row["system_prompt"], json.loads(row["settings"]))
+                for row in rows]
+
+    def delete_preset(self, name: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM presets WHERE name=?", (name,))
 
     def prompt_history(self, limit: int = 500) -> list[str]:
         """The user's prompts across chats, oldest first, without repeats in a row."""
@@ -309,28 +335,6 @@ class ChatStore:
             if not history or history[-1] != row["content"]:
                 history.append(row["content"])
         return history
-
-
-def chat_title(prompt: str) -> str:
-    """A new chat's title: the first line of its first prompt that has words."""
-    line = next((line.strip() for line in prompt.splitlines() if line.strip()), "New chat")
-    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"
-
-
-def export_markdown(chat: Chat, messages: list[Message]) -> str:
-    """A chat as a Markdown document: title, system prompt, then each turn; a reply's reasoning
-    comes before its answer, in a collapsed `<details>` block titled "Reasoning"."""
-    parts = [f"# {chat.title}\n"]
-    if chat.system_prompt:
-        parts.append(f"> System: {chat.system_prompt}\n")
-    for message in messages:
-        heading = "You" if message.role == "user" else "Assistant"
-        if message.status not in ("done", "streaming"):
-            heading += f" ({message.status})"
-        reasoning = message.meta.get("reasoning", "").strip()
-        details = REASONING_DETAILS.format(reasoning) if reasoning else ""
-        parts.append(f"## {heading}\n\n{details}{message.content}\n")
-    return "\n".join(parts)
 
 
 class _Transaction:
@@ -359,20 +363,20 @@ class _Transaction:
 
 def _chat(row: sqlite3.Row) -> Chat:
     return Chat(row["id"], row["title"], row["system_prompt"], row["updated"], row["created"],
-                json.loads(row["settings"]))
+                json.loads(row["settings"]), row["context_from"], row["head_id"])
 
 
 def _search_hit(row: sqlite3.Row) -> SearchHit:
     """The answer's snippet where a word matched there, else the reasoning's."""
     in_reasoning = MATCH_OPEN not in row["answer_snip"]
-    snippet = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
-    snippet = snippet.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
-    return SearchHit(_chat(row), snippet, in_reasoning)
+    marked = row["reasoning_snip"] if in_reasoning else row["answer_snip"]
+    snippet = marked.replace(MATCH_OPEN, "[").replace(MATCH_CLOSE, "]")
+    return SearchHit(_chat(row), snippet, in_reasoning, marked, row["message_id"])
 
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"],
-                   json.loads(row["meta"]))
+                   json.loads(row["meta"]), row["parent_id"])
 
 
 def _check_status(status: str) -> None:

@@ -3,20 +3,21 @@ speed panel on the right, the modes of the next message in the status bar."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
 from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
-from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.bindings import bindings_for
-from dflash_chat.screens.dialogs import ConfirmDialog, TextDialog
-from dflash_chat.settings import THINKING_MODES, Settings
+from dflash_chat.chat_text import distinct_title
+from dflash_chat.context_fit import POLICY_WORDS
+from dflash_chat.screens.chat_manage import ChatActions
+from dflash_chat.screens.chat_presets import PresetActions
+from dflash_chat.screens.chat_send import SendFlow
+from dflash_chat.settings import OVERFLOW_POLICIES, THINKING_MODES, Settings
 from dflash_chat.stats import SpeedSnapshot, final_snapshot
-from dflash_chat.storage import StoreError, chat_title, export_markdown
+from dflash_chat.storage import StoreError
 from dflash_chat.widgets.chat_list import ChatList
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.message import MessageView, code_blocks
@@ -25,7 +26,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
-class ChatScreen(Screen):
+class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS = bindings_for(CHAT)
     AUTO_FOCUS = "#prompt"
@@ -75,6 +76,9 @@ class ChatScreen(Screen):
         bar.service, bar.model = state, self.app.model_label
         bar.warning = self.app.thinking_warning()
         self.query_one(SpeedPanel).pair = self.app.model_label
+        last = self.conversation.last_view("assistant")  # the meter, once the context is known
+        if last is not None and not self.conversation.generating:
+            self._show_context(self._context_of(reply_snapshot(last.meta)))
 
     # --- chats ---
 
@@ -91,7 +95,9 @@ class ChatScreen(Screen):
 
     async def _open_new_chat(self, title: str) -> None:
         """Store a new chat with the values chosen for it so far (F2, Ctrl+T), then open it."""
-        chat = self.app.store.create_chat(title, self.app.settings.system_prompt)
+        taken = [chat.title for chat in self.app.store.chats()]
+        chat = self.app.store.create_chat(distinct_title(title, taken),
+                                          self.app.settings.system_prompt)
         self.app.store.set_chat_settings(chat.id, self.app.chat_settings())
         await self.open_chat(chat.id)
 
@@ -118,34 +124,6 @@ class ChatScreen(Screen):
 
     # --- sending ---
 
-    async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
-        conversation = self.conversation
-        if conversation.generating:  # the prompt stays in the field for after
-            self.notify("A reply is streaming: Esc stops it, then Enter sends this",
-                        severity="warning")
-            return
-        try:
-            text = expand_attachments(message.text, Path.cwd())
-        except AttachmentError as exc:
-            self.notify(str(exc), title="Not sent", severity="error")
-            return
-        try:
-            if conversation.chat_id is None:
-                await self._open_new_chat(chat_title(message.text))
-            if self._editing is not None:
-                await conversation.drop_from(self._editing)
-                self._editing = None
-            settings = self.app.settings
-            self.app.store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
-            await conversation.send(text, settings.sampling(), settings.speculative)
-        except StoreError as exc:  # a full disk: what was typed stays, to send again
-            self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
-                        title="Not sent", severity="error", timeout=30)
-            self.refresh_chat_list()
-            return
-        self.query_one(PromptInput).accept()
-        self.refresh_chat_list()
-
     def on_conversation_speed(self, message: Conversation.Speed) -> None:
         self._show_speed(message.snapshot)
 
@@ -153,6 +131,7 @@ class ChatScreen(Screen):
         """The panel's figures, and their compact line in the status bar (seen at every width)."""
         self.query_one(SpeedPanel).snapshot = snapshot
         self.query_one(StatusBar).speed = compact_speed_text(snapshot)
+        self._show_context(self._context_of(snapshot))
 
     def on_descendant_focus(self, event) -> None:
         """A reply selected: the panel shows its figures (the streaming one shows itself)."""
@@ -246,6 +225,12 @@ class ChatScreen(Screen):
         self.notify(f"Thinking {mode}" + (f": {warning}" if warning else ""),
                     severity="warning" if warning else "information")
 
+    def action_toggle_overflow(self) -> None:
+        policies = OVERFLOW_POLICIES
+        policy = policies[(policies.index(self.app.settings.overflow) + 1) % len(policies)]
+        self._set_chat_value(overflow=policy)
+        self.notify(f"When this chat's context is full, {POLICY_WORDS[policy]}")
+
     async def action_new_chat(self) -> None:
         await self.open_chat(None)
         self.query_one(PromptInput).focus()
@@ -256,21 +241,36 @@ class ChatScreen(Screen):
         if conversation.generating or last is None:
             return
         settings = self.app.settings
+        parent = self.app.store.message(last.message_id).parent_id  # the prompt it answers
+        await conversation.forget_from(last.message_id)  # stored still: ←/→ on the new reply
         try:
-            await conversation.drop_from(last.message_id)
-            await conversation.start_reply(settings.sampling(), settings.speculative)
+            await conversation.start_reply(settings.sampling(), settings.speculative, parent)
         except StoreError as exc:
             self._not_written(exc)
+            await conversation.show_chat(conversation.chat_id)
 
     def action_edit_last(self) -> None:
-        last = self.conversation.last_view("user")
-        if self.conversation.generating or last is None:
+        """The selected prompt, or the last: Enter sends the edit as a new version of it."""
+        focused = self.focused
+        chosen = focused if isinstance(focused, MessageView) and focused.role == "user" else None
+        chosen = chosen or self.conversation.last_view("user")
+        if self.conversation.generating or chosen is None:
             return
-        self._editing = last.message_id
+        self._editing = chosen.message_id
         prompt = self.query_one(PromptInput)
-        prompt.value = last.text
+        prompt.value = chosen.text
         prompt.focus()
-        self.notify("Editing the last prompt: Enter resends it (the old turn is replaced)")
+        self.notify("Editing this prompt: Enter sends it as a new version (the old one and its "
+                    "replies stay: ←/→ on it)")
+
+    async def on_conversation_branch_shown(self, message: Conversation.BranchShown) -> None:
+        self._editing = None
+        last = self.conversation.last_view("assistant")
+        self._show_speed(reply_snapshot(last.meta if last else {}))
+        shown = next((v for v in self.conversation.views() if v.message_id == message.message_id),
+                     None)
+        if shown is not None:
+            shown.focus()
 
     def _selected_view(self) -> MessageView | None:
         focused = self.focused
@@ -306,67 +306,6 @@ class ChatScreen(Screen):
         self.notify(f"Copied code block {index + 1} of {len(blocks)} ({len(blocks[index])} "
                     f"characters); {keys} again copies block {before + 1}")
 
-    def action_rename_chat(self) -> None:
-        if self.conversation.chat_id is not None:
-            self._rename_chat(self.conversation.chat_id)
-
-    def _rename_chat(self, chat_id: int) -> None:
-        store = self.app.store
-
-        def rename(title: str | None) -> None:
-            if title and title.strip() and self._write(store.rename_chat, chat_id, title.strip()):
-                self.refresh_chat_list()
-
-        self.app.push_screen(TextDialog("Rename chat", store.chat(chat_id).title), rename)
-
-    async def action_system_prompt(self) -> None:
-        store = self.app.store
-        if self.conversation.chat_id is None:
-            try:
-                await self._open_new_chat("New chat")
-            except StoreError as exc:
-                self._not_written(exc)
-                return
-        chat = store.chat(self.current_chat_id())
-
-        def save(prompt: str | None) -> None:
-            if prompt is not None and self._write(store.set_system_prompt, chat.id, prompt):
-                self.notify("System prompt saved (it applies from the next message)")
-
-        self.app.push_screen(TextDialog("System prompt for this chat", chat.system_prompt,
-                                        "You are a helpful assistant."), save)
-
-    def action_export_chat(self) -> None:
-        if self.conversation.chat_id is None:
-            return
-        store = self.app.store
-        chat = store.chat(self.current_chat_id())
-        path = export_path(self.app.data_dir, chat.id)
-        path.write_text(export_markdown(chat, store.messages(chat.id)), encoding="utf-8")
-        self.notify(f"Exported to {path}")
-
-    def action_delete_chat(self) -> None:
-        if self.conversation.chat_id is not None:
-            self._delete_chat(self.conversation.chat_id)
-
-    def _delete_chat(self, chat_id: int) -> None:
-        store = self.app.store
-        if chat_id == self.conversation.chat_id and self.conversation.generating:
-            self.notify("A reply is streaming in this chat: Esc stops it first", severity="warning")
-            return
-
-        async def delete(confirmed: bool | None) -> None:
-            if not confirmed:
-                return
-            if not self._write(store.delete_chat, chat_id):
-                return
-            if chat_id == self.conversation.chat_id:
-                await self.conversation.show_chat(None)
-            self.refresh_chat_list()
-
-        self.app.push_screen(ConfirmDialog(f"Delete the chat {store.chat(chat_id).title!r}?"),
-                             delete)
-
 
 NARROW_COLUMNS = 110  # below this the chat list and the speed panel step aside
 
@@ -382,9 +321,3 @@ def code_block_to_copy(copied: tuple[int, int, int] | None, message_id: int, cou
     if copied is None or copied[0] != message_id or copied[2] != count:
         return count - 1
     return (copied[1] - 1) % count
-
-
-def export_path(data_dir: Path, chat_id: int) -> Path:
-    folder = data_dir / "exports"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"chat-{chat_id}.md"

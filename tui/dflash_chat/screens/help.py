@@ -16,9 +16,11 @@ from dflash_chat.widgets.draft_colours import DRAFT_STYLE, LOOKUP_STYLE
 
 
 def help_rows(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(keys, what it does, action id) for every action, then the fixed keys."""
-    rows = [(key_label(effective_keys(spec, keymap)), spec.title, spec.id) for spec in ACTIONS]
-    return rows + [(keys, title, "") for keys, title in FIXED_KEYS]
+    """(keys, action id, what it does) for every action, then the fixed keys; several keys one
+    a line, so the id (what settings.toml's [keymap] names) keeps its width at 80 columns."""
+    rows = [(key_label(effective_keys(spec, keymap)), spec.id, spec.title) for spec in ACTIONS]
+    rows += [(keys, "", title) for keys, title in FIXED_KEYS]
+    return [(keys.replace(", ", "\n"), action, title) for keys, action, title in rows]
 
 
 class HelpScreen(ModalScreen[None]):
@@ -34,8 +36,9 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help"):
             yield Label("dflash-chat keys (change them in Settings, F6)", id="help-title")
             table = DataTable(cursor_type="row", zebra_stripes=True)
-            table.add_columns("Keys", "Action", "Id (settings.toml \\[keymap])")
-            table.add_rows(help_rows(self.keymap))
+            table.add_columns("Keys", "Id (\\[keymap])", "Action")
+            for row in help_rows(self.keymap):
+                table.add_row(*row, height=None)  # a key a line
             yield table
             yield Static(f"[{DRAFT_STYLE}]Tinted green[/] in a reply (F3): tokens the drafter "
                          f"proposed and the target accepted; [{LOOKUP_STYLE}]amber[/]: accepted "

@@ -20,7 +20,9 @@ from dflash_chat.protocol import PHASE_CALIBRATING, ServiceError
 LOAD_POLL_S = 1.0  # how often a pending load asks the service what it is doing
 
 COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 10), ("Downloaded", 10),
-           ("Thinking", 8), ("", 6))
+           ("Thinking", 8), ("Loaded", 6))
+SIZE_NOTES = {"?": "size: not known until the files are listed (d downloads)",
+              ">": "size: at least this (the target's alone; the drafter's is not known yet)"}
 
 
 MIN_COLUMN = 5
@@ -143,7 +145,7 @@ def pair_row(pair: dict) -> tuple:
     size, complete = pair_size_gb(pair)
     return (pair["id"], engines_label(pair), size_label(size, complete),
             fits_label(pair), downloaded_label(pair.get("available", {}), pair.get("incomplete")),
-            pair["thinking"], Text("loaded", style="bold green") if pair.get("loaded") else "")
+            pair["thinking"], Text("yes", style="bold green") if pair.get("loaded") else "")
 
 
 def drafter_label(pair: dict) -> str:
@@ -160,6 +162,9 @@ def pair_details(pair: dict) -> str:
              + (" | hybrid target" if pair.get("hybrid") else "")]
     if pair.get("notes"):
         lines.append(pair["notes"])
+    size = size_label(*pair_size_gb(pair))
+    if size[0] in SIZE_NOTES:
+        lines.append(SIZE_NOTES[size[0]])
     lines.extend(fit_details(pair))
     lines.append("Compatibility is checked from the configs before any weights download, and "
                  "again when loading.")
@@ -208,6 +213,7 @@ class PickerScreen(Screen):
         super().__init__()
         self.pairs: list[dict] = []
         self.download_id: str | None = None
+        self.download_pair: str | None = None  # the pair the download line is about
 
     def compose(self) -> ComposeResult:
         yield Static("Models: [b]l[/b] load, [b]d[/b] download, [b]c[/b] cancel, Esc back",
@@ -221,13 +227,19 @@ class PickerScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one(ProgressBar).display = False  # until a download starts
+        self._add_columns([])
+        self.query_one(DataTable).focus()
+        self.action_refresh()
+
+    def _add_columns(self, pairs: list[dict]) -> None:
+        """The pair column as wide as the longest id, where the screen has the room."""
         table = self.query_one(DataTable)
-        room = self.app.size.width - 2  # the table's scrollbar
-        widths = fitted_widths([width for _, width in COLUMNS], room)
+        table.clear(columns=True)
+        wanted = [width for _, width in COLUMNS]
+        wanted[0] = max([wanted[0], *(len(pair["id"]) for pair in pairs)])
+        widths = fitted_widths(wanted, self.app.size.width - 2)  # the table's scrollbar
         for (label, _), width in zip(COLUMNS, widths, strict=True):
             table.add_column(label, width=width)
-        table.focus()
-        self.action_refresh()
 
     def selected_pair(self) -> dict | None:
         table = self.query_one(DataTable)
@@ -253,7 +265,7 @@ class PickerScreen(Screen):
         row = table.cursor_row
         self.pairs = message.pairs
         self.app.catalog = message.pairs
-        table.clear()
+        self._add_columns(message.pairs)
         for pair in message.pairs:
             table.add_row(*pair_row(pair), key=pair["id"])
         if self.pairs:
@@ -262,13 +274,19 @@ class PickerScreen(Screen):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         pair = self.selected_pair()
         self.query_one("#details", Static).update(pair_details(pair) if pair else "")
+        # a finished download's line belongs under its own pair; a running one stays in view
+        status = self.query_one("#download-status", Static)
+        status.display = self.download_id is not None or (
+            pair is not None and pair["id"] == self.download_pair)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_load()
 
     def action_load(self) -> None:
         pair = self.selected_pair()
-        if pair is not None:
+        if pair is not None and pair.get("loaded"):
+            self.notify(f"{pair['id']} is already loaded", severity="warning")
+        elif pair is not None:
             self.query_one("#message", Static).update(f"Loading {pair['id']}...")
             self.app.service_state = f"loading {pair['id']}"
             self._load(pair["id"])
@@ -326,6 +344,8 @@ class PickerScreen(Screen):
     def action_download(self) -> None:
         pair = self.selected_pair()
         if pair is not None:
+            self.download_pair = pair["id"]
+            self.query_one("#download-status", Static).display = True
             self._download(pair["id"])
 
     @work(exclusive=True, group="picker-download")

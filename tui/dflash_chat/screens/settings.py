@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 
 from dflash_chat.actions import ACTIONS
-from dflash_chat.settings import THINKING_MODES, Settings
+from dflash_chat.settings import OVERFLOW_POLICIES, THINKING_MODES, Settings
 
 NUMBERS = (  # field, label, type
     ("temperature", "Temperature (0 = greedy)", float),
@@ -25,6 +25,7 @@ NUMBERS = (  # field, label, type
     ("block_size", "Block size (0 = the pair's default)", int),
     ("draft_window", "Draft window, context rows (0 = the pair's default)", int),
 )
+OVERFLOW_LABELS = {"drop_oldest": "drop the oldest turns", "refuse": "refuse the message"}
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it for the open chat)"),
     ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),
@@ -78,6 +79,10 @@ class SettingsScreen(Screen):
                 yield Select([(m, m) for m in THINKING_MODES], value=settings.thinking,
                              allow_blank=False, id="sel-thinking")
             with Horizontal(classes="row"):
+                yield Label("When a chat fills the context (Alt+O: the open chat's)")
+                yield Select([(OVERFLOW_LABELS[p], p) for p in OVERFLOW_POLICIES],
+                             value=settings.overflow, allow_blank=False, id="sel-overflow")
+            with Horizontal(classes="row"):
                 yield Label("Theme")
                 themes = sorted(self.app.available_themes)
                 yield Select([(t, t) for t in themes], value=settings.theme, allow_blank=False,
@@ -108,6 +113,7 @@ class SettingsScreen(Screen):
             numbers={name: self.query_one(f"#num-{name}", Input).value for name, _, _ in NUMBERS},
             switches={name: self.query_one(f"#sw-{name}", Switch).value for name, _ in SWITCHES},
             choices={"thinking": self.query_one("#sel-thinking", Select).value,
+                     "overflow": self.query_one("#sel-overflow", Select).value,
                      "theme": self.query_one("#sel-theme", Select).value},
             keys={spec.id: self.query_one(f"#key-{spec.id}", Input).value for spec in ACTIONS},
             system_prompt=self.query_one("#system-prompt", Input).value)

@@ -20,7 +20,7 @@ from textual.worker import Worker
 
 from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
 from dflash_chat.stats import LiveStats, SpeedSnapshot
-from dflash_chat.storage import ChatStore, StoreError
+from dflash_chat.storage import HEAD, ChatStore, StoreError
 from dflash_chat.storage import Message as StoredMessage
 from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.message import MessageView, describe
@@ -95,7 +95,14 @@ class Conversation(VerticalScroll):
         if chat_id is not None:
             views = [MessageView(m, self.show_accepted) for m in self.store.messages(chat_id)]
             await self.mount_all(views)
+            self.mark_left_out(self.store.chat(chat_id).context_from)
+            self.show_versions()
         self.call_after_refresh(self.scroll_end, animate=False)
+
+    def mark_left_out(self, context_from: int) -> None:
+        """The messages the overflow policy leaves out of requests: shown, and marked."""
+        for view in self.views():
+            view.left_out = view.message_id < context_from
 
     def views(self) -> list[MessageView]:
         return list(self.query(MessageView))
@@ -108,26 +115,52 @@ class Conversation(VerticalScroll):
         for view in self.views():
             view.show_accepted = show and view.role == "assistant"
 
-    async def drop_from(self, message_id: int) -> None:
-        """Delete a message and everything after it, in storage and on screen."""
-        assert self.chat_id is not None
-        self.store.delete_messages_from(self.chat_id, message_id)
+    async def forget_from(self, message_id: int) -> None:
+        """Take a message and those after it off the screen: a new version replaces them there
+        (the store keeps them, a branch of their own)."""
         await self.remove_children([v for v in self.views() if v.message_id >= message_id])
+
+    def show_versions(self) -> None:
+        assert self.chat_id is not None
+        versions = self.store.versions(self.chat_id)
+        for view in self.views():
+            view.version = versions.get(view.message_id)
+
+    async def on_message_view_version_requested(self, message: MessageView.VersionRequested) -> None:
+        """←/→ on a message with versions: show the branch through the one before or after."""
+        if self.generating or self.chat_id is None:
+            self.app.notify("A reply is streaming: Esc stops it first", severity="warning")
+            return
+        versions = self.store.versions_of(message.message_id)
+        target = versions[(versions.index(message.message_id) + message.step) % len(versions)]
+        self.store.show_version(self.chat_id, target)
+        await self.show_chat(self.chat_id)
+        self.post_message(self.BranchShown(target))
+
+    class BranchShown(Message):
+        """Another version is shown: the screen's panels follow, the view takes the focus."""
+
+        def __init__(self, message_id: int):
+            super().__init__()
+            self.message_id = message_id
 
     # --- generating ---
 
-    async def send(self, prompt: str, options: dict, speculative: bool) -> None:
-        """Store the prompt and its reply to come (StoreError: neither is), then stream it."""
+    async def send(self, prompt: str, options: dict, speculative: bool,
+                   parent: int | None = HEAD) -> None:
+        """Store the prompt (after `parent`: HEAD, the branch shown) and its reply to come
+        (StoreError: neither is), then stream it."""
         assert self.chat_id is not None and not self.generating
         user, reply = self.store.add_turn(self.chat_id, prompt,
-                                          {"speculative": speculative, "rounds": []})
+                                          {"speculative": speculative, "rounds": []}, parent)
         await self.mount(MessageView(user))
         await self._stream_into(reply, options, speculative)
 
-    async def start_reply(self, options: dict, speculative: bool) -> None:
+    async def start_reply(self, options: dict, speculative: bool,
+                          parent: int | None = HEAD) -> None:
         assert self.chat_id is not None and not self.generating
         meta = {"speculative": speculative, "rounds": []}
-        stored = self.store.add_message(self.chat_id, "assistant", "", "streaming", meta)
+        stored = self.store.add_message(self.chat_id, "assistant", "", "streaming", meta, parent)
         await self._stream_into(stored, options, speculative)
 
     async def _stream_into(self, stored: StoredMessage, options: dict, speculative: bool) -> None:
@@ -137,6 +170,7 @@ class Conversation(VerticalScroll):
         waiting = "" if self.app.service_ready.is_set() else " | waiting for the service"
         view.header = f"Assistant | {'speculative' if speculative else 'plain'} | ...{waiting}"
         await self.mount(view)
+        self.show_versions()
         view.start_stream()
         self.call_after_refresh(self.scroll_end, animate=False)
         self._reply = Reply(stored.id, view, LiveStats(speculative), meta)
@@ -146,12 +180,24 @@ class Conversation(VerticalScroll):
                                                                 "speculative": speculative})
 
     def request_messages(self) -> list[dict]:
-        assert self.chat_id is not None
+        return self.system_messages() + [{"role": m.role, "content": m.content}
+                                         for m in self.history()]
+
+    def system_messages(self) -> list[dict]:
+        if self.chat_id is None:
+            return []
         chat = self.store.chat(self.chat_id)
-        system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-        return system + [{"role": m.role, "content": m.content}
-                         for m in self.store.messages(self.chat_id)
-                         if m.content and m.status != "error"]
+        return [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+
+    def history(self, before: int | None = None) -> list[StoredMessage]:
+        """What a request sends of the chat (`before`: only messages older than that id): its
+        messages with text, none that failed, none the overflow policy left out."""
+        if self.chat_id is None:
+            return []
+        start = self.store.chat(self.chat_id).context_from
+        return [m for m in self.store.messages(self.chat_id)
+                if m.content and m.status != "error" and m.id >= start
+                and (before is None or m.id < before)]
 
     def stop(self) -> bool:
         if self._worker is None or not self.generating:

@@ -94,16 +94,22 @@ def colour_markdown(markdown: Markdown, text: str, rounds: list[list[int]],
     `painted` remembers what each block was given: a block still showing it is skipped (a
     streaming reply changes only its last blocks between paints)."""
     painted = WeakKeyDictionary() if painted is None else painted
+    # the block's rendered text (Textual keeps no public copy); nothing new: nothing computed
+    unpainted = [block for block in markdown.query(MarkdownBlock)
+                 if painted.get(block) is not block._content]
+    if not unpainted:
+        return
     styles = char_styles(text, rounds)
     line_starts = [0]
     for line in text.splitlines(keepends=True):
         line_starts.append(line_starts[-1] + len(line))
-    for block in markdown.query(MarkdownBlock):
-        content = block._content  # the block's rendered text (Textual keeps no public copy)
-        if painted.get(block) is content:
-            continue
+    for block in unpainted:
+        content = block._content
         first, last = block.source_range
-        if not content.plain or last <= first or last >= len(line_starts):
+        if not content.plain:  # nothing to paint on it until its content changes
+            painted[block] = content
+            continue
+        if last <= first or last >= len(line_starts):
             continue
         start, end = line_starts[first], line_starts[last]
         if isinstance(block, MarkdownFence):  # the code starts after the ``` line

@@ -17,17 +17,20 @@ A reasoning model's reasoning (a harmony target's analysis channel) streams into
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 from weakref import WeakKeyDictionary
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from dflash_chat.storage import Message
+from dflash_chat.storage import Message as StoredMessage
 from dflash_chat.widgets import widget_css
 from dflash_chat.widgets.draft_colours import PaintedFence, PaintedMarkdown, colour_markdown
 from dflash_chat.widgets.reasoning import (
@@ -38,6 +41,7 @@ from dflash_chat.widgets.reasoning import (
 )
 
 __all__ = ["MessageView", "code_blocks", "describe"]
+LEFT_OUT = "left out of the context (kept here)"
 PAINT_EVERY_S = 0.2  # a streaming reply's colours catch up this often
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 
@@ -88,8 +92,20 @@ class MessageView(Vertical, can_focus=True):
 
     show_accepted: reactive[bool] = reactive(False)
     header: reactive[str] = reactive("")
+    left_out: reactive[bool] = reactive(False)  # the overflow policy leaves it out of requests
+    version: reactive[tuple[int, int] | None] = reactive(None)  # (which, of how many versions)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left", "version(-1)", "Earlier version", show=False),
+        Binding("right", "version(1)", "Later version", show=False),
+    ]
 
-    def __init__(self, message: Message, show_accepted: bool = False):
+    class VersionRequested(Message):
+        def __init__(self, message_id: int, step: int):
+            super().__init__()
+            self.message_id = message_id
+            self.step = step
+
+    def __init__(self, message: StoredMessage, show_accepted: bool = False):
         super().__init__(classes=f"-{message.role}")
         self.message_id = message.id
         self.role = message.role
@@ -104,7 +120,7 @@ class MessageView(Vertical, can_focus=True):
         self.set_reactive(MessageView.header, describe(message))
 
     def compose(self) -> ComposeResult:
-        yield Static(self.header, classes="header", markup=False)
+        yield Static(self._header_text(), classes="header", markup=False)
         if self.reasoning:
             yield ReasoningBlock(self.reasoning, collapsed=True)
         if self.role == "user":  # the user's words as written: code keeps its indentation
@@ -122,9 +138,24 @@ class MessageView(Vertical, can_focus=True):
         """The "Reasoning" block, None while the reply has no reasoning."""
         return reasoning_block_in(self)
 
-    def watch_header(self, header: str) -> None:
+    def _header_text(self) -> str:
+        version = f" | ‹ version {self.version[0]}/{self.version[1]} › (←/→)" if self.version else ""
+        return self.header + version + (f" | {LEFT_OUT}" if self.left_out else "")
+
+    def watch_version(self) -> None:
+        self.watch_header()
+
+    def action_version(self, step: int) -> None:
+        if self.version is not None:
+            self.post_message(self.VersionRequested(self.message_id, step))
+
+    def watch_header(self) -> None:
         if self.is_mounted:
-            self.query_one(".header", Static).update(header)
+            self.query_one(".header", Static).update(self._header_text())
+
+    def watch_left_out(self, left_out: bool) -> None:
+        self.set_class(left_out, "-left-out")
+        self.watch_header()
 
     async def watch_show_accepted(self, show: bool) -> None:
         if not self.is_mounted or self._stream is not None:
@@ -184,7 +215,7 @@ class MessageView(Vertical, can_focus=True):
             await self.body.update(self.text)
 
 
-def describe(message: Message) -> str:
+def describe(message: StoredMessage) -> str:
     """The header line: who, and for a reply its mode and figures."""
     if message.role == "user":
         return "You"
@@ -195,6 +226,9 @@ def describe(message: Message) -> str:
         if meta.get("speculative", True):
             parts.append(f"tau {stats.get('tau', 0.0):.2f}")
         parts.append(f"{stats.get('decode_tokens_per_s', 0.0):.1f} tok/s")
+        if stats.get("cached_tokens"):  # the prefix cache served the prompt's start
+            tier = stats.get("cached_tier")
+            parts.append(f"{stats['cached_tokens']} cached" + (f" ({tier})" if tier else ""))
     if stats.get("finish_reason") == "length":
         parts.append("max tokens reached")
     if message.status not in ("done", "streaming"):

@@ -14,6 +14,8 @@ from dflash_chat.stats import SpeedSnapshot
 from dflash_chat.widgets import widget_css
 
 BAR_WIDTH = 14
+# the prefix cache's tier that served the prompt's start (disk: outlived RAM, or a restart)
+TIER_WORDS = {"ram": "from the RAM cache", "disk": "from the disk cache"}
 
 
 def histogram_text(per_round: tuple[tuple[int, int], ...], width: int = BAR_WIDTH) -> Text:
@@ -48,6 +50,8 @@ def figures_text(snap: SpeedSnapshot) -> Text:
         text.append(f"{snap.prefill_s * 1000:8.0f} ms prefill\n")
     if snap.cached_tokens is not None and snap.prompt_tokens:
         text.append(f"{snap.cached_tokens:8d}/{snap.prompt_tokens} prompt tokens cached\n")
+        if snap.cached_tokens and snap.cached_tier in TIER_WORDS:
+            text.append(f"{'':9}{TIER_WORDS[snap.cached_tier]}\n")
     return text
 
 

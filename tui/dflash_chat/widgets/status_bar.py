@@ -9,10 +9,12 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from dflash_chat.context_fit import WARN_AT, meter_text
 from dflash_chat.protocol import PHASE_CALIBRATING, PHASE_IMPORTING, PHASE_ONCE
 from dflash_chat.widgets import widget_css
 
 DOWN_STATES = ("service stopped", "service failed", "error")
+FULL_AT = 0.95  # the meter turns red: the next turn overflows the context
 
 
 class StatusBar(Widget):
@@ -25,6 +27,7 @@ class StatusBar(Widget):
     show_accepted: reactive[bool] = reactive(True)
     warning: reactive[str] = reactive("")
     speed: reactive[str] = reactive("")  # compact_speed_text of the reply the panel shows
+    context: reactive[tuple[int, int] | None] = reactive(None)  # (the chat's tokens, the pair's)
     busy_since: reactive[float | None] = reactive(None)  # set while the service is not ready
 
     def on_mount(self) -> None:
@@ -53,6 +56,11 @@ class StatusBar(Widget):
         text.append(f" {state} ", style=style)
         if self.speed:
             text.append(f" {self.speed} ", style="bold")
+        if self.context is not None:
+            tokens, context = self.context
+            full = tokens / context
+            style = "bold red" if full >= FULL_AT else "bold yellow" if full >= WARN_AT else ""
+            text.append(f" {meter_text(tokens, context)} ", style=style)
         if self.model:
             text.append(f" {self.model} ")
         text.append(" | ")

@@ -1,0 +1,101 @@
+"""A conversation against the loaded pair's context: the meter's words, and the overflow policy
+applied before a send.
+
+Boundary: no Textual, no HTTP. The prompt's tokens are the service's own count (a `count`
+callable the caller binds to /v1/messages/count_tokens); a reply needs `max_tokens` of room
+after the prompt, so the prompt's budget is the context less max_tokens. Turns are only ever
+left out of the request: the chat keeps every message, and the app marks those left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+# dropping turns goes this far below the budget, so the next sends keep the same first turn
+# (and the prefix cache its start) instead of dropping one more turn every time
+TRIM_TO = 0.75
+WARN_AT = 0.8  # the meter turns yellow, and the app says once what overflow will do
+POLICY_WORDS = {"drop_oldest": "the oldest turns are left out (the system prompt stays)",
+                "refuse": "a message that does not fit is refused"}
+
+Count = Callable[[list[dict]], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class HistoryMessage:
+    id: int
+    role: str  # "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    tokens: int  # the prompt's tokens as it will be sent
+    context: int
+    first_kept: int | None  # the first history message sent, when this fit left turns out
+    dropped: int = 0  # history messages this fit left out
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens / self.context if self.context else 0.0
+
+
+class ContextOverflow(Exception):
+    """The message cannot be sent under the chat's policy; the text says by how much and what
+    the user can do."""
+
+
+async def fit_history(count: Count, system: list[dict], history: list[HistoryMessage],
+                      prompt: str, context: int, max_tokens: int, policy: str) -> ContextFit:
+    """The shortest cut of `history` (whole turns from the oldest, none if it fits) that leaves
+    room for the prompt and a reply of `max_tokens`, under `policy` (OVERFLOW_POLICIES)."""
+    budget = context - max_tokens
+    # where a cut may fall: before a later turn's prompt, or after the whole history
+    cuts = [i for i, message in enumerate(history) if message.role == "user" and i] + [len(history)]
+
+    async def tokens_from(cut: int) -> int:
+        kept = [{"role": m.role, "content": m.content} for m in history[cut:]]
+        return await count(system + kept + [{"role": "user", "content": prompt}])
+
+    whole = await tokens_from(0)
+    if whole <= budget:
+        return ContextFit(whole, context, None)
+    if policy == "refuse":
+        raise ContextOverflow(overflow_text(whole, context, max_tokens, policy))
+    alone = whole if not history else await tokens_from(len(history))
+    if alone > budget:
+        raise ContextOverflow(overflow_text(alone, context, max_tokens, "alone"))
+    low, high, counted = 0, len(cuts) - 1, {len(cuts) - 1: alone}
+    if alone <= budget * TRIM_TO:  # the first cut that leaves the trimmed room (counts fall)
+        while low < high:
+            middle = (low + high) // 2
+            counted[middle] = await tokens_from(cuts[middle])
+            low, high = (low, middle) if counted[middle] <= budget * TRIM_TO else (middle + 1, high)
+    cut = cuts[high]
+    tokens = counted[high] if high in counted else await tokens_from(cut)
+    # every message from first_kept on is sent: past the whole history, only the new prompt
+    first_kept = history[cut].id if cut < len(history) else history[-1].id + 1
+    return ContextFit(tokens, context, first_kept, dropped=cut)
+
+
+def overflow_text(tokens: int, context: int, max_tokens: int, why: str) -> str:
+    room = context - max_tokens
+    head = (f"This message alone makes a prompt of {tokens} tokens" if why == "alone" else
+            f"With this message the prompt would be {tokens} tokens")
+    advice = {"refuse": "This chat's overflow policy is refuse: shorten the message, start a new "
+                        "chat (Ctrl+N), or choose drop oldest (Alt+O).",
+              "drop_oldest": "Shorten it or start a new chat (Ctrl+N)."}
+    return (f"{head}; the pair's context of {context} leaves {room} after {max_tokens} max "
+            f"tokens for the reply. {advice.get(why, advice['drop_oldest'])}")
+
+
+def meter_text(tokens: int | None, context: int | None) -> str:
+    """The status bar's meter: the conversation's tokens over the pair's context."""
+    if not context or tokens is None:
+        return ""
+    return f"ctx {_short(tokens)}/{_short(context)} {tokens / context:.0%}"
+
+
+def _short(count: int) -> str:
+    return f"{count / 1000:.1f}k" if count >= 1000 else str(count)

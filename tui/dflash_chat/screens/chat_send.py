@@ -1,0 +1,152 @@
+"""The chat screen's send: a prompt checked against the loaded pair's context under the chat's
+overflow policy (context_fit.py), then stored and streamed; and the context meter.
+
+A worker asks the service to count the request (the service's own template and tokenizer) and
+posts the fit or the refusal; the handlers store and send, or keep the prompt in its field and
+say why. Without a service that counts (not ready yet, or a served engine without a tokenizer)
+the prompt is sent as it is and the service's own check answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from textual import work
+from textual.message import Message
+
+from dflash_chat.attachments import AttachmentError, expand_attachments
+from dflash_chat.chat_text import chat_title
+from dflash_chat.context_fit import (
+    POLICY_WORDS,
+    WARN_AT,
+    ContextFit,
+    ContextOverflow,
+    HistoryMessage,
+    fit_history,
+)
+from dflash_chat.protocol import ServiceError
+from dflash_chat.stats import SpeedSnapshot
+from dflash_chat.storage import HEAD, StoreError
+from dflash_chat.widgets.prompt_input import PromptInput
+from dflash_chat.widgets.status_bar import StatusBar
+
+log = logging.getLogger("dflash_chat")
+
+
+class SendFlow:
+    """Mixed into ChatScreen (which owns the conversation, the prompt and `_editing`)."""
+
+    _sent_tokens: int | None = None  # the prompt's tokens of the reply streaming now
+    _warned_chat: int | None = None  # the chat told that it nears its context
+
+    class PromptFitted(Message):
+        def __init__(self, text: str, typed: str, fit: ContextFit | None):
+            super().__init__()
+            self.text, self.typed, self.fit = text, typed, fit  # fit None: not counted
+
+    class PromptRefused(Message):
+        def __init__(self, reason: str):
+            super().__init__()
+            self.reason = reason
+
+    async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
+        if self.conversation.generating:  # the prompt stays in the field for after
+            self.notify("A reply is streaming: Esc stops it, then Enter sends this",
+                        severity="warning")
+            return
+        try:
+            text = expand_attachments(message.text, Path.cwd())
+        except AttachmentError as exc:
+            self.notify(str(exc), title="Not sent", severity="error")
+            return
+        if self.app.service_ready.is_set() and self.app.loaded_context():
+            self._fit_prompt(text, message.text)
+        else:
+            await self._send(text, message.text, None)
+
+    @work(exclusive=True, group="fit")
+    async def _fit_prompt(self, text: str, typed: str) -> None:
+        app, conversation, settings = self.app, self.conversation, self.app.settings
+        history = [HistoryMessage(m.id, m.role, m.content)
+                   for m in conversation.history(before=self._editing)]
+        thinking = settings.sampling().get("thinking")
+
+        async def count(messages: list[dict]) -> int:
+            return await app.client.count_tokens(app.served_model(), messages, thinking)
+
+        try:
+            fit = await fit_history(count, conversation.system_messages(), history, text,
+                                    app.loaded_context(), settings.max_tokens, settings.overflow)
+        except ContextOverflow as exc:
+            self.post_message(self.PromptRefused(str(exc)))
+            return
+        except ServiceError as exc:  # no count (a served engine): the service's check answers
+            log.info("the prompt was not counted: %s", exc.message)
+            fit = None
+        self.post_message(self.PromptFitted(text, typed, fit))
+
+    def on_send_flow_prompt_refused(self, message: PromptRefused) -> None:
+        self.notify(message.reason, title="Not sent: it does not fit", severity="error",
+                    timeout=30)
+
+    async def on_send_flow_prompt_fitted(self, message: PromptFitted) -> None:
+        await self._send(message.text, message.typed, message.fit)
+
+    async def _send(self, text: str, typed: str, fit: ContextFit | None) -> None:
+        conversation, store = self.conversation, self.app.store
+        try:
+            if conversation.chat_id is None:  # stored with the values it is sent with
+                await self._open_new_chat(chat_title(typed))
+            else:
+                store.set_chat_settings(conversation.chat_id, self.app.chat_settings())
+            parent = HEAD
+            if self._editing is not None:  # a new version of that prompt: the old one stays
+                parent = store.message(self._editing).parent_id
+            if fit is not None and fit.first_kept is not None:
+                store.set_context_from(conversation.chat_id, fit.first_kept)
+            settings = self.app.settings
+            if self._editing is not None:
+                await conversation.forget_from(self._editing)
+            await conversation.send(text, settings.sampling(), settings.speculative, parent)
+        except StoreError as exc:  # a full disk: what was typed stays, to send again
+            self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
+                        title="Not sent", severity="error", timeout=30)
+            if conversation.chat_id is not None:  # what an edit took off the screen
+                await conversation.show_chat(conversation.chat_id)
+            self.refresh_chat_list()
+            return
+        self._editing = None
+        self.query_one(PromptInput).accept()
+        self.refresh_chat_list()
+        if fit is not None:
+            self._sent_tokens = fit.tokens
+            self._show_context(fit.tokens)
+            if fit.first_kept is not None:
+                self._say_left_out(fit)
+
+    def _say_left_out(self, fit: ContextFit) -> None:
+        self.conversation.mark_left_out(fit.first_kept)
+        self.notify(f"{fit.dropped} earlier messages are left out of the context to make room "
+                    f"(overflow policy: drop oldest); they stay in the chat, dimmed.",
+                    title="Context full", severity="warning", timeout=15)
+
+    def _show_context(self, tokens: int | None) -> None:
+        """The meter; the first time a chat passes WARN_AT, what its overflow policy will do."""
+        context = self.app.loaded_context()
+        self.query_one(StatusBar).context = (tokens, context) if tokens and context else None
+        chat_id = self.conversation.chat_id
+        if tokens and context and tokens >= WARN_AT * context and self._warned_chat != chat_id:
+            self._warned_chat = chat_id
+            policy = self.app.settings.overflow
+            self.notify(f"This chat fills {tokens / context:.0%} of the context; when it is full, "
+                        f"{POLICY_WORDS[policy]}.", title="Context nearly full",
+                        severity="warning", timeout=10)
+
+    def _context_of(self, snapshot: SpeedSnapshot) -> int | None:
+        """The conversation's tokens once this reply is in it (live: the prompt as counted)."""
+        if snapshot.prompt_tokens is not None:
+            return snapshot.prompt_tokens + snapshot.tokens
+        if snapshot.live and self._sent_tokens is not None:
+            return self._sent_tokens + snapshot.tokens
+        return None
