@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_local.bench import cli as bench_cli
 from dflash_local.cli import cache as cache_cli
 from dflash_local.cli import flags
+from dflash_local.cli import launch as launch_cli
 from dflash_local.cli.options import quiet_frameworks
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(commands)
     _add_trace(commands)
     cache_cli.add_parser(commands)
+    launch_cli.add_parser(commands)
     return parser
 
 
