@@ -55,9 +55,17 @@ def add_parser(commands) -> argparse.ArgumentParser:
     launch.add_argument("--server", metavar="URL",
                         help=f"attach to a running service (its key: ${API_KEY_ENV})")
     flags.add_engine_flag(launch, [LOCAL])
-    launch.add_argument("client_args", nargs="*", metavar="-- ARGS", help="the agent's own arguments")
-    launch.set_defaults(handler=run_launch)
+    launch.set_defaults(handler=run_launch, client_args=[])
     return launch
+
+
+def split_client_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`launch ... -- ARGS`: (what our parser reads, the client's ARGS). Split before argparse,
+    which would read the client's own options (`-c`, `--model`) as ours."""
+    if argv[:1] == ["launch"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
 
 
 def run_launch(args: argparse.Namespace) -> int:

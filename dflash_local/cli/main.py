@@ -35,7 +35,10 @@ EXIT_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, client_args = launch_cli.split_client_args(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    if client_args:
+        args.client_args = client_args
     try:
         return args.handler(args)
     except DFlashError as exc:
