@@ -1,0 +1,252 @@
+"""Claude Code, Codex and opencode, installed from npm, each through `dflash-local launch
+--server` against the real service on a tiny tool-calling target: one streamed turn in which the
+model calls one of the client's own tools, the client runs it and sends the result back, and the
+model answers. Speculative output is checked equal to plain on every prompt the client sent.
+
+    scripts/agent_clients.py [--clients claude,codex,opencode] [--work DIR]
+
+Per client, three passes through the real service (tests/agent_tiny.py's Hermes template):
+1. record: the engine's stream is scripted (the call, then the answer, "OK" to side requests),
+   so the client's own prompts (system prompt, default tools, its tool's result) are recorded;
+2. train: a tokenizer with each recorded paragraph and line as one token (a 70k-character agent
+   prompt becomes a few hundred tokens), and a tiny Qwen3 trained to write each scripted reply;
+3. run: the trained target, speculative (block 8), answers the client for real.
+Prints one JSON line per client: its passes' seconds, prompt sizes, the tool result sent back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+NPM_PACKAGES = ("@anthropic-ai/claude-code", "@openai/codex", "opencode-ai")
+QUESTION = "What do the notes say? Read notes.txt."
+NOTES = "the launch works"
+ANSWER = "The notes say: the launch works."
+SIDE_REPLY = "OK"
+CLIENT_TIMEOUT_S = 600
+RESULT = re.compile(r"<tool_response>\n.*?\n</tool_response>", re.DOTALL)
+
+
+def tool_call(client: str, work: Path) -> tuple[str, dict]:
+    """The client's own tool the model calls, with its arguments."""
+    if client == "claude":
+        return "Read", {"file_path": str(work / "notes.txt")}
+    if client == "codex":
+        return "exec_command", {"cmd": "cat notes.txt"}
+    return "read", {"filePath": str(work / "notes.txt")}
+
+
+def client_args(client: str) -> list[str]:
+    if client == "claude":
+        return ["-p", QUESTION, "--output-format", "stream-json", "--verbose"]
+    if client == "codex":
+        return ["exec", "--skip-git-repo-check", "--json", QUESTION]
+    return ["run", "--format", "json", QUESTION]
+
+
+def install(npm_dir: Path) -> Path:
+    bin_dir = npm_dir / "node_modules" / ".bin"
+    if not all((bin_dir / name).exists() for name in ("claude", "codex", "opencode")):
+        subprocess.run(["npm", "install", "--prefix", str(npm_dir), *NPM_PACKAGES], check=True)
+    return bin_dir
+
+
+def scripted_reply(prompt_text: str, call_text: str) -> str:
+    if "<tool_response>" in prompt_text:
+        return ANSWER
+    return call_text if QUESTION in prompt_text and "<tools>" in prompt_text else SIDE_REPLY
+
+
+class Recorder:
+    """Wraps the loaded engine's stream: records each prompt, and either scripts the reply
+    (record pass) or lets the real engine answer (run pass), recording its tokens."""
+
+    def __init__(self, engine, call_text: str | None):
+        self.engine, self.call_text = engine, call_text
+        self.real_stream = engine.stream
+        self.prompts: list[list[int]] = []
+        self.replies: list[list[int]] = []
+        engine.stream = self.stream
+
+    def stream(self, prompt_ids, params):
+        from dflash_local.events import StepEvent
+
+        self.prompts.append(list(prompt_ids))
+        self.replies.append([])
+        if self.call_text is None:
+            for event in self.real_stream(prompt_ids, params):
+                self.replies[-1].extend(event.token_ids)
+                yield event
+            return
+        tokenizer = self.engine.tokenizer
+        text = scripted_reply(tokenizer.decode(prompt_ids), self.call_text)
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        self.replies[-1] = ids
+        yield StepEvent(token_ids=tuple(ids), text=text, prompt_tokens=len(prompt_ids),
+                        finish_reason="stop", mode="plain")
+
+
+def start(target: Path, drafter: Path, block_size, api_key: str):
+    from service_support import torch_loader
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.server import BackgroundServer
+    from dflash_local.service.state import ServiceState
+
+    state = ServiceState(loader=torch_loader, api_key=api_key)
+    state.load("transformers", target, drafter, served_name="tiny-agent", block_size=block_size)
+    return state, BackgroundServer(create_app(state)).start()
+
+
+def run_client(client: str, bin_dir: Path, url: str, api_key: str, work: Path, log: Path) -> dict:
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "DFLASH_LOCAL_API_KEY": api_key, "PYTHONPATH": str(REPO), "PWD": str(work),
+           "HOME": str(work / "home"), "XDG_CONFIG_HOME": str(work / "home" / ".config")}
+    command = [sys.executable, "-m", "dflash_local.cli.main", "launch", client, "--server", url,
+               "--", *client_args(client)]
+    started = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(command, check=False, cwd=work, env=env, stdout=out,
+                              stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=CLIENT_TIMEOUT_S)
+    return {"exit": done.returncode, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def added_tokens(texts: list[str]) -> list[str]:
+    """Each paragraph and each line of the recorded prompts, longest first (one token each)."""
+    pieces = {piece for text in texts for part in text.split("\n\n")
+              for piece in (part, *part.split("\n")) if len(piece) >= 8}
+    return sorted(pieces, key=len, reverse=True)
+
+
+def with_other_results(texts: list[str], replies: list[str], copies: int = 6):
+    """Each prompt with a tool result, again with random text as the result: a result that
+    differs from run to run (codex's chunk id and wall time) still gets the answer."""
+    rng = random.Random(0)
+    alphabet = string.ascii_letters + string.digits + " :.\n"
+    for text, reply in zip(texts, replies, strict=True):
+        yield text, reply
+        if "<tool_response>" not in text:
+            continue
+        for _ in range(copies):
+            noise = "".join(rng.choice(alphabet) for _ in range(rng.randrange(8, 160)))
+            yield RESULT.sub(f"<tool_response>\n{noise}\n</tool_response>", text), reply
+
+
+def build_target(out: Path, texts: list[str], replies: list[str]) -> Path:
+    """agent_tiny's tokenizer plus the recorded pieces, and a tiny Qwen3 trained to write each
+    reply after its prompt (the prompts as the service renders them: the recorded texts)."""
+    from agent_tiny import make_tokenizer, train_target
+    from tokenizers import AddedToken
+
+    tokenizer = make_tokenizer(out)
+    tokenizer.add_tokens([AddedToken(piece, special=False, normalized=False)
+                          for piece in added_tokens(texts)])
+    tokenizer.save_pretrained(out)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    examples = [(tokenizer.encode(text, add_special_tokens=False),
+                 tokenizer.encode(reply, add_special_tokens=False) + [end])
+                for text, reply in with_other_results(texts, replies)]
+    return train_target(out, tokenizer, examples, max_positions=262144)
+
+
+def one_client(client: str, bin_dir: Path, root: Path) -> dict:
+    import tiny_models
+    from agent_tiny import AGENT_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+    from dflash_local.events import parse_block_size
+
+    work = root / client
+    (work / "home").mkdir(parents=True, exist_ok=True)
+    (work / "notes.txt").write_text(NOTES + "\n")
+    # a project of its own: opencode asks before it reads outside one (and -p cannot answer)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    name, arguments = tool_call(client, work)
+    call_text = TOOL_CALL_OPEN + json.dumps({"name": name, "arguments": arguments}) + TOOL_CALL_CLOSE
+    report: dict = {"client": client, "tool": name}
+    # 1. record, on an untrained target with the byte tokenizer: text in, text out
+    blank = root / f"{client}-blank"
+    tokenizer = tiny_models.make_tokenizer(blank)
+    tokenizer.chat_template = AGENT_TEMPLATE
+    tokenizer.save_pretrained(blank)
+    _untrained(blank, len(tokenizer))
+    drafter = tiny_models.make_drafter(root / f"{client}-blank-drafter", blank, block_size=8)
+    state, server = start(blank, drafter, parse_block_size(1), "k")
+    recorder = Recorder(state.loaded.engine, call_text)
+    report["record"] = run_client(client, bin_dir, server.url, "k", work, root / f"{client}-record.log")
+    server.stop()
+    texts = [tokenizer.decode(ids) for ids in recorder.prompts]
+    replies = [tokenizer.decode(ids[:-1]) for ids in recorder.replies]
+    (root / f"{client}-prompts.json").write_text(json.dumps(texts))  # its prompts, rendered
+    report["requests"] = len(texts)
+    report["prompt_chars"] = [len(text) for text in texts]
+    report["result_sent_back"] = any("<tool_response>" in text for text in texts)
+    # 2. train
+    started = time.perf_counter()
+    target = build_target(root / f"{client}-target", texts, replies)
+    drafter = tiny_models.make_drafter(root / f"{client}-drafter", target, block_size=8)
+    report["train_seconds"] = round(time.perf_counter() - started, 1)
+    # 3. run, speculative, on the trained target
+    state, server = start(target, drafter, parse_block_size(8), "k")
+    engine = state.loaded.engine
+    recorder = Recorder(engine, None)
+    report["run"] = run_client(client, bin_dir, server.url, "k", work, root / f"{client}-run.log")
+    report["speculative_equals_plain"] = _lossless(recorder)
+    server.stop()
+    report["prompt_tokens"] = [len(ids) for ids in recorder.prompts]
+    report["run_replies"] = [engine.tokenizer.decode(ids) for ids in recorder.replies]
+    written = "".join(report["run_replies"])
+    report["answered"] = call_text in written and ANSWER in written
+    return report
+
+
+def _untrained(out: Path, vocab: int) -> None:
+    from agent_tiny import tiny_qwen3
+
+    tiny_qwen3(vocab, max_positions=262144).save_pretrained(out)
+
+
+def _lossless(recorder: Recorder) -> bool:
+    """Each prompt the client sent, decoded plain: the tokens the speculative run wrote."""
+    from dflash_local.events import GenerationParams
+
+    for prompt, reply in zip(recorder.prompts, recorder.replies, strict=True):
+        params = GenerationParams(max_tokens=max(len(reply), 1), speculative=False)
+        plain = [token for event in recorder.real_stream(prompt, params)
+                 for token in event.token_ids]
+        if plain != reply:
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", default="claude,codex,opencode")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/agent-launch/run"))
+    parser.add_argument("--npm", type=Path, default=Path("/tmp/agent-launch/npm"))
+    args = parser.parse_args()
+    bin_dir = install(args.npm)
+    failed = 0
+    for client in args.clients.split(","):
+        started = time.perf_counter()
+        report = one_client(client, bin_dir, args.work)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(report), flush=True)
+        failed += not (report["answered"] and report["result_sent_back"]
+                       and report["speculative_equals_plain"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
