@@ -35,7 +35,7 @@ NOTES = "the launch works"
 ANSWER = "The notes say: the launch works."
 SIDE_REPLY = "OK"
 CLIENT_TIMEOUT_S = 600
-RESULT = re.compile(r"<tool_response>\n.*?\n</tool_response>", re.DOTALL)
+RESULT = re.compile(r"(?<=<tool_response>\n).*?(?=\n</tool_response>)", re.DOTALL)
 
 
 def tool_call(client: str, work: Path) -> tuple[str, dict]:
@@ -130,18 +130,21 @@ def added_tokens(texts: list[str]) -> list[str]:
     return sorted(pieces, key=len, reverse=True)
 
 
-def with_other_results(texts: list[str], replies: list[str], copies: int = 6):
-    """Each prompt with a tool result, again with random text as the result: a result that
-    differs from run to run (codex's chunk id and wall time) still gets the answer."""
+def with_other_results(texts: list[str], replies: list[str], copies: int = 8):
+    """Each prompt with a tool result, again with that result's letters and digits changed at
+    random: a result that differs from run to run (codex's chunk id and wall time) still gets
+    the answer."""
     rng = random.Random(0)
-    alphabet = string.ascii_letters + string.digits + " :.\n"
+    alphabet = string.ascii_letters + string.digits
+
+    def noisy(match: re.Match) -> str:
+        return "".join(rng.choice(alphabet) if char.isalnum() and rng.random() < 0.3 else char
+                       for char in match.group(0))
+
     for text, reply in zip(texts, replies, strict=True):
         yield text, reply
-        if "<tool_response>" not in text:
-            continue
-        for _ in range(copies):
-            noise = "".join(rng.choice(alphabet) for _ in range(rng.randrange(8, 160)))
-            yield RESULT.sub(f"<tool_response>\n{noise}\n</tool_response>", text), reply
+        if "<tool_response>" in text:
+            yield from ((RESULT.sub(noisy, text), reply) for _ in range(copies))
 
 
 def build_target(out: Path, texts: list[str], replies: list[str]) -> Path:
