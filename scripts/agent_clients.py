@@ -34,7 +34,9 @@ QUESTION = "What do the notes say? Read notes.txt."
 NOTES = "the launch works"
 ANSWER = "The notes say: the launch works."
 SIDE_REPLY = "OK"
+VARYING_RESULTS = ("codex",)  # its exec_command result holds a chunk id and the wall time
 CLIENT_TIMEOUT_S = 600
+MAX_POSITIONS = 262144  # the tiny targets' context: room for every client's max_tokens
 RESULT = re.compile(r"(?<=<tool_response>\n).*?(?=\n</tool_response>)", re.DOTALL)
 
 
@@ -130,7 +132,7 @@ def added_tokens(texts: list[str]) -> list[str]:
     return sorted(pieces, key=len, reverse=True)
 
 
-def with_other_results(texts: list[str], replies: list[str], copies: int = 8):
+def with_other_results(texts: list[str], replies: list[str], copies: int):
     """Each prompt with a tool result, again with that result's letters and digits changed at
     random: a result that differs from run to run (codex's chunk id and wall time) still gets
     the answer."""
@@ -138,73 +140,61 @@ def with_other_results(texts: list[str], replies: list[str], copies: int = 8):
     alphabet = string.ascii_letters + string.digits
 
     def noisy(match: re.Match) -> str:
-        return "".join(rng.choice(alphabet) if char.isalnum() and rng.random() < 0.3 else char
+        return "".join(rng.choice(alphabet) if char.isalnum() and rng.random() < 0.5 else char
                        for char in match.group(0))
 
     for text, reply in zip(texts, replies, strict=True):
         yield text, reply
-        if "<tool_response>" in text:
+        if copies and "<tool_response>" in text:
             yield from ((RESULT.sub(noisy, text), reply) for _ in range(copies))
 
 
-def build_target(out: Path, texts: list[str], replies: list[str]) -> Path:
+def build_target(out: Path, texts: list[str], replies: list[str], varying: bool) -> Path:
     """agent_tiny's tokenizer plus the recorded pieces, and a tiny Qwen3 trained to write each
-    reply after its prompt (the prompts as the service renders them: the recorded texts)."""
+    reply after its prompt (the prompts as the service renders them: the recorded texts).
+    `varying`: the client's tool results differ from run to run; the results stay out of the
+    tokens, and the target learns to answer whatever the result says."""
     from agent_tiny import make_tokenizer, train_target
     from tokenizers import AddedToken
 
     tokenizer = make_tokenizer(out)
     tokenizer.add_tokens([AddedToken(piece, special=False, normalized=False)
-                          for piece in added_tokens(texts)])
+                          for piece in added_tokens([RESULT.sub("", text) for text in texts])])
     tokenizer.save_pretrained(out)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = [(tokenizer.encode(text, add_special_tokens=False),
                  tokenizer.encode(reply, add_special_tokens=False) + [end])
-                for text, reply in with_other_results(texts, replies)]
-    return train_target(out, tokenizer, examples, max_positions=262144)
+                for text, reply in with_other_results(texts, replies, 16 if varying else 0)]
+    return train_target(out, tokenizer, examples, max_positions=MAX_POSITIONS,
+                        loss_floor=0.002 if varying else 0.01)
 
 
 def one_client(client: str, bin_dir: Path, root: Path) -> dict:
     import tiny_models
-    from agent_tiny import AGENT_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+    from agent_tiny import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
     from dflash_local.events import parse_block_size
 
     work = root / client
     (work / "home").mkdir(parents=True, exist_ok=True)
     (work / "notes.txt").write_text(NOTES + "\n")
-    # a project of its own: opencode asks before it reads outside one (and -p cannot answer)
+    # a project of its own: opencode asks before it reads outside its project (the directory
+    # PWD names), and `opencode run` rejects whatever it would ask
     subprocess.run(["git", "init", "-q", str(work)], check=True)
     name, arguments = tool_call(client, work)
     call_text = TOOL_CALL_OPEN + json.dumps({"name": name, "arguments": arguments}) + TOOL_CALL_CLOSE
     report: dict = {"client": client, "tool": name}
-    # 1. record, on an untrained target with the byte tokenizer: text in, text out
-    blank = root / f"{client}-blank"
-    tokenizer = tiny_models.make_tokenizer(blank)
-    tokenizer.chat_template = AGENT_TEMPLATE
-    tokenizer.save_pretrained(blank)
-    _untrained(blank, len(tokenizer))
-    drafter = tiny_models.make_drafter(root / f"{client}-blank-drafter", blank, block_size=8)
-    state, server = start(blank, drafter, parse_block_size(1), "k")
-    recorder = Recorder(state.loaded.engine, call_text)
-    report["record"] = run_client(client, bin_dir, server.url, "k", work, root / f"{client}-record.log")
-    server.stop()
-    texts = [tokenizer.decode(ids) for ids in recorder.prompts]
-    replies = [tokenizer.decode(ids[:-1]) for ids in recorder.replies]
-    (root / f"{client}-prompts.json").write_text(json.dumps(texts))  # its prompts, rendered
-    report["requests"] = len(texts)
-    report["prompt_chars"] = [len(text) for text in texts]
-    report["result_sent_back"] = any("<tool_response>" in text for text in texts)
-    # 2. train
+    texts, replies = _record(client, bin_dir, root, work, call_text, report)
     started = time.perf_counter()
-    target = build_target(root / f"{client}-target", texts, replies)
+    target = build_target(root / f"{client}-target", texts, replies, client in VARYING_RESULTS)
     drafter = tiny_models.make_drafter(root / f"{client}-drafter", target, block_size=8)
     report["train_seconds"] = round(time.perf_counter() - started, 1)
-    # 3. run, speculative, on the trained target
+    # the run: speculative (block 8) on the trained target
     state, server = start(target, drafter, parse_block_size(8), "k")
     engine = state.loaded.engine
     recorder = Recorder(engine, None)
     report["run"] = run_client(client, bin_dir, server.url, "k", work, root / f"{client}-run.log")
+    state.loaded.worker.close()  # idle now: no turn warm-up beside the plain decodes below
     report["speculative_equals_plain"] = _lossless(recorder)
     server.stop()
     report["prompt_tokens"] = [len(ids) for ids in recorder.prompts]
@@ -214,10 +204,31 @@ def one_client(client: str, bin_dir: Path, root: Path) -> dict:
     return report
 
 
-def _untrained(out: Path, vocab: int) -> None:
-    from agent_tiny import tiny_qwen3
+def _record(client: str, bin_dir: Path, root: Path, work: Path, call_text: str,
+            report: dict) -> tuple[list[str], list[str]]:
+    """The client's prompts as the service renders them, and the scripted replies: an
+    untrained target with the byte tokenizer, so text in and text out are exact."""
+    import tiny_models
+    from agent_tiny import AGENT_TEMPLATE, tiny_qwen3
 
-    tiny_qwen3(vocab, max_positions=262144).save_pretrained(out)
+    from dflash_local.events import parse_block_size
+
+    blank = root / f"{client}-blank"
+    tokenizer = tiny_models.make_tokenizer(blank)
+    tokenizer.chat_template = AGENT_TEMPLATE
+    tokenizer.save_pretrained(blank)
+    tiny_qwen3(len(tokenizer), max_positions=MAX_POSITIONS).save_pretrained(blank)
+    drafter = tiny_models.make_drafter(root / f"{client}-blank-drafter", blank, block_size=8)
+    state, server = start(blank, drafter, parse_block_size(1), "k")
+    recorder = Recorder(state.loaded.engine, call_text)
+    report["record"] = run_client(client, bin_dir, server.url, "k", work, root / f"{client}-record.log")
+    server.stop()
+    texts = [tokenizer.decode(ids) for ids in recorder.prompts]
+    (root / f"{client}-prompts.json").write_text(json.dumps(texts))
+    report["requests"] = len(texts)
+    report["prompt_chars"] = [len(text) for text in texts]
+    report["result_sent_back"] = any("<tool_response>" in text for text in texts)
+    return texts, [tokenizer.decode(ids[:-1]) for ids in recorder.replies]
 
 
 def _lossless(recorder: Recorder) -> bool:

