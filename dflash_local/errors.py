@@ -1,5 +1,9 @@
 """One error tree for the whole app. Messages name the check and the values."""
 
+import contextlib
+import errno
+from collections.abc import Iterator
+
 
 class DFlashError(Exception):
     """Base of every error this package raises on purpose."""
@@ -57,6 +61,29 @@ class GenerationCancelled(DFlashError):
     """The consumer stopped the generation (disconnect, Esc)."""
 
     code = "cancelled"
+
+
+class StorageError(DFlashError):
+    """A file this program keeps cannot be written (a read-only or full disk); what was there
+    before is left as it was."""
+
+    code = "storage_unavailable"
+
+
+UNWRITABLE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """A read-only or full disk's OSError inside as a StorageError: `what` failed, and how to
+    mend it; other OSErrors pass as they are."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE_ERRNOS:
+            raise
+        raise StorageError(f"{what} ({exc.strerror or exc}): free some space there, or set "
+                           f"DFLASH_LOCAL_HOME to a folder that can be written") from None
 
 
 class ModelTooLargeError(DFlashError):

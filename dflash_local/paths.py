@@ -28,11 +28,10 @@ def platform_data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME))
 
 
-def config_dir() -> Path:
+def config_dir_path() -> Path:
+    """The app's config dir, not created here (reading settings needs no folder; a save makes it)."""
     override = os.environ.get("DFLASH_LOCAL_HOME")
-    path = Path(override) / "config" if override else Path(platformdirs.user_config_dir(APP_NAME))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(override) / "config" if override else Path(platformdirs.user_config_dir(APP_NAME))
 
 
 def shipped_models_dir() -> Path:

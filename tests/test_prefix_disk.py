@@ -2,7 +2,9 @@
 numpy states: a state packs and unpacks whole; a torn write (a temporary file, a payload whose
 manifest never came, a truncated payload) is never loaded; the budget evicts the least recently
 used entries; two processes writing one directory leave only whole entries; the budgets a user
-gives are checked, and a directory that cannot be written leaves the engine RAM-only."""
+gives are checked (against the free space and what the cache holds), and a directory that cannot
+be written leaves the engine RAM-only; states are packed on the writer's thread; the index is
+read again only when the directory changed; `close` stops the writer and its exit hook."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import errno
 import logging
 import multiprocessing
 import os
+import shutil
+import threading
 import time
 from dataclasses import dataclass
 
@@ -191,11 +195,12 @@ def _write_until_killed(root, started) -> None:
 
 
 def test_kill_9_during_writes_leaves_only_whole_entries(tmp_path):
-    """A writer killed at random moments, again and again: the next start loads every entry it
-    finds, and no temporary file outlives it."""
+    """A writer killed at random moments, 20 times: the next start loads every entry it finds,
+    each the state that was written (its rows hold their count), and no temporary file outlives
+    it."""
     context = multiprocessing.get_context("spawn")
     random = np.random.default_rng(0)
-    for _ in range(10):
+    for _ in range(20):
         started = context.Event()
         writer = context.Process(target=_write_until_killed, args=(tmp_path, started))
         writer.start()
@@ -207,7 +212,9 @@ def test_kill_9_during_writes_leaves_only_whole_entries(tmp_path):
     assert not list(tmp_path.glob("*/*.tmp"))
     names = list(disk.entries())
     assert names
-    assert all(disk.load(name) is not None for name in names)
+    for name in names:
+        (layer, _none) = disk.load(name).kept.state["layers"]
+        assert layer.keys.shape == (layer.end, 64) and np.all(layer.keys == layer.end)
 
 
 def test_a_full_disk_stops_the_writes_and_says_so_once(tmp_path, monkeypatch, caplog):
@@ -221,3 +228,72 @@ def test_a_full_disk_stops_the_writes_and_says_so_once(tmp_path, monkeypatch, ca
         written(disk, list(range(20)))
     assert caplog.text.count("is full") == 1
     assert "full" in disk.status()["note"] and disk.status()["entries"] == 0
+
+
+def test_a_budget_counts_the_space_the_cache_holds_as_free(tmp_path, monkeypatch):
+    written(tier(tmp_path), list(range(10)), rows=16384)  # a 4 MiB entry
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(prefix_disk.shutil, "disk_usage",
+                        lambda path: usage._replace(free=MIB))  # 1 MiB left besides the cache
+    assert disk_budget_bytes(5, tmp_path) == 5 * MIB  # the entry can be evicted for new ones
+    with pytest.raises(InvalidRequestError, match=r"--prefix-cache-disk-mb 6 is more than the "
+                                                  r"free space of .* \(5 MiB\)"):
+        disk_budget_bytes(6, tmp_path)
+
+
+def test_states_are_packed_on_the_writer_thread(tmp_path, monkeypatch):
+    packed_on = []
+
+    def pack_recorded(state, codec):
+        packed_on.append(threading.current_thread().name)
+        return pack(state, codec)
+
+    monkeypatch.setattr(prefix_disk, "pack", pack_recorded)
+    disk = tier(tmp_path)
+    written(disk, list(range(10)))
+    assert packed_on == ["prefix-disk"] and len(disk.entries()) == 1
+
+
+def test_the_index_is_read_again_only_when_the_directory_changes(tmp_path, monkeypatch):
+    writer, reader = tier(tmp_path), tier(tmp_path)
+    written(writer, list(range(10)))
+    reads = []
+    listing = prefix_disk.manifest_names
+    monkeypatch.setattr(prefix_disk, "manifest_names", lambda path: reads.append(path) or listing(path))
+    old = time.time() - 3600  # a settled directory: no change can hide in its clock tick
+    os.utime(reader.directory, (old, old))
+    for _ in range(3):
+        assert reader.lookup(list(range(12)), needs_taps=False)[1] == 10
+    assert len(reads) == 1
+    written(writer, list(range(100, 130)))  # another process's entry: the directory changes
+    assert reader.lookup(list(range(100, 140)), needs_taps=False)[1] == 30
+    assert len(reads) == 2
+
+
+def test_close_writes_what_is_queued_then_stops_the_writer_and_its_exit_hook(tmp_path, monkeypatch):
+    hooks = []
+    monkeypatch.setattr(prefix_disk.atexit, "register", hooks.append)
+    monkeypatch.setattr(prefix_disk.atexit, "unregister", hooks.remove)
+
+    def writers() -> int:
+        return sum(thread.name == "prefix-disk" for thread in threading.enumerate())
+
+    before = writers()
+    disks = [tier(tmp_path) for _ in range(3)]
+    assert writers() == before + 3 and len(hooks) == 3
+    disks[0].submit(list(range(10)), kept(10))
+    for disk in disks:
+        disk.close()
+    assert writers() == before and hooks == []
+    disks[0].submit(list(range(20)), kept(20))  # after close: ignored
+    assert [len(entry.token_ids) for entry in tier(tmp_path).entries().values()] == [10]
+
+
+def test_recent_gives_the_latest_used_entries_within_a_size(tmp_path):
+    disk = tier(tmp_path)
+    for start in (1, 2, 3):
+        written(disk, [start] * 40)
+        time.sleep(0.01)  # mtimes order the entries
+    latest = [disk.entries()[name].token_ids[0] for name in disk.recent(2, 64 * MIB)]
+    assert latest == [3, 2]
+    assert [disk.entries()[name].token_ids[0] for name in disk.recent(5, kept(40).nbytes)] == [3]

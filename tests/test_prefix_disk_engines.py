@@ -3,7 +3,9 @@ engine object on the same data dir) the next turn is served from disk, at least 
 prompt cached, token for token what an engine without the cache gives (greedy, float32), on MLX
 (a Qwen3 and a Qwen3.5 hybrid, its recurrent state kept whole) and Transformers (Qwen3, a
 Qwen3.5 hybrid, Gemma 3 sliding windows kept whole); a flipped bit is detected and the entry
-dropped; another pair is never served the entry."""
+dropped; another pair is never served the entry; a restart's `preload_prefix_cache` (the
+service's load runs it) reads the latest entries into RAM; bad budgets are refused before the
+weights load."""
 
 from __future__ import annotations
 
@@ -154,3 +156,28 @@ def test_a_data_dir_that_cannot_be_written_leaves_ram_only(make_engine, tmp_path
         engine = make_engine()
     assert engine.prefix_disk is None and "RAM only" in caplog.text
     assert turn(engine, PROMPT)[0] == turn(make_engine(cache=False), PROMPT)[0]
+
+
+def test_a_restart_reads_the_latest_entries_into_ram_at_load(make_engine):
+    second = first_turn(make_engine)
+    restarted = make_engine()
+    assert restarted.preload_prefix_cache() > 0  # what the service's load runs
+    assert len(restarted.prefix_cache) == len(restarted.prefix_disk.entries()) > 0  # a hybrid: 2
+    tokens, stats = turn(restarted, second)
+    assert stats.cached_tier == "ram" and stats.cached_tokens >= 0.9 * len(second)
+    assert tokens == turn(make_engine(cache=False), second)[0]
+
+
+def test_bad_budgets_are_refused_before_the_weights_load(make_engine, monkeypatch):
+    from dflash_local.errors import InvalidRequestError
+
+    engine_class = type(make_engine())
+
+    def no_weights(*args):
+        raise AssertionError("the weights loaded before the budgets were checked")
+
+    monkeypatch.setattr(engine_class, "load_target", no_weights)
+    with pytest.raises(InvalidRequestError, match="--prefix-cache-disk-mb must be >= 0, got -1"):
+        make_engine(disk_mb=-1)
+    with pytest.raises(InvalidRequestError, match="is more than the free space of"):
+        make_engine(disk_mb=1 << 40)

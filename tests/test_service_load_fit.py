@@ -1,7 +1,7 @@
 """A load that cannot fit this machine is refused before any weight is allocated: the real
 config.json of a 72B model (290 GB in float32) in the hub cache, loaded through /dflash/load,
 gets a 400 that names what it needs and what is available, and the serving pair keeps serving.
-The loader is a tripwire: reaching it would mean the fit was not asked first."""
+Loading the target is a tripwire: reaching it would mean the fit was not asked first."""
 
 from __future__ import annotations
 
@@ -50,20 +50,20 @@ def service(tmp_path_factory):
     server.stop()
 
 
-def test_a_load_that_cannot_fit_is_refused_and_the_pair_keeps_serving(service):
-    state, server = service
+def test_a_load_that_cannot_fit_is_refused_and_the_pair_keeps_serving(service, monkeypatch):
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    _state, server = service
     before = httpx.post(server.url + "/v1/chat/completions", json=HI, timeout=60).json()
-    serving_loader, reached = state.loader, []
+    reached = []
 
     def tripwire(*args):
         reached.append(args)
-        raise MemoryError("the loader was reached: weights would have been allocated")
+        raise MemoryError("the target was loaded: weights would have been allocated")
 
-    state.loader = tripwire
-    try:
-        refused = httpx.post(server.url + "/dflash/load", json={"target": REPO}, timeout=120)
-    finally:
-        state.loader = serving_loader
+    monkeypatch.setattr(TorchEngine, "load_target", tripwire)
+    refused = httpx.post(server.url + "/dflash/load", json={"target": REPO}, timeout=120)
+    monkeypatch.undo()
     error = assert_openai_error(refused, 400, "model_too_large")
     assert not reached
     message = error["message"]
@@ -74,15 +74,18 @@ def test_a_load_that_cannot_fit_is_refused_and_the_pair_keeps_serving(service):
     assert after["choices"][0]["message"] == before["choices"][0]["message"]
 
 
-def test_generate_refuses_it_at_start(tmp_path, monkeypatch, capsys):
-    import dflash_local.engines
+@pytest.mark.parametrize("command", [["generate", "--no-speculative", "Hi"],
+                                     ["bench", "--max-samples", "1", "--drafter", "SNAPSHOT"]])
+def test_the_commands_refuse_it_at_start(tmp_path, monkeypatch, capsys, command):
     from dflash_local.cli.main import main
+    from dflash_local.engines.torch_engine import TorchEngine
 
     def tripwire(*args):
-        raise AssertionError("the loader was reached: weights would have been allocated")
+        raise AssertionError("the target was loaded: weights would have been allocated")
 
-    monkeypatch.setattr(dflash_local.engines, "load_engine", tripwire)
+    monkeypatch.setattr(TorchEngine, "load_target", tripwire)
     snapshot = cache_huge_repo(tmp_path)
-    assert main(["generate", "--engine", "transformers", "--target", str(snapshot),
-                 "--no-speculative", "Hi"]) == 2
+    command = [str(snapshot) if word == "SNAPSHOT" else word for word in command]
+    assert main([command[0], "--engine", "transformers", "--target", str(snapshot),
+                 *command[1:]]) == 2
     assert re.search(r"error: .* needs [0-9.]+ GB .* has [0-9.]+ GB available", capsys.readouterr().err)

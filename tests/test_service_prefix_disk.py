@@ -1,14 +1,17 @@
-"""The prefix cache's disk tier through the service: a conversation's next turn, after the
-service restarts on the same data dir, comes from disk (`cached_tokens` at least 90% of the
-prompt, `dflash.cached_tier` "disk") and answers what a `--no-prefix-cache` server answers;
-/dflash/status shows the tier; `dflash-local cache list|clear`; the disk flags refused with
-their reasons before anything loads."""
+"""The prefix cache's disk tier through the service: after the service restarts on the same
+data dir, the load reads the latest entries into RAM, and with RAM emptied a conversation's
+next turn comes from disk (`cached_tokens` at least 90% of the prompt, `dflash.cached_tier`
+"disk") and answers what a `--no-prefix-cache` server answers; /dflash/status shows the tier;
+`dflash-local cache list|clear`; the disk flags refused with their reasons before anything
+loads; switching pairs leaves one disk writer, not one per load."""
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
-from service_support import make_pair
+from service_support import make_pair, wait_until
 from test_service_prefix_cache import _start, ask
 
 from dflash_local.cli.main import main
@@ -33,7 +36,8 @@ def test_a_restarted_service_serves_the_next_turn_from_disk(tmp_path, monkeypatc
 
     talk = [*TALK, {"role": "assistant", "content": first}, {"role": "user", "content": "And?"}]
     state, server, client = _start(pair, "--prefix-cache-disk-mb", "64")  # the restart
-    assert len(state.loaded.engine.prefix_cache) == 0
+    assert len(state.loaded.engine.prefix_cache) > 0  # the load read the latest entries into RAM
+    state.loaded.engine.prefix_cache.clear()  # what follows can only come from disk
     second, usage = ask(client, talk, stream=False)
     assert usage.model_extra["dflash"]["cached_tier"] == "disk"
     assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens
@@ -62,3 +66,27 @@ def test_a_restarted_service_serves_the_next_turn_from_disk(tmp_path, monkeypatc
 def test_bad_disk_budgets_are_refused_before_anything_loads(flags, message, capsys):
     assert main(["serve", "--no-load", *flags]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_switching_pairs_leaves_one_disk_writer(tmp_path, monkeypatch):
+    from dflash_local.cli.main import build_parser
+    from dflash_local.cli.options import serve_options
+    from dflash_local.events import parse_block_size
+    from dflash_local.service.state import ServiceState
+
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
+    pairs = [make_pair(tmp_path / f"pair{seed}", seed=seed) for seed in (0, 1)]
+    args = build_parser().parse_args(["serve", "--engine", "transformers", "--dtype", "float32",
+                                      "--prefix-cache-disk-mb", "64"])
+    state = ServiceState(load_options=serve_options(args))
+
+    def writers() -> int:
+        return sum(thread.name == "prefix-disk" for thread in threading.enumerate())
+
+    before = writers()
+    for switch in range(4):
+        state.load("transformers", *pairs[switch % 2], served_name="tiny",
+                   block_size=parse_block_size(4))
+    wait_until(lambda: writers() == before + 1)  # a replaced pair is closed once its worker drains
+    state.unload()
+    assert writers() == before

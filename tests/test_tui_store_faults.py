@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,31 @@ def test_keys_that_write_on_a_full_disk_say_so_and_the_app_goes_on(small_disk):
         assert screen.conversation.chat_id is None
 
     run_offline(scenario, WIDE)
+
+
+@pytest.fixture
+def read_only_disk(small_disk):
+    """small_disk remounted read-only: not even the data folder can be made."""
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    return small_disk
+
+
+def test_a_read_only_data_folder_starts_with_chats_in_memory(read_only_disk, monkeypatch):
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(read_only_disk / "home"))
+
+    async def scenario(app, pilot):
+        assert "cannot be written" in said(app) and "in memory" in said(app), said(app)
+        app.chat_screen.query_one(PromptInput).value = PROMPT
+        await pilot.press("enter")
+        await until(pilot, lambda: app.chat_screen.conversation.generating, "prompt sent")
+        assert [c.title for c in app.store.chats()] == [PROMPT]
+
+    run_offline(scenario, WIDE)
+
+
+def test_the_service_log_goes_elsewhere_when_the_data_folder_is_read_only(read_only_disk):
+    from dflash_chat.service import fresh_log
+
+    log = fresh_log(read_only_disk / "home" / "logs" / "service.log")
+    assert log.parent == Path(tempfile.gettempdir()) and log.read_bytes() == b""
+    log.unlink()

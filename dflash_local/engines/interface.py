@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_local.events import BlockSize, EngineCapabilities, GenerationParams, StepEvent
+from dflash_local.errors import InvalidRequestError
+from dflash_local.events import (
+    BlockSize,
+    EngineCapabilities,
+    GenerationParams,
+    StepEvent,
+    TokenLogprob,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class Engine(abc.ABC):
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         """Generate; each event carries its text delta. Closing the iterator cancels."""
 
+    def score_prompt(self, prompt_ids: list[int], top: int,
+                     params: GenerationParams) -> tuple[TokenLogprob, ...]:
+        """The target's log-probability of each prompt token after the first, from the row
+        before it, with its `top` alternatives (engines/prompt_scores.py); `params`: the
+        generation that follows. Only an engine that declares `capabilities.logprobs`."""
+        raise InvalidRequestError(f"the {self.name} engine does not score prompts: a served "
+                                  f"engine relays text, not log-probabilities")
+
     def stream_chat(self, messages: list[dict], params: GenerationParams,
                     thinking: bool | None = None) -> Iterator[StepEvent]:
         """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
@@ -80,6 +95,13 @@ class Engine(abc.ABC):
 
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
+
+    def preload_prefix_cache(self) -> int:
+        """Read the latest entries of a prefix cache that outlives the process into RAM (a
+        local engine's disk tier: engines/local.py), so the first request after a restart, an
+        agent's fixed system prompt and tools above all, starts warm; returns how many came.
+        The service calls it at load. A served engine keeps no cache of ours."""
+        return 0
 
     def warm_next_turn(self, messages: list[dict], reply: str, prompt_ids: list[int],
                        params: GenerationParams, thinking: bool | None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_local import paths
+from dflash_local.constraints.compile import ConstraintCompiler
 from dflash_local.drafter.config import (
     DrafterConfig,
     load_checked_drafter_config,
@@ -28,7 +29,7 @@ from dflash_local.drafter.config import (
     read_target_config,
 )
 from dflash_local.drafter.draft_vocab import load_draft_vocab
-from dflash_local.engines import chat_prompt
+from dflash_local.engines import chat_prompt, prompt_scores
 from dflash_local.engines.detokenize import StreamDetokenizer
 from dflash_local.engines.interface import Engine, PairInfo
 from dflash_local.engines.turn_warmup import warm
@@ -39,24 +40,48 @@ from dflash_local.events import (
     EngineCapabilities,
     GenerationParams,
     StepEvent,
+    TokenLogprob,
     check_draft_window,
     widest_block,
 )
 from dflash_local.method import calibration, prefix_disk, speculative
 from dflash_local.method.interfaces import Drafter, TargetRunner
-from dflash_local.method.prefix_cache import Hit, PrefixStates, Resume, make_prefix_cache
+from dflash_local.method.prefix_cache import (
+    Hit,
+    PrefixStates,
+    Resume,
+    budget_bytes,
+    machine_memory_bytes,
+    make_prefix_cache,
+)
 from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
+from dflash_local.pairs.load_fit import check_load_fits, model_name
 from dflash_local.pairs.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
 PREFIX_CACHE_DIR = "prefix-cache"  # under the data dir: the prefix cache's disk tier
+# at load, the disk tier's latest entries are read into RAM: an agent's fixed prefix or the
+# conversations of the last session, not the whole tier (a read costs load time)
+PRELOAD_ENTRIES = 4
+PRELOAD_SHARE = 2  # at most this fraction (1/2) of the RAM tier's budget
 
 
 def prefix_cache_root() -> Path:
     """Where every pair's disk tier lives (not created here: one that cannot be leaves the
     engine RAM-only, with a warning)."""
     return paths.data_dir_path() / PREFIX_CACHE_DIR
+
+
+def _checked_prefix_budgets(enabled: bool, ram_mb: int | None, disk_mb: int | None) -> int:
+    """The prefix cache's budgets refused before any weight loads (a RAM budget given: checked
+    against the machine; its default needs the loaded pair); returns the disk tier's in bytes
+    (0: off)."""
+    if not enabled:
+        return 0
+    if ram_mb is not None:
+        budget_bytes(ram_mb, machine_memory_bytes())
+    return prefix_disk.disk_budget_bytes(disk_mb, prefix_cache_root())
 
 
 class LocalEngine(Engine):
@@ -77,8 +102,12 @@ class LocalEngine(Engine):
         under the data dir (method/prefix_disk.py; None: its default, 0: off)."""
         raw_config = read_target_config(target_path)  # once: every check below reads it
         dtype = self._checked_dtype(dtype, raw_config)
+        # before any weight is allocated: a pair that cannot fit would take the machine down
+        check_load_fits(self.name, model_name(target_name or str(target_path), target_path),
+                        target_path, drafter_path, dtype, self.on_accelerator())
         max_context = self.target_context(target_path, raw_config)
         check_draft_window(draft_window, max_context)  # before any weight loads
+        disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
         drafter_config = (load_checked_drafter_config(drafter_path, target_path,
                                                       load_target_info(target_path, raw_config))
                           if drafter_path else None)
@@ -102,7 +131,7 @@ class LocalEngine(Engine):
         self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
                                               self.kept_row_bytes(raw_config, dtype, taps))
         self.prefix_states = self.make_prefix_states()
-        self.prefix_disk = (self._make_prefix_disk(prefix_cache_disk_mb)
+        self.prefix_disk = (self._make_prefix_disk(disk_budget)
                             if self.prefix_cache is not None else None)
         self._ready_to_generate()
         self.choose_threads()
@@ -114,7 +143,7 @@ class LocalEngine(Engine):
             raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(self.dtypes)}")
         return dtype
 
-    def _make_prefix_disk(self, megabytes: int | None) -> prefix_disk.DiskTier | None:
+    def _make_prefix_disk(self, budget: int) -> prefix_disk.DiskTier | None:
         """The disk tier of this pair's states: keyed by both models' files, the dtype, the
         engine and where its arrays are restored, so no other pair is served its entries."""
         root = prefix_cache_root()
@@ -123,12 +152,12 @@ class LocalEngine(Engine):
                     "target": prefix_disk.files_signature(self.pair.target_path),
                     "drafter": prefix_disk.files_signature(self.pair.drafter_path),
                     "draft_vocab": self.pair.draft_vocab_size}
-        budget = prefix_disk.disk_budget_bytes(megabytes, root)
         return prefix_disk.make_disk_tier(root, identity, budget, codec)
 
     def _ready_to_generate(self) -> None:
         self.eos_token_ids = chat_prompt.end_of_turn_ids(
             self.tokenizer, chat_prompt.generation_config_eos(self.pair.target_path))
+        self.constraints = ConstraintCompiler(self.tokenizer)  # each schema compiled once
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
@@ -183,6 +212,12 @@ class LocalEngine(Engine):
     def choose_threads(self) -> None:
         """Pick the thread count the loaded pair runs fastest with here, where the engine can."""
 
+    def close(self) -> None:
+        """Stop the disk tier's writer, its queued entries written first (a subclass frees its
+        framework's part, then calls this)."""
+        if self.prefix_disk is not None:
+            self.prefix_disk.close()
+
     # --- per generation ---
 
     @abc.abstractmethod
@@ -203,6 +238,20 @@ class LocalEngine(Engine):
         if isinstance(block_size, Auto) and self.pair.drafter is not None:
             self.calibrate(force=recalibrate,
                            on_measure=on_wait and (lambda: on_wait(calibration.CALIBRATING)))
+
+    def preload_prefix_cache(self) -> int:
+        """The disk tier's most recently used entries of this pair, at most PRELOAD_ENTRIES
+        within 1/PRELOAD_SHARE of the RAM budget, read into RAM."""
+        disk, cache = self.prefix_disk, self.prefix_cache
+        if disk is None or cache is None:
+            return 0
+        chosen = disk.recent(PRELOAD_ENTRIES, cache.budget // PRELOAD_SHARE)
+        loaded = 0
+        for name in reversed(chosen):  # the latest stored last: the RAM tier's most recent
+            entry = disk.load(name)
+            if entry is not None and cache.store(entry.token_ids.tolist(), entry.kept):
+                loaded += 1
+        return loaded
 
     def calibrate(self, force: bool = False,
                   on_measure: Callable[[], None] | None = None) -> calibration.Calibration:
@@ -250,6 +299,8 @@ class LocalEngine(Engine):
         # plain decoding (block 1) runs without a drafter and collects no taps
         drafter = (self.make_drafter(params.draft_window)
                    if widest_block(params, self.pair.drafter_block) > 1 else None)
+        grammar = (self.constraints.grammar(params.constraint)
+                   if params.constraint is not None else None)
         runner = self.make_runner(collect_taps=drafter is not None)
         measured = self.calibration
         planner = speculative.default_planner(
@@ -262,14 +313,20 @@ class LocalEngine(Engine):
                                         cached_tokens=resume.cached_rows if resume else 0)
         # closing: a client that stops reading ends the loop now, and its state is kept now
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
-                                          resume, self.round_trace)) as events:
+                                          resume, self.round_trace, grammar)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a lookup
                 # draft's: a client colours exactly what each wrote
                 text, (drafter_chars, accepted_chars) = detokenizer.add_split(
                     event.token_ids, (event.accepted - event.lookup_accepted, event.accepted))
                 yield replace(event, text=text, accepted_chars=accepted_chars,
-                              lookup_accepted_chars=accepted_chars - drafter_chars)
+                              lookup_accepted_chars=accepted_chars - drafter_chars,
+                              constraint_s=grammar.busy_s if grammar is not None else 0.0)
+
+    def score_prompt(self, prompt_ids: list[int], top: int,
+                     params: GenerationParams) -> tuple[TokenLogprob, ...]:
+        with self._warm_guard:  # as a generation, never beside a warm-up's chunk
+            return prompt_scores.score_prompt(self, prompt_ids, top, params)
 
     def _lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
         """The RAM tier's hit, or the disk tier's where it gives more rows (loaded, then kept

@@ -108,7 +108,10 @@ class MLXPrefixCodec:
 
     def from_numpy(self, array: np.ndarray, dtype: str) -> mx.array:
         value = mx.array(array)
-        return value.view(mx.bfloat16) if dtype == "bfloat16" else value
+        if dtype == "bfloat16":
+            value = value.view(mx.bfloat16)
+            mx.eval(value)  # here: an entry read at load is used on the worker's thread
+        return value
 
     def to_tag(self, value) -> str | None:
         return None

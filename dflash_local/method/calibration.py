@@ -278,7 +278,8 @@ def calibration_key(pair, threads: int | None) -> dict:
 def cache_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(key["drafter"]).name)[:40]
-    return paths.data_dir() / "calibration" / f"{key['engine']}-{name}-{key['dtype']}-{digest}.json"
+    # not created here: a data dir that cannot be written only costs the cache (_write)
+    return paths.data_dir_path() / "calibration" / f"{key['engine']}-{name}-{key['dtype']}-{digest}.json"
 
 
 def machine_info() -> dict:

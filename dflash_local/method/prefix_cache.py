@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 MIB = 1 << 20
 DEFAULT_ROWS = 65536  # the default budget holds this many rows of the pair (e.g. 8 chats of 8K)
 MACHINE_SHARE = 8  # and at most this fraction (1/8) of the machine's memory
+K = TypeVar("K")  # an entry's key in a tier: the RAM tier's counter, the disk tier's file name
 
 
 @dataclass(frozen=True)
@@ -113,15 +114,43 @@ def extends(kept: Kept, ids: np.ndarray, entry: Entry) -> bool:
             and common_prefix(entry.token_ids, ids) == len(entry.token_ids))
 
 
+def best_hit(entries: Iterable[tuple[K, Entry]], prompt_ids: list[int],
+             needs_taps: bool) -> tuple[K, int] | None:
+    """(key, rows) of the entry that gives the prompt the most rows (the first of equals);
+    None: none gives any. Both tiers pick with it."""
+    prompt = np.asarray(prompt_ids)
+    best: tuple[K, int] | None = None
+    for key, entry in entries:
+        rows = usable_rows(entry, prompt, needs_taps)
+        if rows > 0 and (best is None or rows > best[1]):
+            best = (key, rows)
+    return best
+
+
+def superseded(entries: Iterable[tuple[K, Entry]], ids: np.ndarray, kept: Kept) -> list[K]:
+    """Keys of the entries a new one (`kept` of rows `ids`) replaces: the same rows (the newer
+    state), and those it `extends`. Both tiers drop them when it is stored."""
+    return [key for key, entry in entries
+            if np.array_equal(entry.token_ids, ids) or extends(kept, ids, entry)]
+
+
+def checked_budget(flag: str, megabytes: int, minimum: int, below: str, limit: int,
+                   limit_text: str) -> int:
+    """A budget flag's value as bytes: below `minimum` refused (`below` says what to do
+    instead), more than `limit` bytes refused naming `limit_text`."""
+    if megabytes < minimum:
+        raise InvalidRequestError(f"{flag} must be >= {minimum}, got {megabytes} ({below})")
+    if megabytes * MIB > limit:
+        raise InvalidRequestError(f"{flag} {megabytes} is more than {limit_text} "
+                                  f"({limit // MIB} MiB)")
+    return megabytes * MIB
+
+
 def budget_bytes(megabytes: int, machine_bytes: int) -> int:
     """A `--prefix-cache-mb` value as bytes; 0 or more than the machine has is refused."""
-    if megabytes < 1:
-        raise InvalidRequestError(f"--prefix-cache-mb must be >= 1, got {megabytes} (turn the "
-                                  f"cache off with --no-prefix-cache)")
-    if megabytes * MIB > machine_bytes:
-        raise InvalidRequestError(f"--prefix-cache-mb {megabytes} is more than this machine's "
-                                  f"memory ({machine_bytes // MIB} MiB)")
-    return megabytes * MIB
+    return checked_budget("--prefix-cache-mb", megabytes, 1,
+                          "turn the cache off with --no-prefix-cache", machine_bytes,
+                          "this machine's memory")
 
 
 def default_budget_bytes(row_bytes: int, machine_bytes: int) -> int:
@@ -167,13 +196,8 @@ class PrefixCache:
         """The entry that gives the prompt the most rows, and how many (always at least one
         prompt row is left to compute: its logits start the generation); None: no entry shares
         a usable prefix (or none was made with the drafter's context this request needs)."""
-        prompt = np.asarray(prompt_ids)
-        best: tuple[int, int] | None = None
         with self._lock:
-            for key, entry in self._entries.items():
-                rows = usable_rows(entry, prompt, needs_taps)
-                if rows > 0 and (best is None or rows > best[1]):
-                    best = (key, rows)
+            best = best_hit(self._entries.items(), prompt_ids, needs_taps)
             if best is None:
                 return None
             self._entries.move_to_end(best[0])
@@ -190,13 +214,8 @@ class PrefixCache:
             return False
         ids = np.asarray(token_ids)
         with self._lock:
-            for key in [key for key, entry in self._entries.items()
-                        if np.array_equal(entry.token_ids, ids)]:
-                self._drop(key)  # the same rows again: the newer state replaces it
-            if not kept.whole_only:
-                for key in [key for key, entry in self._entries.items()
-                            if extends(kept, ids, entry)]:
-                    self._drop(key)
+            for key in superseded(self._entries.items(), ids, kept):
+                self._drop(key)
             while self._entries and self._nbytes + kept.nbytes > self.budget:
                 self._drop(next(iter(self._entries)))  # the least recently used
             self._entries[self._next_key] = Entry(ids, kept)

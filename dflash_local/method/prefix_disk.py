@@ -1,9 +1,11 @@
 """The prefix cache's disk tier: entries that outlive the process, below the RAM LRU.
 
-When a turn ends, the state the RAM tier keeps (prefix_cache.Kept) is packed on the request's
-thread (a copy to numpy: the engine's arrays may be written after) and written by a background
-thread; a request whose prompt the RAM tier gives fewer rows than the disk does loads the entry
-back. Entries live in one directory per pair (`pair_key`: both models' paths, configs and weight
+When a turn ends (or a hybrid's prompt does, mid-stream), the state the RAM tier keeps
+(prefix_cache.Kept) is queued, and a background thread packs it to numpy and writes it: a kept
+state is never written after it is stored (the RAM tier serves it as it is), so it is read there
+off the request's path. A request whose prompt the RAM tier gives fewer rows than the disk does
+loads the entry back. The index of entries is read at start and again only when the directory's
+mtime says another process (or `cache clear`) changed it. Entries live in one directory per pair (`pair_key`: both models' paths, configs and weight
 files, the dtype, the engine, the chat template), so one pair's entry is never served to another.
 
 Eviction is LRU by whole entry, across every pair, under `budget` bytes: an entry is one turn's
@@ -16,7 +18,6 @@ torn or corrupt entry (prefix_disk_format.py) is deleted and logged, never loade
 from __future__ import annotations
 
 import atexit
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -32,8 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_local.errors import InvalidRequestError
-from dflash_local.method.prefix_cache import MIB, Entry, Kept, extends, usable_rows
+from dflash_local.method.prefix_cache import (
+    MIB,
+    Entry,
+    Kept,
+    best_hit,
+    checked_budget,
+    superseded,
+)
 from dflash_local.method.prefix_disk_format import (
     MANIFEST,
     PAYLOAD,
@@ -55,6 +62,8 @@ FORMAT = 1  # bumped when an entry's layout changes: older entries then belong t
 DEFAULT_DISK_MB = 2048
 ORPHAN_AGE_S = 600  # a payload without its manifest this old is a crashed write, not one under way
 PENDING_WRITES = 2  # turns waiting to be written; a later one is skipped (the cache is a hint)
+# a directory mtime this recent may yet hide a change made in the same clock tick: read it again
+SETTLED_NS = 2_000_000_000
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".npz")
 TEXT_FILES = ("config.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
 
@@ -81,17 +90,18 @@ def pair_key(identity: dict) -> str:
 
 def disk_budget_bytes(megabytes: int | None, directory: Path) -> int:
     """A `--prefix-cache-disk-mb` value as bytes (None: the default, at most a quarter of the
-    free space); negative or more than the free space is refused; 0 turns the tier off."""
-    free = shutil.disk_usage(_existing_parent(directory)).free
+    room); negative or more than the room is refused; 0 turns the tier off. The room is the
+    free space plus what the cache's entries hold already (eviction frees it for new ones)."""
+    room = shutil.disk_usage(_existing_parent(directory)).free + cache_bytes(directory)
     if megabytes is None:
-        return min(DEFAULT_DISK_MB * MIB, free // 4)
-    if megabytes < 0:
-        raise InvalidRequestError(f"--prefix-cache-disk-mb must be >= 0 (0 turns the disk tier "
-                                  f"off), got {megabytes}")
-    if megabytes * MIB > free:
-        raise InvalidRequestError(f"--prefix-cache-disk-mb {megabytes} is more than the free "
-                                  f"space of {directory} ({free // MIB} MiB)")
-    return megabytes * MIB
+        return min(DEFAULT_DISK_MB * MIB, room // 4)
+    return checked_budget("--prefix-cache-disk-mb", megabytes, 0, "0 turns the disk tier off",
+                          room, f"the free space of {directory} with the cache's own entries")
+
+
+def cache_bytes(root: Path) -> int:
+    """What every pair's entries under `root` hold on disk."""
+    return sum(size for _, size in entry_files(root)) if root.is_dir() else 0
 
 
 def _existing_parent(path: Path) -> Path:
@@ -128,9 +138,13 @@ class DiskTier:
         (self.directory / "pair.json").write_text(json.dumps(identity, indent=1, default=str))
         self.note: str | None = None  # why writes stopped (a full disk), said once
         self._index: dict[str, Entry] = {}
+        self._seen_mtime: int | None = None  # the directory's, when the index was last read
         self._lock = threading.Lock()
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_WRITES)
+        self._closed = False
         sweep_orphans(root)
+        with self._lock:
+            self._refresh()  # at start: a request then reads no manifest another run wrote
         atexit.register(self.flush)  # before the interpreter stops the writer: no write is cut
         self._writer = threading.Thread(target=self._write_loop, name="prefix-disk", daemon=True)
         self._writer.start()
@@ -139,15 +153,9 @@ class DiskTier:
 
     def lookup(self, prompt_ids: list[int], needs_taps: bool) -> tuple[str, int] | None:
         """(entry name, rows) of the entry that gives the prompt the most rows; None: none."""
-        prompt = np.asarray(prompt_ids)
-        best: tuple[str, int] | None = None
         with self._lock:
             self._refresh()
-            for name, entry in self._index.items():
-                rows = usable_rows(entry, prompt, needs_taps)
-                if rows > 0 and (best is None or rows > best[1]):
-                    best = (name, rows)
-        return best
+            return best_hit(self._index.items(), prompt_ids, needs_taps)
 
     def load(self, name: str) -> Entry | None:
         """The entry's state, read and checked; None where it vanished (another process
@@ -171,24 +179,42 @@ class DiskTier:
         return Entry(indexed.token_ids, Kept(state, **manifest["kept"]))
 
     def submit(self, token_ids: list[int], kept: Kept) -> None:
-        """Queue a turn's state for writing (packed now: the engine may write its arrays
-        after); skipped when too large, when writes are behind, or after a full disk."""
-        if self.note is not None or kept.nbytes > self.budget or self._pending.full():
-            return  # full: not packed at all (packing copies the state on the request's thread)
-        try:
-            skeleton, arrays = pack(kept.state, self.codec)
-        except Unpackable as error:
-            self._stop(f"{error}: this engine's entries stay in RAM")
+        """Queue a turn's state for the writer (which packs it: nothing is copied here);
+        skipped when too large, when writes are behind, after a full disk or `close`."""
+        if self._closed or self.note is not None or kept.nbytes > self.budget:
             return
-        manifest = {"pair": self.pair, "token_ids": [int(t) for t in token_ids],
-                    "kept": {"nbytes": kept.nbytes, "whole_only": kept.whole_only,
-                             "has_taps": kept.has_taps}, "skeleton": skeleton}
-        with contextlib.suppress(queue.Full):
-            self._pending.put_nowait((uuid.uuid4().hex, manifest, arrays))
+        try:
+            self._pending.put_nowait(([int(t) for t in token_ids], kept))
+        except queue.Full:
+            pass  # the cache is a hint: a turn the writer cannot keep up with is not written
 
     def flush(self) -> None:
         """Wait until every submitted entry is written (a clean shutdown keeps its last turns)."""
         self._pending.join()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer (the engine unloads): no thread or exit
+        hook outlives the engine. Lookups and loads still work; submits are ignored."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.put(None)
+        self._writer.join()
+        atexit.unregister(self.flush)
+
+    def recent(self, count: int, within: int) -> list[str]:
+        """Names of this pair's most recently used entries, the latest first: at most `count`,
+        their states within `within` bytes (one too large is passed over)."""
+        entries = self.entries()
+        chosen, room = [], within
+        for name in sorted(entries, key=lambda name: _mtime(self.directory / (name + MANIFEST)),
+                           reverse=True):
+            if len(chosen) == count:
+                break
+            if entries[name].kept.nbytes <= room:
+                chosen.append(name)
+                room -= entries[name].kept.nbytes
+        return chosen
 
     def entries(self) -> dict[str, Entry]:
         """This pair's entries by name, as the directory holds them now."""
@@ -199,22 +225,33 @@ class DiskTier:
     def status(self) -> dict:
         """The budget, what every pair's entries hold against it, this pair's entry count, and
         why writes stopped (None: they did not)."""
-        return {"budget_bytes": self.budget, "bytes": sum(size for _, size in entry_files(self.root)),
+        return {"budget_bytes": self.budget, "bytes": cache_bytes(self.root),
                 "entries": len(self.entries()), "note": self.note}
 
     # --- the writer's thread ---
 
     def _write_loop(self) -> None:
         while True:
-            name, manifest, arrays = self._pending.get()
+            job = self._pending.get()
             try:
-                self._write(name, manifest, arrays)
+                if job is None:  # `close`
+                    return
+                self._write(*job)
             except Exception:  # the writer must outlive any entry: `flush` (and exit) waits on it
-                log.exception("prefix cache: entry %s not written", name)
+                log.exception("prefix cache: an entry was not written")
             finally:
                 self._pending.task_done()
 
-    def _write(self, name: str, manifest: dict, arrays: dict) -> None:
+    def _write(self, token_ids: list[int], kept: Kept) -> None:
+        try:
+            skeleton, arrays = pack(kept.state, self.codec)
+        except Unpackable as error:
+            self._stop(f"{error}: this engine's entries stay in RAM")
+            return
+        manifest = {"pair": self.pair, "token_ids": token_ids,
+                    "kept": {"nbytes": kept.nbytes, "whole_only": kept.whole_only,
+                             "has_taps": kept.has_taps}, "skeleton": skeleton}
+        name = uuid.uuid4().hex
         try:
             write_entry(self.directory, name, arrays, manifest)
         except OSError as error:
@@ -223,12 +260,10 @@ class DiskTier:
             else:
                 log.warning("prefix cache: entry not written to %s (%s)", self.directory, error)
             return
-        ids = np.asarray(manifest["token_ids"])
-        entry = Entry(ids, Kept(None, **manifest["kept"]))
+        ids = np.asarray(token_ids)
         with self._lock:
-            replaced = [other for other, held in self._index.items()
-                        if np.array_equal(held.token_ids, ids) or extends(entry.kept, ids, held)]
-            self._index[name] = entry
+            replaced = superseded(self._index.items(), ids, kept)
+            self._index[name] = Entry(ids, Kept(None, **manifest["kept"]))
         for other in replaced:  # the new entry serves their prompts as well
             self._delete(other)
         evict(self.root, self.budget)
@@ -241,9 +276,17 @@ class DiskTier:
     # --- the index: this process's view of the directory ---
 
     def _refresh(self) -> None:
-        """Read manifests another process (or an earlier run) wrote; forget vanished ones."""
-        names = {path.name[: -len(MANIFEST)] for path in self.directory.glob("*" + MANIFEST)
-                 if path.name != "pair.json"}
+        """Read manifests another process (or an earlier run) wrote and forget vanished ones,
+        when the directory changed since the last read (its mtime: a rename or unlink sets it)."""
+        try:
+            mtime = self.directory.stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if mtime is not None and mtime == self._seen_mtime:
+            return
+        settled = mtime is not None and time.time_ns() - mtime > SETTLED_NS
+        self._seen_mtime = mtime if settled else None
+        names = manifest_names(self.directory)
         for name in set(self._index) - names:
             del self._index[name]
         for name in names - set(self._index):
@@ -270,6 +313,12 @@ class DiskTier:
     def _remove_files(self, name: str) -> None:
         for suffix in (MANIFEST, PAYLOAD):  # the manifest first: no entry without its payload
             (self.directory / (name + suffix)).unlink(missing_ok=True)
+
+
+def manifest_names(directory: Path) -> set[str]:
+    """The names of the entries whose manifest is in `directory` (one pair's)."""
+    return {path.name[: -len(MANIFEST)] for path in directory.glob("*" + MANIFEST)
+            if path.name != "pair.json"}
 
 
 def entry_files(root: Path) -> list[tuple[Path, int]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_local import paths
+from dflash_local import errors, paths
 from dflash_local.errors import CheckpointError, EngineUnavailableError, InvalidRequestError
 
 EMBEDDED_TARGET_NAME = "SmolLM2-135M-Instruct"
@@ -63,7 +63,7 @@ def find_embedded_gguf() -> Path:
 
 
 def embedded_target_dir() -> Path:
-    return paths.data_dir() / "models" / EMBEDDED_TARGET_NAME
+    return paths.data_dir_path() / "models" / EMBEDDED_TARGET_NAME  # the import creates it
 
 
 def read_import_marker(path: Path) -> dict[str, Any] | None:
@@ -214,6 +214,11 @@ def import_embedded(dest: Path | None = None, dtype: str = "float32", force: boo
     dest = Path(dest) if dest is not None else embedded_target_dir()
     if _is_current(dest, dtype) and not force:
         return dest
+    with errors.storage_errors(f"the embedded target cannot be imported into {dest.parent}"):
+        return _import_locked(dest, dtype, force, gguf_path)  # a staging copy, removed on error
+
+
+def _import_locked(dest: Path, dtype: str, force: bool, gguf_path: Path | None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _import_lock(dest):
         if _is_current(dest, dtype) and not force:  # another process finished it meanwhile

@@ -17,7 +17,9 @@ from dflash_local.pairs.memory_budget import EngineBudget
 from dflash_local.pairs.memory_fit import (
     DTYPE_BYTES,
     QUANT_BYTES_PER_PARAM,
+    FitEstimate,
     config_dtype_bytes,
+    config_param_count,
     config_quantized,
     estimate_fit,
     weights_from_params,
@@ -83,15 +85,27 @@ def loaded_fit(target_dir: Path | None, drafter_dir: Path | None, dtype: str,
     target = ModelFiles.read(target_dir)
     if target.config is None:
         return {**budget.to_json(), "fit": None, "label": "served by another process: no estimate"}
-    drafter = ModelFiles.read(drafter_dir)
-    run_bytes = DTYPE_BYTES.get(dtype, 4)
-    bare = ModelSpec(repo=str(target_dir), source="hub")
-    weights = held_bytes(bare, target.stored_bytes, target.config, run_bytes) or 0
-    if drafter_dir is not None:
-        weights += held_bytes(bare, drafter.stored_bytes, drafter.config, run_bytes) or 0
-    estimate = estimate_fit(weights, target.config, context_tokens, budget.budget_bytes,
-                            drafter_config=drafter.config, dtype_bytes=run_bytes)
+    drafter = ModelFiles.read(drafter_dir) if drafter_dir is not None else None
+    estimate = local_pair_fit(target, drafter, DTYPE_BYTES.get(dtype, 4), context_tokens,
+                              budget.budget_bytes)
     return {**budget.to_json(), "fit": estimate.to_json(), "notes": [], "label": estimate.label()}
+
+
+_BARE = ModelSpec(repo="local", source="hub")  # a directory: no catalog figures to fall back on
+
+
+def local_pair_fit(target: ModelFiles, drafter: ModelFiles | None, run_bytes: int,
+                   context_tokens: int, available_bytes: int | None) -> FitEstimate:
+    """A pair in local directories (target config known), held in `run_bytes` per element. The
+    target is never counted below what its config's shapes allocate, whatever its files hold:
+    an engine builds the whole model before it reads a weight."""
+    stored = held_bytes(_BARE, target.stored_bytes, target.config, run_bytes) or 0
+    params = None if config_quantized(target.config) else config_param_count(target.config)
+    weights = max(stored, (params or 0) * run_bytes)
+    if drafter is not None:
+        weights += held_bytes(_BARE, drafter.stored_bytes, drafter.config, run_bytes) or 0
+    return estimate_fit(weights, target.config, context_tokens, available_bytes,
+                        drafter_config=drafter.config if drafter else None, dtype_bytes=run_bytes)
 
 
 def held_bytes(model: ModelSpec, stored: int | None, config: dict | None,

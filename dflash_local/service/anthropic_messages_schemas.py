@@ -22,9 +22,11 @@ from dflash_local.service.request_fields import (
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
     DFlashOptions,
+    ObjectSchema,
     StrictModel,
     Text,
     at_most,
+    check_answers_a_call,
     check_stop_strings,
     joined_text,
     template_call,
@@ -88,7 +90,7 @@ class AnthropicTool(StrictModel):
     type: str | None = None
     name: Text
     description: Text | None = None
-    input_schema: dict[str, Any]
+    input_schema: ObjectSchema
 
     @field_validator("type")
     @classmethod
@@ -104,13 +106,6 @@ class AnthropicTool(StrictModel):
         if not TOOL_NAME.fullmatch(name):  # match's "$" would let a trailing newline through
             raise ValueError("must be 1 to 128 letters, digits, '_' or '-'")
         return name
-
-    @field_validator("input_schema")
-    @classmethod
-    def _object_schema(cls, schema: dict) -> dict:
-        if schema.get("type") != "object":
-            raise ValueError('must be a JSON Schema of "type": "object"')
-        return schema
 
     def as_template_tool(self) -> dict:
         return template_tool(self.name, self.description, self.input_schema)
@@ -206,9 +201,8 @@ def check_tool_blocks(messages: list[AnthropicMessage]) -> None:
             elif isinstance(block, ToolResultBlock):
                 if message.role != "user":
                     raise ValueError(f"{where}: a tool_result block belongs in a user message")
-                if block.tool_use_id not in called:
-                    raise ValueError(f"{where}.tool_use_id: {shown_value(block.tool_use_id)} "
-                                     f"answers no tool_use block of an earlier assistant message")
+                check_answers_a_call(block.tool_use_id, called, f"{where}.tool_use_id",
+                                     "tool_use block")
 
 
 def template_messages(message: AnthropicMessage) -> list[dict]:

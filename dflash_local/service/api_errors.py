@@ -70,12 +70,14 @@ STATUS_BY_CODE = {
     "engine_unavailable": 503,
     "load_failed": 503,
     "model_not_loaded": 503,
+    "storage_unavailable": 503,
 }
 TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",

@@ -1,5 +1,5 @@
-"""What every request passes before a route sees it: the Host allow-list, the API key (every
-route but /health needs it, when the service has one) and the body limit.
+"""What every request passes before a route sees it: the Host allow-list and the API key (every
+route but /health needs it, when the service has one). The body's checks: request_body.py.
 
 Pure ASGI, so streamed responses are never buffered. The Host check stops DNS rebinding: a web
 page on evil.example that resolves its name to 127.0.0.1 still sends `Host: evil.example`.
@@ -10,13 +10,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 
-from fastapi import HTTPException
-
 from dflash_local.service.api_errors import error_response
 from dflash_local.service.validation import shown_value
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # far past any prompt a local context holds
 OPEN_PATHS = ("/health",)  # answered without the key
 
 
@@ -72,39 +69,3 @@ def presented_key(headers: dict[bytes, bytes]) -> bytes:
     if scheme.lower() == b"bearer":
         return token.strip()
     return b"" if b"authorization" in headers else headers.get(b"x-api-key", b"").strip()
-
-
-class BodyLimit:
-    """Answers 413 to a request body over `max_bytes`, declared or streamed, before it is parsed."""
-
-    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _too_large(self, size: str) -> str:
-        return (f"request body of {size} is over this server's limit of {self.max_bytes} bytes "
-                f"(serve --max-body-bytes)")
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
-        if not declared.isdigit():
-            response = error_response(400, f"Content-Length {shown_value(declared)} is not a "
-                                           f"number of bytes", "invalid_request", "Content-Length")
-            return await response(scope, receive, send)
-        if int(declared) > self.max_bytes:
-            response = error_response(413, self._too_large(f"{declared} bytes"),
-                                      "request_too_large")
-            return await response(scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:  # a chunked body that declared no length
-                raise HTTPException(413, self._too_large(f"over {self.max_bytes} bytes"))
-            return message
-
-        return await self.app(scope, limited_receive, send)

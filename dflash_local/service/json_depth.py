@@ -5,21 +5,15 @@ Free-form JSON (tool schemas, tool inputs, a call's `arguments`) is walked recur
 JSON parser, pydantic, the text marking and the chat template; nested some hundreds deep it
 exhausts Python's stack. The depth is scanned without recursion (strings skipped, brackets
 counted), on the raw body here and on a call's `arguments` text where it is validated
-(request_fields.py). Pure ASGI; the body is already bounded by guards.BodyLimit.
+(request_fields.py); request_body.py runs the body checks before any route.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
-from fastapi import HTTPException
-
-from dflash_local.service.api_errors import error_response
 
 MAX_JSON_DEPTH = 100  # far past any real tool schema; far below what exhausts the stack
 NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
-SCAN_IN_THREAD_BYTES = 64 * 1024  # a larger body is scanned off the event loop
 
 
 def json_depth(text: bytes | str) -> int:
@@ -55,43 +49,3 @@ def utf8_problem(body: bytes) -> str | None:
 
 def body_problem(body: bytes) -> str | None:
     return utf8_problem(body) or depth_problem(body, "request body")
-
-
-class JsonBodyCheck:
-    """Reads a request's body once (BodyLimit bounds it), answers 400 to one that is not UTF-8
-    or nests too deep, and hands the same bytes on to the route."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        try:
-            chunks, more = [], True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return None
-                chunks.append(message.get("body", b""))
-                more = message.get("more_body", False)
-        except HTTPException as exc:  # BodyLimit's 413, raised from its receive
-            return await error_response(exc.status_code, str(exc.detail),
-                                        "request_too_large")(scope, receive, send)
-        body = b"".join(chunks)
-        if len(body) > SCAN_IN_THREAD_BYTES:
-            problem = await asyncio.to_thread(body_problem, body)
-        else:
-            problem = body_problem(body)
-        if problem is not None:
-            return await error_response(400, problem, "invalid_request")(scope, receive, send)
-        delivered = False
-
-        async def replay():
-            nonlocal delivered
-            if delivered:
-                return await receive()  # a disconnect, once the route waits for one
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        return await self.app(scope, replay, send)

@@ -24,10 +24,12 @@ from dflash_local.service.request_fields import (
     MAX_TOOLS,
     DFlashOptions,
     FunctionCall,
+    ObjectSchema,
     StrictModel,
     Text,
     ToolName,
     at_most,
+    check_answers_a_call,
     check_stop_strings,
     joined_text,
     template_call,
@@ -46,16 +48,9 @@ class TextPart(StrictModel):
 class FunctionDefinition(StrictModel):
     name: ToolName
     description: Text | None = None
-    parameters: dict[str, Any] | None = None  # a JSON Schema of type object; None: no arguments
+    parameters: ObjectSchema | None = None  # None: no arguments
     strict: bool | None = None  # accepted; the output is not constrained to the schema
 
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, parameters: dict | None) -> dict | None:
-        if parameters is not None and parameters.get("type") != "object":
-            raise ValueError(f"must be a JSON Schema of type \"object\", got type "
-                             f"{json.dumps(parameters.get('type'))}")
-        return parameters
 
 
 class Tool(StrictModel):
@@ -163,6 +158,16 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
                              f"which is not among tools ({', '.join(names) or 'none given'})")
         if self.tool_choice == "required" and not names:
             raise ValueError("tool_choice: 'required' needs tools to choose from")
+        return self
+
+    @model_validator(mode="after")
+    def _results_answer_calls(self) -> ChatCompletionRequest:
+        called: set[str] = set()
+        for index, message in enumerate(self.messages):
+            called.update(call.id for call in message.tool_calls or ())
+            if message.tool_call_id is not None:
+                check_answers_a_call(message.tool_call_id, called,
+                                     f"messages.{index}.tool_call_id", "tool call")
         return self
 
     def tool_choice_value(self) -> str | dict:

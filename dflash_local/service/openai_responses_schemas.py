@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from dflash_local.service.openai_responses_tools import (
     CUSTOM_INPUT,
@@ -33,6 +33,7 @@ from dflash_local.service.request_fields import (
     Text,
     ToolName,
     at_most,
+    check_answers_a_call,
     joined_text,
     template_call,
 )
@@ -150,6 +151,7 @@ class ResponsesRequest(DFlashOptions):
     text: dict[str, Any] | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None  # extra output to include; only logprobs would ask for any
+    _offered: dict[str, OfferedTool] = PrivateAttr(default_factory=dict)  # offered_tools()
 
     @model_validator(mode="after")
     def _what_we_serve(self) -> ResponsesRequest:
@@ -168,7 +170,8 @@ class ResponsesRequest(DFlashOptions):
                              "on /v1/responses (/v1/chat/completions has logprobs)")
         if isinstance(self.input, list) and all(isinstance(i, ReasoningItem) for i in self.input):
             raise ValueError("input: give a string or at least one message or function item")
-        self._check_tool_choice(list(self.offered_tools()))
+        self._offered = offered_tools(self.tools or [])
+        self._check_tool_choice(list(self._offered))
         check_call_ids(self.input if isinstance(self.input, list) else [])
         return self
 
@@ -180,8 +183,9 @@ class ResponsesRequest(DFlashOptions):
             raise ValueError('tool_choice: "required" needs tools')
 
     def offered_tools(self) -> dict[str, OfferedTool]:
-        """The model's tools by name (namespaces flattened, custom tools as functions)."""
-        return offered_tools(self.tools or [])
+        """The model's tools by name (namespaces flattened, custom tools as functions), built
+        once, when the request is validated."""
+        return self._offered
 
     def notes(self) -> list[str]:
         """Where the model is told otherwise than asked (openai_responses_tools.py, reasoning)."""
@@ -212,9 +216,9 @@ def check_call_ids(items: list) -> None:
     for index, item in enumerate(items):
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             called.add(item.call_id)
-        elif isinstance(item, CallOutputItem) and item.call_id not in called:
-            raise ValueError(f"input.{index}.call_id: {shown_value(item.call_id)} answers no "
-                             f"earlier {item.type.removesuffix('_output')} item")
+        elif isinstance(item, CallOutputItem):
+            check_answers_a_call(item.call_id, called, f"input.{index}.call_id",
+                                 f"{item.type.removesuffix('_output')} item")
 
 
 def add_item(messages: list[dict], item) -> None:

@@ -23,6 +23,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator,
 
 from dflash_local.service.request_fields import (
     TOOL_NAME_PATTERN,
+    ObjectSchema,
     StrictModel,
     Text,
     ToolName,
@@ -47,15 +48,8 @@ class FunctionTool(StrictModel):
     type: Literal["function"]
     name: Text | None = None
     description: Text | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: ObjectSchema | None = None
     strict: bool | None = None  # we do not constrain decoding to the schema; the model may stray
-
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, schema: dict | None) -> dict | None:
-        if schema is not None and schema.get("type") != "object":
-            raise ValueError('must be a JSON Schema of "type": "object"')
-        return schema
 
     @model_validator(mode="after")
     def _named(self) -> FunctionTool:

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from dflash_local.engines.chat_prompt import unicode_problem
 from dflash_local.service.json_depth import depth_problem
+from dflash_local.service.validation import shown_value
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context we serve; the context check comes later
 MAX_STOP_STRINGS = 8
@@ -92,6 +93,19 @@ class FunctionCall(StrictModel):
         return arguments
 
 
+def check_object_schema(schema: dict) -> dict:
+    """A tool's parameters: a JSON Schema of type object (chat templates render a call's
+    arguments as an object's properties)."""
+    if schema.get("type") != "object":
+        shown_type = json.dumps(schema.get("type"), ensure_ascii=True)[:SHOWN_TYPE_CHARS]
+        raise ValueError(f'must be a JSON Schema of type "object", got type {shown_type}')
+    return schema
+
+
+SHOWN_TYPE_CHARS = 60
+ObjectSchema = Annotated[dict[str, Any], AfterValidator(check_object_schema)]
+
+
 def template_tool(name: str, description: str | None, parameters: dict | None) -> dict:
     """A function tool as chat templates take it; every endpoint's tools end up in this form,
     so one conversation renders the same prompt whichever API it came through."""
@@ -103,6 +117,15 @@ def template_tool(name: str, description: str | None, parameters: dict | None) -
 def template_call(call_id: str, name: str, arguments: dict) -> dict:
     """An earlier reply's call as chat templates take it (arguments a dict), whichever API sent it."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def check_answers_a_call(call_id: str, called: set[str], where: str, calls: str) -> None:
+    """A tool result answers a call made earlier in the conversation, by its id: one rule and
+    one wording on every API (`calls` is what the API calls a call)."""
+    if call_id not in called:
+        earlier = ", ".join(shown_value(known) for known in sorted(called)[:5]) or "none"
+        raise ValueError(f"{where}: {shown_value(call_id)} answers no {calls} of an earlier "
+                         f"assistant turn (ids called before it: {earlier})")
 
 
 class DFlashOptions(StrictModel):

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
 
 from dflash_local.drafter.config import load_checked_drafter_config
@@ -31,7 +30,6 @@ from dflash_local.errors import (
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
 from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
-from dflash_local.pairs.load_fit import check_load_fits
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.prompt_count import PromptCounter
@@ -72,14 +70,12 @@ class LoadedPair:
     names: tuple[str, str | None] = ("", None)  # (target, drafter) as callers are told them
     status_fit: dict | None = None  # the fit /dflash/status shows: its files do not change
     prompt_counter: PromptCounter | None = None  # count_tokens' (None: the engine does not tokenize)
+    # where its chat template takes system turns: tried at load, on the load's thread (a
+    # template render is too slow for the event loop)
+    system_turns: SystemTurns = SystemTurns.ANYWHERE
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
-
-    @cached_property
-    def system_turns(self) -> SystemTurns:
-        """Where its chat template takes system turns (tried once, on the first request)."""
-        return SystemTurns.of(self.engine)
 
     def describe(self) -> dict:
         pair = self.engine.pair
@@ -155,16 +151,16 @@ class ServiceState:
         self.on_loading_phase = on_loading_phase  # (served name, phase): `serve` prints it
         self._load_lock = threading.Lock()
 
-    def require_model(self, name: str | None, any_name: bool = False) -> LoadedPair:
-        """The loaded pair, if `name` is its name or an alias; with `any_name` (an API whose
-        clients send their own model names) any name but another known pair's."""
+    def require_model(self, name: str | None) -> LoadedPair:
+        """The loaded pair for any name but another known pair's: clients send their own model
+        names (Claude Code's opus/sonnet/haiku slots, Codex's gpt-5), and one pair serves here."""
         check_model_name(name)
         loaded = self.loaded  # while another loads, this one still serves
         if loaded is None:
             raise NoModelLoadedError(
                 f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
                 else "no model is loaded; POST /dflash/load first")
-        if not loaded.answers_to(name) and (not any_name or name in self.other_pairs_names()):
+        if not loaded.answers_to(name) and name in self.other_pairs_names():
             raise ModelNotFoundError(f"model {name!r} is not loaded (this server serves "
                                      f"{loaded.served_name!r})")
         return loaded
@@ -271,13 +267,11 @@ class ServiceState:
             self.loading_phase = LOADING
             self._ensure_idle()
             precheck_pair(target, drafter)
-            if kind_of(engine) == LOCAL and Path(target).is_dir():
-                check_load_fits(engine, served_name, Path(target), drafter and Path(drafter),
-                                options.dtype, options.device)
             engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
                                 prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
+                                system_turns=SystemTurns.of(engine_obj),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
                                 draft_window=draft_window,
                                 names=names or (public_name(target), public_name(drafter)))
@@ -298,6 +292,7 @@ class ServiceState:
                                      options)
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
+            engine_obj.preload_prefix_cache()  # an agent's fixed prefix: warm from the first request
             return engine_obj
         except Exception as exc:
             self.load_error = redact_paths(f"{type(exc).__name__}: {exc}")

@@ -51,7 +51,7 @@ class DFlashChatApp(App):
         from dflash_local import paths  # platformdirs only: no model code
 
         self.options = options or Options()
-        self.data_dir = data_dir or paths.data_dir()
+        self.data_dir = data_dir or paths.data_dir_path()  # the store creates it, or says why not
         self.settings_file = settings_file or settings_path()
         loaded, self.settings_problems = load_settings(self.settings_file)
         self.defaults = settings or loaded  # the user's, as saved; `settings` is the open chat's
@@ -141,7 +141,8 @@ class DFlashChatApp(App):
 
     @property
     def service_log(self) -> Path:
-        return self.data_dir / "logs" / "service.log"
+        """Where the child's log goes (its process says: elsewhere if the data dir is read-only)."""
+        return self.process.log_path if self.process else self.data_dir / "logs" / "service.log"
 
     def on_dflash_chat_app_service_up(self, message: ServiceUp) -> None:
         self.client = message.client

@@ -11,10 +11,12 @@ or a dead service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +52,20 @@ class ServiceStartError(Exception):
     pass
 
 
+def fresh_log(path: Path) -> Path:
+    """`path`, emptied; where the data dir cannot be written (read-only, full), this start's
+    log in the temporary dir instead, and else none: the service starts all the same."""
+    elsewhere = Path(tempfile.gettempdir()) / f"dflash-local-service-{os.getpid()}.log"
+    for candidate in (path, elsewhere):
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.write_bytes(b"")
+            return candidate
+        except OSError:
+            continue
+    return Path(os.devnull)
+
+
 class ServiceProcess:
     """One child service. `serve_args` are passed through (--target, --drafter, --pair...)."""
 
@@ -83,8 +99,7 @@ class ServiceProcess:
 
     async def start(self) -> str:
         """Start the child and return its URL once it prints it (after the pair has loaded)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_bytes(b"")  # one log per start; both writers then append
+        self.log_path = fresh_log(self.log_path)  # one log per start; both writers then append
         with self._open_log() as log:  # the child keeps its own descriptor
             self._process = await asyncio.create_subprocess_exec(
                 *self.command, "--host", "127.0.0.1", "--port", "0", *self.serve_args,
@@ -98,7 +113,7 @@ class ServiceProcess:
         return open(self.log_path, "ab")
 
     def _log_line(self, line: bytes) -> None:
-        with self._open_log() as log:
+        with contextlib.suppress(OSError), self._open_log() as log:  # a full disk: lines lost
             log.write(line)
 
     async def _read_url(self) -> str:

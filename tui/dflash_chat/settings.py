@@ -1,4 +1,4 @@
-"""The app's settings, kept in `config_dir()/settings.toml`: read with tomllib, written by the
+"""The app's settings, kept in `config_dir_path()/settings.toml`: read with tomllib, written by the
 small serializer below (flat keys plus one [keymap] table, all we need).
 
 Boundary: no Textual. A bad value in the file never stops the app: it falls back to the default
@@ -73,9 +73,9 @@ class Settings:
 
 
 def settings_path() -> Path:
-    from dflash_local.paths import config_dir
+    from dflash_local import paths
 
-    return config_dir() / FILE_NAME
+    return paths.config_dir_path() / FILE_NAME  # not created until a save (save_settings)
 
 
 def load_settings(path: Path) -> tuple[Settings, list[str]]:
