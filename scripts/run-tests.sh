@@ -21,4 +21,10 @@ if [ "${DFLASH_CI_CLIENTS:-1}" = "1" ]; then
   ./scripts/setup_clients.sh
   export DFLASH_CLIENTS_PYTHON="$PWD/.venv-clients/bin/python"
 fi
+# Claude Code from npm (235 MB) for tests/test_agent_clients.py, its tool round trip through the
+# service (about a minute); Codex and opencode: scripts/agent_clients.py. DFLASH_CI_AGENTS=0: skipped
+if [ "${DFLASH_CI_AGENTS:-1}" = "1" ]; then
+  npm install --silent --prefix .agent-clients @anthropic-ai/claude-code@2.1.197
+  export DFLASH_AGENT_CLIENTS_NPM="$PWD/.agent-clients"
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -103,7 +103,7 @@ def _examples(tokenizer) -> list[tuple[list[int], list[int]]]:
     return examples
 
 
-def _train(model, examples, steps: int = 400, seed: int = 0) -> None:
+def _train(model, examples, steps: int = 400, seed: int = 0, loss_floor: float = 0.01) -> None:
     """Full-batch Adam on the reply tokens only, until greedy decoding reproduces every reply."""
     torch.manual_seed(seed)
     width = max(len(p) + len(r) for p, r in examples)
@@ -122,7 +122,7 @@ def _train(model, examples, steps: int = 400, seed: int = 0) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 0.01:  # memorized from about 0.08 on; 0.01 leaves a wide greedy margin
+        if loss.item() < loss_floor:  # memorized from about 0.08 on; 0.01 leaves a wide margin
             break
     model.eval()
 
@@ -140,19 +140,25 @@ def make_agent_target(out: Path, seed: int = 0) -> Path:
     return train_target(out, tokenizer, _examples(tokenizer), seed)
 
 
-def train_target(out: Path, tokenizer, examples: list[tuple[list[int], list[int]]],
-                 seed: int = 0) -> Path:
-    """A tiny Qwen3 for `tokenizer` (saved in `out`) trained until greedy decoding writes each
-    example's reply (prompt ids, reply ids) exactly, saved beside it."""
+def tiny_qwen3(vocab: int, seed: int = 0, max_positions: int = 1024):
+    """The untrained tiny Qwen3 (float32) the agent targets start from."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True,
-                         eos_token_id=2, pad_token_id=0, rope_theta=1_000_000.0)
+                         head_dim=16, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0,
+                         rope_theta=1_000_000.0)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _train(model, examples, seed=seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def train_target(out: Path, tokenizer, examples: list[tuple[list[int], list[int]]],
+                 seed: int = 0, max_positions: int = 1024, loss_floor: float = 0.01) -> Path:
+    """A tiny Qwen3 for `tokenizer` (saved in `out`) trained until greedy decoding writes each
+    example's reply (prompt ids, reply ids) exactly, saved beside it."""
+    model = tiny_qwen3(len(tokenizer), seed, max_positions)
+    _train(model, examples, seed=seed, loss_floor=loss_floor)
     for prompt, reply in examples:
         got = _greedy(model, prompt, len(reply))
         if got != reply:

@@ -16,6 +16,7 @@ from dflash_local.bench import cli as bench_cli
 from dflash_local.cli import adapt as adapt_cli
 from dflash_local.cli import cache as cache_cli
 from dflash_local.cli import flags
+from dflash_local.cli import launch as launch_cli
 from dflash_local.cli.options import quiet_frameworks
 from dflash_local.cli.reply import Reply, ReplyEcho, ReplyText
 from dflash_local.engines.detokenize import speaks_harmony
@@ -35,7 +36,10 @@ EXIT_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, client_args = launch_cli.split_client_args(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    if client_args:
+        args.client_args = client_args
     try:
         return args.handler(args)
     except DFlashError as exc:
@@ -59,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace(commands)
     cache_cli.add_parser(commands)
     adapt_cli.add_parser(commands)
+    launch_cli.add_parser(commands)
     return parser
 
 
