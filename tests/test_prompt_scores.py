@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures_tiny import collect, tiny_engine, tiny_pair
-from test_logprobs import TOLERANCE, reference_logprobs
+from fixtures_tiny import collect
+from test_logprobs import TOLERANCE, qwen3_engine, reference_logprobs
 
 from dflash_local.engines import prompt_scores
 from dflash_local.events import GenerationParams
@@ -20,17 +20,7 @@ PROMPT = [5, 77, 130, 42, 9, 200, 31, 64, 18, 111, 250, 7, 99]  # 13 rows: chunk
 
 @pytest.fixture(scope="module", params=["transformers", "mlx"])
 def engine(request, tmp_path_factory):
-    if request.param == "transformers":
-        return tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
-    pytest.importorskip("mlx.core")
-    from mlx_tiny import write_target
-    from tiny_models import make_drafter
-
-    from dflash_local.engines.mlx_engine import MLXEngine
-
-    root = tmp_path_factory.mktemp("mlx-scores")
-    target = write_target(root / "target", "qwen3", seed=3)
-    return MLXEngine(target, make_drafter(root / "drafter", target, layers=2, taps=[1, 3, 4]))
+    return qwen3_engine(request.param, tmp_path_factory)
 
 
 @pytest.fixture
