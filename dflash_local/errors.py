@@ -57,6 +57,10 @@ class InvalidRequestError(DFlashError):
     code = "invalid_request"
 
 
+class MaxBatchError(InvalidRequestError):
+    """`--max-batch` is below 1 or more generations than memory holds: refused at start."""
+
+
 class GenerationCancelled(DFlashError):
     """The consumer stopped the generation (disconnect, Esc)."""
 

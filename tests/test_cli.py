@@ -202,6 +202,17 @@ def test_serve_refuses_recalibrate_without_a_local_pair_to_load(cli_env, flags):
     assert_one_line_error(result, "--recalibrate", "POST /dflash/load")
 
 
+def test_serve_refuses_max_batch_zero(cli_env):
+    result = cli(cli_env, "serve", "--no-load", "--max-batch", "0")
+    assert_one_line_error(result, "--max-batch must be >= 1, got 0")
+
+
+def test_serve_refuses_a_max_batch_memory_cannot_hold(pair, cli_env):
+    result = cli(cli_env, "serve", "--target", str(pair.target), "--drafter", str(pair.drafter),
+                 "--engine", "transformers", "--max-batch", "100000000")
+    assert_one_line_error(result, "--max-batch 100000000", "more than this machine's memory of")
+
+
 def test_incompatible_pair_names_the_check(pair, cli_env, tmp_path):
     drafter = shutil.copytree(pair.drafter, tmp_path / "drafter")
     config = json.loads((drafter / "config.json").read_text())

@@ -235,7 +235,8 @@ def test_concurrent_clients_all_answered(service):
 
 
 def test_full_queue_answers_429(pair):
-    _state, server = start_service(*pair, max_queue=1)
+    """One generation at a time (--max-batch 1): a second request waits, a third is refused."""
+    _state, server = start_service(*pair, max_queue=1, max_batch=1)
     long_body = {"messages": messages(PROMPTS[0]), "max_tokens": 900, "stream": True,
                  "speculative": False}
     try:

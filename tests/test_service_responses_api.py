@@ -283,9 +283,9 @@ def test_a_custom_or_namespaced_call_is_encoded_as_codex_reads_it():
     from pydantic import TypeAdapter
 
     from dflash_local.events import StepEvent
+    from dflash_local.service.job_items import Chunk, ToolCallDelta
     from dflash_local.service.jobs import Reply
     from dflash_local.service.openai_responses import ResponsesEncoder
-    from dflash_local.service.worker import Chunk, ToolCallDelta
 
     body = ResponsesRequest.model_validate({"input": "Hi", "tools": [
         {"type": "custom", "name": "apply_patch"},

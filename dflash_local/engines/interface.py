@@ -93,6 +93,11 @@ class Engine(abc.ABC):
         calibration under auto); `on_wait(what)` before a wait worth telling the user about.
         `recalibrate`: measure again what is cached. A served engine has nothing to prepare."""
 
+    def generation_bytes(self) -> int | None:
+        """Memory one generation's caches reach at the full context (the worker's batch is
+        bounded by it); None: a served engine's server holds them."""
+        return None
+
     def close(self) -> None:
         """Free what the engine holds (models, child processes)."""
 

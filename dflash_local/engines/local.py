@@ -128,8 +128,8 @@ class LocalEngine(Engine):
             speculative_toggle=True, sampling=True, max_context=max_context,
             hybrid_targets=True, logprobs=True, tree_verify=self.exact_tree_verify())
         taps = len(drafter_config.target_layer_ids) if drafter_config else 0
-        self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb,
-                                              self.kept_row_bytes(raw_config, dtype, taps))
+        self.row_bytes = self.kept_row_bytes(raw_config, dtype, taps)  # target KV + taps
+        self.prefix_cache = make_prefix_cache(prefix_cache, prefix_cache_mb, self.row_bytes)
         self.prefix_states = self.make_prefix_states()
         self.prefix_disk = (self._make_prefix_disk(disk_budget)
                             if self.prefix_cache is not None else None)
@@ -232,6 +232,9 @@ class LocalEngine(Engine):
     def compute_threads(self) -> int | None:
         """CPU threads the engine's matmuls use, where it knows: round costs depend on it."""
         return None
+
+    def generation_bytes(self) -> int:
+        return self.row_bytes * self.capabilities.max_context
 
     def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:

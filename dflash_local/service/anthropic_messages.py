@@ -26,10 +26,10 @@ from dflash_local.service import jobs
 from dflash_local.service.anthropic_messages_schemas import CountTokensRequest, MessagesRequest
 from dflash_local.service.api_errors import unexpected_error_response
 from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.job_items import Chunk, JobRequest
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
-from dflash_local.service.worker import Chunk, JobRequest
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"

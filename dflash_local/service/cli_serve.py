@@ -49,7 +49,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     serve.add_argument("--max-queue", type=int, default=8, metavar="N",
-                       help="requests waiting behind the running one before 429s")
+                       help="requests waiting for a place in the batch before 429s")
+    serve.add_argument("--max-batch", type=int, metavar="N",
+                       help="generations in flight at once, their rounds taken in turn (default: "
+                            "4, fewer where memory cannot hold them at the full context; a "
+                            "served engine: 1)")
     serve.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                        help="also answer requests whose Host header names NAME (repeatable; '*' "
                             "allows any). Default: loopback names and the --host address")
@@ -91,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                                   f"not --engine {args.engine}")
     if args.max_queue < 1:
         raise InvalidRequestError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise InvalidRequestError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_body_bytes < 1:
         raise InvalidRequestError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     _check_prefix_cache(args)
@@ -106,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_frameworks()
     # before torch loads: spinning OpenMP threads would starve the event loop's thread
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    state = ServiceState(api_key=args.api_key, max_queue=args.max_queue,
+    state = ServiceState(api_key=args.api_key, max_queue=args.max_queue, max_batch=args.max_batch,
                          load_options=serve_options(args), on_loading_phase=_print_phase)
     if not args.no_load:
         _initial_load(state, args)
@@ -133,6 +139,7 @@ def _print_phase(name: str, phase: str) -> None:
 
 
 def _initial_load(state, args: argparse.Namespace) -> None:
+    from dflash_local.errors import MaxBatchError
     from dflash_local.pairs.hub import resolve_model
     from dflash_local.service.state import pick_engine
 
@@ -151,7 +158,7 @@ def _initial_load(state, args: argparse.Namespace) -> None:
         state.load_pair(args.pair or "embedded", args.engine, args.block_size, args.recalibrate,
                         args.draft_window)
     except Exception as exc:
-        if args.pair:
+        if args.pair or isinstance(exc, MaxBatchError):  # the flag's own error: not a warning
             raise
         print(f"warning: the embedded pair could not be loaded ({exc}); serving with no pair "
               f"loaded: POST /dflash/load", file=sys.stderr)

@@ -31,19 +31,19 @@ from dflash_local.events import (
     widest_block,
 )
 from dflash_local.service.api_errors import status_of
-from dflash_local.service.raw_prompt import PromptEcho
-from dflash_local.service.sse import KEEPALIVE_S, SSE_HEADERS, keepalive_comment
-from dflash_local.service.state import LoadedPair
-from dflash_local.service.usage import reply_usage
-from dflash_local.service.worker import (
+from dflash_local.service.job_items import (
     Chunk,
     Failed,
     Finished,
-    Job,
     JobRequest,
     Started,
     ToolCallDelta,
 )
+from dflash_local.service.raw_prompt import PromptEcho
+from dflash_local.service.sse import KEEPALIVE_S, SSE_HEADERS, keepalive_comment
+from dflash_local.service.state import LoadedPair
+from dflash_local.service.usage import reply_usage
+from dflash_local.service.worker import Job
 
 DEFAULT_MAX_TOKENS = 512
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; nobody reads it

@@ -18,11 +18,11 @@ from dflash_local.events import StepEvent
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import error_body
 from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.job_items import Chunk, JobRequest, ToolCallDelta
 from dflash_local.service.openai_chat_schemas import ChatCompletionRequest
 from dflash_local.service.sse import sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
-from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 router = APIRouter()
 

@@ -20,12 +20,12 @@ from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import error_body
 from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.job_items import Chunk, JobRequest
 from dflash_local.service.openai_completions_schemas import DEFAULT_MAX_TOKENS, CompletionRequest
 from dflash_local.service.raw_prompt import PromptEcho, RawPrompt
 from dflash_local.service.sse import sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
-from dflash_local.service.worker import Chunk, JobRequest
 
 router = APIRouter()
 ID_PREFIX = "cmpl-"

@@ -25,13 +25,13 @@ from fastapi import APIRouter, Request
 from dflash_local.errors import PromptTooLongError
 from dflash_local.service import jobs
 from dflash_local.service.app_state import ServiceStateDep
+from dflash_local.service.job_items import Chunk, JobRequest, ToolCallDelta
 from dflash_local.service.openai_responses_schemas import TEXT_FORMAT, ResponsesRequest
 from dflash_local.service.openai_responses_tools import OfferedTool, custom_input
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
 from dflash_local.service.validation import shown_value
-from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 router = APIRouter()
 log = logging.getLogger("dflash_local.service")

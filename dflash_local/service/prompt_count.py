@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import threading
 
+from dflash_local.service.job_items import JobRequest
 from dflash_local.service.tool_calls import ToolSupport, plan_tools
-from dflash_local.service.worker import JobRequest, encode_prompt
+from dflash_local.service.worker import encode_prompt
 
 
 class PromptCounter:

@@ -28,11 +28,13 @@ from dflash_local.errors import (
     ModelNotFoundError,
 )
 from dflash_local.events import AUTO, WHOLE_BLOCK, BlockSize, parse_block_size
+from dflash_local.method.prefix_cache import machine_memory_bytes
 from dflash_local.pairs.catalog import Catalog, load_catalog, locate
 from dflash_local.pairs.hub import is_repo_id, resolve_model
 from dflash_local.service.api_errors import BusyError, LoadFailedError, NoModelLoadedError
 from dflash_local.service.downloads import DownloadManager
 from dflash_local.service.prompt_count import PromptCounter
+from dflash_local.service.scheduler import max_batch_for
 from dflash_local.service.system_turns import SystemTurns
 from dflash_local.service.validation import redact_paths
 from dflash_local.service.worker import GenerationWorker
@@ -130,7 +132,8 @@ LOADING = "loading"  # a load's phase while the weights load (then calibrating, 
 
 class ServiceState:
     def __init__(self, *, catalog: Catalog | None = None, loader: Loader | None = None,
-                 api_key: str | None = None, max_queue: int = 8, hub_endpoint: str | None = None,
+                 api_key: str | None = None, max_queue: int = 8, max_batch: int | None = None,
+                 hub_endpoint: str | None = None,
                  hub_cache_dir: str | Path | None = None,
                  load_options: dict[str, EngineOptions] | None = None,
                  on_loading_phase: Callable[[str, str], None] | None = None):
@@ -141,6 +144,7 @@ class ServiceState:
         self.loader = loader or default_loader
         self.api_key = api_key
         self.max_queue = max_queue
+        self.max_batch = max_batch  # generations in flight (None: scheduler.max_batch_for's default)
         self.loaded: LoadedPair | None = None
         self.loading: str | None = None
         self.loading_phase: str | None = None  # "loading", then "calibrating" when it measures
@@ -267,8 +271,9 @@ class ServiceState:
             self.loading_phase = LOADING
             self._ensure_idle()
             precheck_pair(target, drafter)
-            engine_obj = self._load_engine(engine, target, drafter, block_size, recalibrate, options)
-            worker = GenerationWorker(engine_obj, max_queue=self.max_queue)
+            engine_obj, max_batch = self._load_engine(engine, target, drafter, block_size,
+                                                      recalibrate, options)
+            worker = GenerationWorker(engine_obj, max_queue=self.max_queue, max_batch=max_batch)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
                                 prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
                                 system_turns=SystemTurns.of(engine_obj),
@@ -285,15 +290,18 @@ class ServiceState:
             self._load_lock.release()
 
     def _load_engine(self, engine: str, target: str | Path, drafter: str | Path | None,
-                     block_size: BlockSize, recalibrate: bool, options: EngineOptions) -> Engine:
+                     block_size: BlockSize, recalibrate: bool,
+                     options: EngineOptions) -> tuple[Engine, int]:
+        """The loaded engine and the generations its worker keeps in flight."""
         engine_obj = None
         try:
             engine_obj = self.loader(engine, str(target), str(drafter) if drafter else None,
                                      options)
+            max_batch = max_batch_for(engine_obj, self.max_batch, machine_memory_bytes())
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
             engine_obj.preload_prefix_cache()  # an agent's fixed prefix: warm from the first request
-            return engine_obj
+            return engine_obj, max_batch
         except Exception as exc:
             self.load_error = redact_paths(f"{type(exc).__name__}: {exc}")
             if engine_obj is not None:

@@ -1,30 +1,39 @@
-"""The generation worker: one thread per loaded engine runs one generation at a time.
+"""The generation worker: one thread per loaded engine runs the rounds of the generations in
+flight, one round of each in turn (scheduler.py: up to max_batch of them, round-robin).
 
-Jobs wait in a bounded queue (full -> QueueFullError, a 429). The thread hands each round's
-output to the job's asyncio queue through `call_soon_threadsafe`, so the event loop never waits
-on the engine. A job's cancel flag is checked after every round; the engine's iterator is then
-closed, so a disconnected client costs at most the round already running.
+Jobs past the free places wait in a bounded queue (full -> QueueFullError, a 429). The thread
+hands each round's output to the job's asyncio queue through `call_soon_threadsafe`, so the
+event loop never waits on the engine. A job's cancel flag is checked after every round; the
+engine's iterator is then closed, so a disconnected client costs at most the round running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
 
 from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
-from dflash_local.service.api_errors import NoModelLoadedError, QueueFullError
+from dflash_local.service.api_errors import NoModelLoadedError
 from dflash_local.service.harmony import HarmonySplitter
+from dflash_local.service.job_items import (
+    Chunk,
+    Failed,
+    Finished,
+    JobRequest,
+    Started,
+    ToolCallDelta,
+)
 from dflash_local.service.logprob_entries import LogprobEntries
-from dflash_local.service.raw_prompt import PromptEcho, RawPrompt, prompt_echo
+from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
+from dflash_local.service.scheduler import Lane, RoundRobin
 from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import (
     NO_TOOLS,
@@ -36,70 +45,6 @@ from dflash_local.service.tool_calls import (
 from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What every API edge (chat completions, messages, responses) asks the worker for.
-
-    `messages` are chat-template messages as Hugging Face templates take them: an assistant's
-    calls under "tool_calls" ([{"id", "type": "function", "function": {"name", "arguments": dict}}]),
-    a result as {"role": "tool", "tool_call_id", "content"}. `tools` are OpenAI function tools
-    ({"type": "function", "function": {"name", "description", "parameters"}}); `tool_choice` is
-    "auto", "none", "required" or {"type": "function", "function": {"name": ...}}."""
-
-    messages: list[dict]
-    params: GenerationParams
-    # False: params.max_tokens is a default. Either way a max_tokens past the room the prompt
-    # leaves is lowered to it (a given one, logged), as llama.cpp, Ollama and LM Studio do:
-    # agents ask for more than a small local context holds, and loop on a refusal
-    max_tokens_given: bool
-    thinking: bool | None = None
-    stop: tuple[str, ...] = ()
-    tools: tuple[dict, ...] = ()
-    tool_choice: str | dict = "auto"
-    # legacy completions: the prompt's ids as given, in place of templated `messages`
-    raw_prompt: RawPrompt | None = None
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """A piece of one tool call the model wrote, as OpenAI streams it: a call's first piece
-    carries its id and name, the next ones more of its arguments' JSON text."""
-
-    index: int  # which call of this reply, from 0
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
-
-
-@dataclass(frozen=True)
-class Chunk:
-    text: str  # the text delta, stop strings applied (tool-call markup taken out)
-    event: StepEvent
-    finish_reason: str | None  # "stop", "length" or "tool_calls" on the last chunk
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-    stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
-    logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
-    reasoning: str = ""  # the reasoning delta (a harmony target's analysis channel)
-    echo: PromptEcho | None = None  # a completion's prompt, on its first chunk when asked
-
-
-@dataclass(frozen=True)
-class Started:
-    """A local engine's prompt passed every check; its prefill begins (it may take a while)."""
-
-    prompt_tokens: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    stats: GenerationStats
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: Exception
 
 
 class Job:
@@ -202,10 +147,12 @@ def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[
 
 
 class GenerationWorker:
-    def __init__(self, engine: Engine, max_queue: int = 8):
+    """`max_batch`: generations in flight at once (scheduler.max_batch_for chooses it)."""
+
+    def __init__(self, engine: Engine, max_queue: int = 8, max_batch: int = 1):
         self.engine = engine
         self.max_queue = max_queue
-        self.current: Job | None = None
+        self.max_batch = max_batch
         self.last: Job | None = None
         self.jobs_done = 0
         self.rounds_total = 0
@@ -213,27 +160,31 @@ class GenerationWorker:
         self.warmed = 0  # conversations whose next turn was warmed (turn_warmup.py)
         self.warm_ups_ended = 0  # warm-ups ended: stored, cut by a job, or nothing to do
         self._closed = False
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._batch = RoundRobin(self.max_batch, max_queue)
+        self._to_warm: deque[Job] = deque(maxlen=self.max_batch)  # finished while others ran
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
         if self._closed:
             raise NoModelLoadedError("the model is being unloaded")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(f"the generation queue is full ({self.max_queue} requests "
-                                 f"waiting); retry later") from None
+        self._batch.submit(job)
 
     @property
     def busy(self) -> bool:
-        return self.current is not None or not self._queue.empty()
+        return self._batch.busy
+
+    @property
+    def current(self) -> Job | None:
+        """The oldest generation in flight."""
+        lanes = list(self._batch.lanes)
+        return lanes[0].job if lanes else None
 
     def status(self) -> dict:
-        current = self.current
-        return {"busy": self.busy, "queued": self._queue.qsize(), "max_queue": self.max_queue,
-                "current": current.summary() if current else None,
+        running = [lane.job.summary() for lane in list(self._batch.lanes)]
+        return {"busy": self.busy, "queued": len(self._batch.waiting), "max_queue": self.max_queue,
+                "max_batch": self.max_batch, "running": running,
+                "current": running[0] if running else None,
                 "last": self.last.summary() if self.last else None,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
                 "warmed": self.warmed}
@@ -244,41 +195,47 @@ class GenerationWorker:
         self._closed = True
 
         def drain() -> None:
-            self._queue.put(None)  # behind the queued jobs; waits for room in a full queue
+            self._batch.stop()  # after the waiting jobs and the lanes in flight
             self._thread.join()
             on_idle()
 
         threading.Thread(target=drain, name="generation-worker-retire", daemon=True).start()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Refuse new jobs, fail the queued ones, cancel the running one, stop the thread."""
+        """Refuse new jobs, fail the waiting ones, cancel those in flight, stop the thread."""
         self._closed = True
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.outcome = "failed"
-                job.put(Failed(NoModelLoadedError("the model was unloaded")))
-        if self.current is not None:
-            self.current.cancel()
-        self._queue.put(None)
+        for job in self._batch.take_waiting():
+            job.outcome = "failed"
+            job.put(Failed(NoModelLoadedError("the model was unloaded")))
+        for lane in list(self._batch.lanes):
+            lane.job.cancel()
+        self._batch.stop()
         self._thread.join(timeout)
 
     def _serve(self) -> None:
-        while (job := self._queue.get()) is not None:
-            if job.cancelled:  # its client left while it waited
-                job.outcome = "cancelled"
-                continue
-            self.current = job
-            try:
-                self._run(job)
-            finally:
-                self.current = None
-                self.last = job
-                self.jobs_done += 1
-            self._warm_next_turn(job)
+        while True:
+            idle = not self._batch.lanes
+            if idle:
+                self._warm_finished()
+            joining = self._batch.joining(block=idle)
+            if joining is None:
+                return
+            for job in joining:
+                if job.cancelled:  # its client left while it waited
+                    job.outcome = "cancelled"
+                    continue
+                self._batch.add(Lane(job, self._run(job)))
+            for lane in list(self._batch.lanes):  # one round each, in the order they joined
+                if not lane.step():
+                    self._batch.remove(lane)
+                    self.last = lane.job
+                    self.jobs_done += 1
+                    self._to_warm.append(lane.job)
+
+    def _warm_finished(self) -> None:
+        """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
+        while self._to_warm and not self._closed and not self._batch.waiting:
+            self._warm_next_turn(self._to_warm.pop())
 
     def _warm_next_turn(self, job: Job) -> None:
         """While no job waits, ready the prefix cache for this conversation's next request
@@ -291,19 +248,19 @@ class GenerationWorker:
             return
         try:
             if self.engine.warm_next_turn(request.messages, "".join(job.reply_parts),
-                                          job.prompt_ids,
-                                          request.params, request.thinking,
-                                          lambda: self._closed or not self._queue.empty()):
+                                          job.prompt_ids, request.params, request.thinking,
+                                          lambda: self._closed or bool(self._batch.waiting)):
                 self.warmed += 1
         except Exception:  # the worker's edge: a failed warm-up costs the next turn time only
             log.exception("warming the prefix cache after %s failed", job.id)
         finally:
             self.warm_ups_ended += 1
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> Iterator[None]:
+        """The job's steps, one per round; its outcome goes to the job when it ends."""
         job.outcome = "running"
         try:
-            stats = self._generate(job)
+            stats = yield from self._generate(job)
         except DFlashError as exc:
             job.outcome = "failed"
             job.put(Failed(exc))
@@ -320,7 +277,9 @@ class GenerationWorker:
             job.outcome = "finished"
             job.put(Finished(self._with_server_totals(stats)))
 
-    def _generate(self, job: Job) -> GenerationStats | None:
+    def _generate(self, job: Job) -> Generator[None, None, GenerationStats | None]:
+        """Yields after each round's chunk; returns the stats, or None when cancelled (at the
+        round's end: a cancel costs at most the round already running)."""
         request = job.request
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
@@ -336,29 +295,38 @@ class GenerationWorker:
                 if event.round_index > 0:
                     job.rounds += 1
                     self.rounds_total += 1
-                text, hit_stop = stops.feed(event.text)
-                finish = "stop" if hit_stop else event.finish_reason
-                if finish and not hit_stop:
-                    text += stops.flush()
-                # a tool call's tokens keep their entries: they are generated tokens
-                entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
-                deltas: tuple[ToolCallDelta, ...] = ()
-                reasoning = ""
-                if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
-                    text, reasoning, deltas, finish = split_calls(tools.splitter, text, finish)
-                job.reply_parts.append(text)
-                job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
-                              stop_sequence=stops.matched if hit_stop and finish == "stop" else None,
-                              reasoning=reasoning, echo=job.echo))
-                job.echo = None
+                finish = self._deliver(job, event, stops, logprobs, tools)
                 if finish:
                     stats.finish_reason = finish
                     return stats
                 if job.cancelled:
                     return None
+                yield  # the other lanes' rounds run here
+                if job.cancelled:
+                    return None
         finally:
             stream.close()  # stops the engine's loop; its per-generation state is dropped
         return stats
+
+    def _deliver(self, job: Job, event: StepEvent, stops: StopMatcher,
+                 logprobs: LogprobEntries | None, tools: ToolPlan) -> str | None:
+        """The round's chunk to the job (stop strings applied, calls taken out); its finish."""
+        text, hit_stop = stops.feed(event.text)
+        finish = "stop" if hit_stop else event.finish_reason
+        if finish and not hit_stop:
+            text += stops.flush()
+        # a tool call's tokens keep their entries: they are generated tokens
+        entries = () if logprobs is None else logprobs.take(event, text, finish, hit_stop)
+        deltas: tuple[ToolCallDelta, ...] = ()
+        reasoning = ""
+        if tools.splitter is not None:  # stops first: a stop inside a call leaves it unclosed
+            text, reasoning, deltas, finish = split_calls(tools.splitter, text, finish)
+        job.reply_parts.append(text)
+        job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
+                      stop_sequence=stops.matched if hit_stop and finish == "stop" else None,
+                      reasoning=reasoning, echo=job.echo))
+        job.echo = None
+        return finish
 
     def _with_server_totals(self, stats: GenerationStats) -> GenerationStats:
         """A served engine learns the prompt's length and its cache hits only from the server's
