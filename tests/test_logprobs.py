@@ -38,9 +38,9 @@ NEVER = (-1,)  # no stop token: random targets would end early
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module", params=["transformers", "mlx"])
-def engine(request, tmp_path_factory):
-    if request.param == "transformers":
+def qwen3_engine(framework: str, tmp_path_factory):
+    """A tiny random Qwen3 pair on `framework` ("transformers" or "mlx": skipped without it)."""
+    if framework == "transformers":
         return tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
     pytest.importorskip("mlx.core")
     from mlx_tiny import write_target
@@ -48,9 +48,14 @@ def engine(request, tmp_path_factory):
 
     from dflash_local.engines.mlx_engine import MLXEngine
 
-    root = tmp_path_factory.mktemp("mlx-logprobs")
+    root = tmp_path_factory.mktemp("mlx-qwen3")
     target = write_target(root / "target", "qwen3", seed=3)
     return MLXEngine(target, make_drafter(root / "drafter", target, layers=2, taps=[1, 3, 4]))
+
+
+@pytest.fixture(scope="module", params=["transformers", "mlx"])
+def engine(request, tmp_path_factory):
+    return qwen3_engine(request.param, tmp_path_factory)
 
 
 def reference_logprobs(engine, prompt_ids: list[int], tokens: list[int]) -> np.ndarray:

@@ -24,7 +24,7 @@ from dflash_local.errors import InvalidRequestError
 from dflash_local.method import prefix_disk
 from dflash_local.method.prefix_cache import MIB, Kept
 from dflash_local.method.prefix_disk import DiskTier, disk_budget_bytes, make_disk_tier
-from dflash_local.method.prefix_disk_format import pack, unpack
+from dflash_local.method.prefix_disk_format import MANIFEST, pack, unpack
 
 IDENTITY = {"engine": "numpy", "target": "t", "drafter": "d"}
 
@@ -293,7 +293,11 @@ def test_recent_gives_the_latest_used_entries_within_a_size(tmp_path):
     disk = tier(tmp_path)
     for start in (1, 2, 3):
         written(disk, [start] * 40)
-        time.sleep(0.01)  # mtimes order the entries
+    # each entry's last use set apart (a load touches its manifest), not in the order written
+    last_used = {1: 300, 2: 100, 3: 200}
+    for name, entry in disk.entries().items():
+        when = time.time() - 3600 + last_used[int(entry.token_ids[0])]
+        os.utime(disk.directory / (name + MANIFEST), (when, when))
     latest = [disk.entries()[name].token_ids[0] for name in disk.recent(2, 64 * MIB)]
-    assert latest == [3, 2]
-    assert [disk.entries()[name].token_ids[0] for name in disk.recent(5, kept(40).nbytes)] == [3]
+    assert latest == [1, 3]
+    assert [disk.entries()[name].token_ids[0] for name in disk.recent(5, kept(40).nbytes)] == [1]

@@ -1,14 +1,15 @@
 """A prompt's own log-probabilities on both local engines (engines/prompt_scores.py): equal to
 the log_softmax of the real model's own forward over the prompt, chunk by chunk, and the
 scored state kept so the generation after it restores every prompt row but the last and
-generates the same tokens as without it."""
+generates the same tokens as without it, on targets whose state is kept whole too (a sliding
+window on Transformers, a hybrid's recurrent state on MLX)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures_tiny import collect, tiny_engine, tiny_pair
-from test_logprobs import TOLERANCE, reference_logprobs
+from fixtures_tiny import collect
+from test_logprobs import TOLERANCE, qwen3_engine, reference_logprobs
 
 from dflash_local.engines import prompt_scores
 from dflash_local.events import GenerationParams
@@ -20,17 +21,7 @@ PROMPT = [5, 77, 130, 42, 9, 200, 31, 64, 18, 111, 250, 7, 99]  # 13 rows: chunk
 
 @pytest.fixture(scope="module", params=["transformers", "mlx"])
 def engine(request, tmp_path_factory):
-    if request.param == "transformers":
-        return tiny_engine(tiny_pair(tmp_path_factory, "qwen3"))
-    pytest.importorskip("mlx.core")
-    from mlx_tiny import write_target
-    from tiny_models import make_drafter
-
-    from dflash_local.engines.mlx_engine import MLXEngine
-
-    root = tmp_path_factory.mktemp("mlx-scores")
-    target = write_target(root / "target", "qwen3", seed=3)
-    return MLXEngine(target, make_drafter(root / "drafter", target, layers=2, taps=[1, 3, 4]))
+    return qwen3_engine(request.param, tmp_path_factory)
 
 
 @pytest.fixture
@@ -63,3 +54,36 @@ def test_the_generation_resumes_the_scored_state(engine, fresh_cache, speculativ
     tokens, events = collect(engine.stream(PROMPT, params))
     assert tokens == expected
     assert events[0].cached_tokens == len(PROMPT) - 1  # one row prefilled after the scoring
+
+
+def whole_state_engine(framework: str, model_type: str, root):
+    from arch_tiny import drafter_for, hf_target
+
+    if framework == "transformers":
+        from dflash_local.engines.torch_engine import TorchEngine
+
+        target = hf_target(root / "target", model_type)
+        return TorchEngine(target, drafter_for(root / "drafter", target), dtype="float32")
+    pytest.importorskip("mlx.core")
+    from mlx_tiny import write_target
+
+    from dflash_local.engines.mlx_engine import MLXEngine
+
+    target = write_target(root / "target", model_type)
+    return MLXEngine(target, drafter_for(root / "drafter", target))
+
+
+@pytest.mark.parametrize(("framework", "model_type"), [("transformers", "gemma3_text"),
+                                                       ("mlx", "qwen3_5")])
+def test_a_state_kept_whole_is_resumed_too(tmp_path, monkeypatch, framework, model_type):
+    """Such a state serves only a longer prompt: the scored one holds every row but the last."""
+    engine = whole_state_engine(framework, model_type, tmp_path)
+    engine.prefix_cache = make_prefix_cache(True, None, 1 << 22)
+    monkeypatch.setattr(prompt_scores, "SCORE_CHUNK_ROWS", 5)  # past the window of 6 rows
+    params = GenerationParams(max_tokens=8, stop_token_ids=(-1,))
+    expected, _ = collect(engine.stream(PROMPT, params))
+    engine.prefix_cache.clear()
+    engine.score_prompt(PROMPT, 0, params)
+    tokens, events = collect(engine.stream(PROMPT, params))
+    assert tokens == expected
+    assert events[0].cached_tokens == len(PROMPT) - 1

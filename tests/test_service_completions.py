@@ -141,3 +141,18 @@ def test_bad_input_is_a_400_naming_field_and_value(served, body, named):
     error = assert_openai_error(response, 400)
     assert named in error["message"]
 
+
+
+@pytest.mark.parametrize(("prompt", "field", "tokens"), [
+    ([5] * 1024, "prompt", 1024), ([[5], [5] * 1030], "prompt.1", 1030)])
+def test_a_prompt_that_leaves_no_room_is_refused_before_it_queues(served, prompt, field, tokens):
+    """In OpenAI's words, naming the prompt, before any of the request's prompts generates."""
+    state, server = served
+    jobs_before = state.loaded.worker.jobs_done
+    response = httpx.post(server.url + "/v1/completions",
+                          json={"model": "tiny", "prompt": prompt, "max_tokens": 4})
+    error = assert_openai_error(response, 400)
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("This model's maximum context length is 1024 tokens. "
+                                       f"However, your prompt ({field}) resulted in {tokens} tokens")
+    assert state.loaded.worker.jobs_done == jobs_before

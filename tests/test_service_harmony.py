@@ -165,3 +165,16 @@ def test_both_local_engines_write_the_markers_and_stop_at_the_call(service, engi
     assert runs[True] == runs[False]
     assert runs[True][1:] == (CALL_REPLY, "stop")
     local.close()
+
+
+def test_a_completion_is_the_raw_continuation_with_its_markers(service):
+    """/v1/completions continues a raw prompt: its text is every generated token's, channels and
+    markers included (a harmony tokenizer's detokenizer keeps them), none split out."""
+    state, server = service
+    tokenizer = state.loaded.engine.tokenizer
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(greeting(), tokenize=False,
+                                                            add_generation_prompt=True),
+                              add_special_tokens=False)
+    reply = httpx.post(server.url + "/v1/completions", timeout=120,
+                       json={"model": "tiny", "prompt": prompt, "max_tokens": 160}).json()
+    assert reply["choices"][0]["text"] == PLAIN_REPLY, reply

@@ -210,7 +210,7 @@ async def _submitted(request: JobRequest, loaded: LoadedPair,
     encoder = make_encoder(job.id)
     # off the event loop, and before the worker: a body that cannot fit never holds it; with
     # the counter's own tokenizer (prompt_count.py), never the one the worker encodes with
-    # (a completion's prompt is counted already: it comes as ids)
+    # (a completion's prompt is checked as ids, by openai_completions.raw_prompt)
     if loaded.prompt_counter is not None and request.raw_prompt is None:
         prompt_tools = [] if request.tool_choice == "none" else list(request.tools)  # as plan_tools does
         await asyncio.to_thread(loaded.prompt_counter.check_size, request.messages, prompt_tools)

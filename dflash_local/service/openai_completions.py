@@ -16,7 +16,7 @@ import time
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from dflash_local.errors import InvalidRequestError
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import error_body
 from dflash_local.service.app_state import ServiceStateDep
@@ -62,18 +62,32 @@ async def completions(body: CompletionRequest, request: Request, state: ServiceS
 async def raw_prompt(prompt: str | list[int], loaded: LoadedPair, echo: bool,
                      field: str) -> RawPrompt:
     """A prompt's ids: text tokenized as it is (with the counter's tokenizer, off the event
-    loop), ids checked against the vocabulary."""
+    loop), ids checked against the vocabulary; either way refused here, before it queues, when
+    it leaves the completion no room."""
     if isinstance(prompt, str):
         ids = await asyncio.to_thread(loaded.prompt_counter.encode_text, prompt)
         if not ids:
             raise InvalidRequestError(f"{field}: {prompt!r} encodes to no tokens")
-        return RawPrompt(tuple(ids), prompt, echo)
-    vocabulary = len(loaded.engine.tokenizer)
-    for position, token_id in enumerate(prompt):
-        if token_id >= vocabulary:
-            raise InvalidRequestError(f"{field}: token id {token_id} (position {position}) is "
-                                      f"outside the vocabulary: ids are 0 to {vocabulary - 1}")
-    return RawPrompt(tuple(prompt), None, echo)
+    else:
+        ids = prompt
+        vocabulary = len(loaded.engine.tokenizer)
+        for position, token_id in enumerate(ids):
+            if token_id >= vocabulary:
+                raise InvalidRequestError(f"{field}: token id {token_id} (position {position}) "
+                                          f"is outside the vocabulary: ids are 0 to {vocabulary - 1}")
+    check_room(len(ids), loaded.engine.capabilities.max_context, field)
+    return RawPrompt(tuple(ids), prompt if isinstance(prompt, str) else None, echo)
+
+
+def check_room(prompt_tokens: int, context: int, field: str) -> None:
+    """A prompt that leaves no row to generate in, in OpenAI's words (litellm's
+    ContextWindowExceededError matches them); a max_tokens past the room is lowered instead."""
+    if prompt_tokens >= context:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {context} tokens. However, your prompt "
+            f"({field}) resulted in {prompt_tokens} tokens, leaving none for the completion. "
+            f"Please reduce the length of the prompt.",
+            prompt_tokens=prompt_tokens, max_context=context)
 
 
 def job_request(body: CompletionRequest, loaded: LoadedPair, prompt: RawPrompt) -> JobRequest:

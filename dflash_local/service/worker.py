@@ -35,7 +35,13 @@ from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
 from dflash_local.service.scheduler import Lane, RoundRobin
 from dflash_local.service.stop_strings import StopMatcher
-from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
+from dflash_local.service.tool_calls import (
+    NO_TOOLS,
+    ToolPlan,
+    ToolSupport,
+    new_call_id,
+    plan_tools,
+)
 from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
@@ -285,7 +291,8 @@ class GenerationWorker:
         # only local engines declare logprobs (chat.job_request refuses the others): they have a tokenizer
         logprobs = (LogprobEntries(self.engine.tokenizer, completions=request.raw_prompt is not None)
                     if request.params.logprobs is not None else None)
-        tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
+        tools = (NO_TOOLS if request.raw_prompt is not None  # a completion's text is raw: no channel split
+                 else plan_tools(self.tool_support, request.tools, request.tool_choice))
         stream = self._open_stream(job, tools, logprobs)
         try:
             for event in stream:
