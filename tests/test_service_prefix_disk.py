@@ -90,3 +90,29 @@ def test_switching_pairs_leaves_one_disk_writer(tmp_path, monkeypatch):
     wait_until(lambda: writers() == before + 1)  # a replaced pair is closed once its worker drains
     state.unload()
     assert writers() == before
+
+
+def test_a_disk_tier_that_fails_to_preload_costs_the_speed_up_not_the_load(tmp_path, monkeypatch,
+                                                                          caplog):
+    from service_support import torch_loader
+
+    from dflash_local.service.state import ServiceState
+
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
+    pair = make_pair(tmp_path / "pair")
+
+    def unreadable_disk_tier(*args):
+        engine = torch_loader(*args)
+
+        def preload():
+            raise OSError("Input/output error")
+        engine.preload_prefix_cache = preload
+        return engine
+
+    state = ServiceState(loader=unreadable_disk_tier)
+    try:
+        state.load("transformers", *pair, served_name="tiny")
+        assert state.loaded is not None and state.load_error is None
+        assert "serving without" in caplog.text and "Input/output error" in caplog.text
+    finally:
+        state.shutdown()

@@ -308,7 +308,7 @@ class ServiceState:
             max_batch = max_batch_for(engine_obj, self.max_batch, machine_memory_bytes())
             # the first chat would wait for it otherwise, with nothing on screen to say why
             engine_obj.prepare(block_size, on_wait=self._set_loading_phase, recalibrate=recalibrate)
-            engine_obj.preload_prefix_cache()  # an agent's fixed prefix: warm from the first request
+            _preload(engine_obj)
             return engine_obj, max_batch
         except Exception as exc:
             self.load_error = redact_paths(f"{type(exc).__name__}: {exc}")
@@ -355,3 +355,12 @@ def precheck_pair(target: str | Path, drafter: str | Path | None) -> None:
     if drafter is None or not Path(target).is_dir() or not Path(drafter).is_dir():
         return
     load_checked_drafter_config(drafter, target)
+
+
+def _preload(engine) -> None:
+    """An agent's fixed prefix, warm from the first request: a speed-up only, so a failure to
+    read the disk tier costs that speed-up, never the load."""
+    try:
+        engine.preload_prefix_cache()
+    except Exception:
+        log.exception("reading the prefix cache's disk entries into memory failed; serving without")
