@@ -13,16 +13,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dflash_local.events import MAX_TOP_LOGPROBS
+from dflash_local.events import MAX_TOP_LOGPROBS, OutputConstraint
 from dflash_local.service.openai_chat_unsupported import (
     UnsupportedMessageFields,
     UnsupportedOpenAIFields,
+)
+from dflash_local.service.output_formats import (
+    ChatResponseFormat,
+    ConstrainableOptions,
+    one_constraint,
+    strict_schema,
 )
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
-    DFlashOptions,
     FunctionCall,
     StrictModel,
     Text,
@@ -47,7 +52,7 @@ class FunctionDefinition(StrictModel):
     name: ToolName
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema of type object; None: no arguments
-    strict: bool | None = None  # accepted; the output is not constrained to the schema
+    strict: bool | None = None  # true: a call's arguments follow `parameters` (tool_grammar.py)
 
     @field_validator("parameters")
     @classmethod
@@ -56,6 +61,15 @@ class FunctionDefinition(StrictModel):
             raise ValueError(f"must be a JSON Schema of type \"object\", got type "
                              f"{json.dumps(parameters.get('type'))}")
         return parameters
+
+    @model_validator(mode="after")
+    def _strict_schema_compiles(self) -> FunctionDefinition:
+        if self.strict:
+            try:
+                strict_schema(self.parameters)
+            except ValueError as exc:
+                raise ValueError(f"parameters (strict): {exc}") from None
+        return self
 
 
 class Tool(StrictModel):
@@ -134,7 +148,7 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
+class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
     model: Text | None = None
     messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages per request"),
                         Field(min_length=1)]
@@ -154,6 +168,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     thinking: bool | None = None
     tools: Annotated[list[Tool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ChatResponseFormat | None = None
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
@@ -164,6 +179,17 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
         if self.tool_choice == "required" and not names:
             raise ValueError("tool_choice: 'required' needs tools to choose from")
         return self
+
+    def text_constraint(self) -> OutputConstraint | None:
+        """What the reply's text follows: `response_format` or our `structured_outputs`."""
+        return one_constraint(
+            response_format=self.response_format and self.response_format.constraint(),
+            structured_outputs=self.structured_outputs and self.structured_outputs.constraint())
+
+    def enforced_tools(self) -> dict[str, dict]:
+        """Each strict tool's name -> the schema its call's arguments follow."""
+        return {tool.function.name: strict_schema(tool.function.parameters)
+                for tool in self.tools or () if tool.function.strict}
 
     def tool_choice_value(self) -> str | dict:
         """tool_choice as JobRequest takes it (default "auto")."""

@@ -16,15 +16,16 @@ asked (a built-in tool left out, a grammar not enforced...); each note is logged
 
 from __future__ import annotations
 
-import logging
 import time
 
 from fastapi import APIRouter, Request
 
 from dflash_local.service import jobs
+from dflash_local.service.api_errors import log_notes
 from dflash_local.service.app_state import ServiceStateDep
-from dflash_local.service.openai_responses_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service.openai_responses_schemas import ResponsesRequest
 from dflash_local.service.openai_responses_tools import OfferedTool, custom_input
+from dflash_local.service.reply_constraint import reply_constraint
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
@@ -32,17 +33,14 @@ from dflash_local.service.validation import shown_value
 from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 router = APIRouter()
-log = logging.getLogger("dflash_local.service")
-# Agents send the same tools every turn: each distinct note is logged once, up to this many
-MAX_LOGGED_NOTES = 256
-_logged_notes: set[str] = set()
+RESPONSES_PATH = "/v1/responses"
 
 
-@router.post("/v1/responses")
+@router.post(RESPONSES_PATH)
 async def create_response(body: ResponsesRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
     notes = tuple(body.notes() + thinking_notes(body, loaded))
-    log_notes(notes)
+    log_notes(notes, RESPONSES_PATH)
     return await jobs.run(job_request(body, loaded), loaded, request,
                           lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body, notes),
                           body.stream, id_prefix="resp_")
@@ -54,10 +52,15 @@ def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
         # OpenAI's default is the model's limit: Codex sends none and expects a long patch to
         # fit; the worker caps it to the room the prompt leaves
         max_tokens = loaded.engine.capabilities.max_context
-    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p)
+    tools = body.job_tools()
+    constraint, thinking = reply_constraint(loaded, body.text_constraint(), tools,
+                                            body.job_tool_choice(), body.enforced_tools(),
+                                            body.thinking(), RESPONSES_PATH, "text.format")
+    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p,
+                                    constraint=constraint)
     return JobRequest(messages=body.template_messages(), params=params,
-                      max_tokens_given=body.max_output_tokens is not None, thinking=body.thinking(),
-                      tools=body.job_tools(), tool_choice=body.job_tool_choice())
+                      max_tokens_given=body.max_output_tokens is not None, thinking=thinking,
+                      tools=tools, tool_choice=body.job_tool_choice())
 
 
 def thinking_notes(body: ResponsesRequest, loaded: LoadedPair) -> list[str]:
@@ -70,13 +73,6 @@ def thinking_notes(body: ResponsesRequest, loaded: LoadedPair) -> list[str]:
     note = (f"reasoning.effort {shown_value(body.reasoning.effort)}: the target's chat template "
             f"has no thinking switch; the effort changes nothing")
     return [note]
-
-
-def log_notes(notes: tuple[str, ...]) -> None:
-    for note in notes:
-        if note not in _logged_notes and len(_logged_notes) < MAX_LOGGED_NOTES:
-            _logged_notes.add(note)
-            log.warning("/v1/responses: %s", note)
 
 
 def responses_usage(usage: dict) -> dict:
@@ -120,7 +116,7 @@ def request_settings(body: ResponsesRequest) -> dict:
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "reasoning": body.reasoning.model_dump() if body.reasoning else None,
             "parallel_tool_calls": True, "previous_response_id": None, "store": False,
-            "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+            "text": {"format": body.text_format()}, "truncation": "disabled", "metadata": {}}
 
 
 class ResponsesEncoder:

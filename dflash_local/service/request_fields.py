@@ -106,7 +106,8 @@ def template_call(call_id: str, name: str, arguments: dict) -> dict:
 
 
 class DFlashOptions(StrictModel):
-    """Our extensions, the same on every generating endpoint (chat, messages, responses)."""
+    """Our extensions, the same on every generating endpoint (chat, messages, responses), with
+    output_formats.ConstrainableOptions' `structured_outputs`."""
 
     speculative: bool | None = None
     block_size: BlockSize | None = None
