@@ -67,7 +67,7 @@ class JsonObjectFormat(StrictModel):
 class NamedSchema(StrictModel):
     """A named schema: chat's `response_format.json_schema`, Responses' `text.format` itself."""
 
-    name: str = Field("response", pattern=FORMAT_NAME)
+    name: str = Field(pattern=FORMAT_NAME)
     description: Text | None = None
     schema_: JsonSchema | None = Field(None, alias="schema")
     strict: bool | None = None  # the schema is enforced either way
@@ -86,6 +86,7 @@ class ChatJsonSchemaFormat(StrictModel):
 
 class ResponsesJsonSchemaFormat(NamedSchema):
     type: Literal["json_schema"]
+    schema_: JsonSchema = Field(alias="schema")  # required here, as OpenAI's Responses has it
 
 
 def _format_kind(value: Any) -> str | None:
