@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_local import paths
+from dflash_local.constraints.compile import ConstraintCompiler
 from dflash_local.drafter.config import (
     DrafterConfig,
     load_checked_drafter_config,
@@ -129,6 +130,7 @@ class LocalEngine(Engine):
     def _ready_to_generate(self) -> None:
         self.eos_token_ids = chat_prompt.end_of_turn_ids(
             self.tokenizer, chat_prompt.generation_config_eos(self.pair.target_path))
+        self.constraints = ConstraintCompiler(self.tokenizer)  # each schema compiled once
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
@@ -250,6 +252,8 @@ class LocalEngine(Engine):
         # plain decoding (block 1) runs without a drafter and collects no taps
         drafter = (self.make_drafter(params.draft_window)
                    if widest_block(params, self.pair.drafter_block) > 1 else None)
+        grammar = (self.constraints.grammar(params.constraint)
+                   if params.constraint is not None else None)
         runner = self.make_runner(collect_taps=drafter is not None)
         measured = self.calibration
         planner = speculative.default_planner(
@@ -262,7 +266,7 @@ class LocalEngine(Engine):
                                         cached_tokens=resume.cached_rows if resume else 0)
         # closing: a client that stops reading ends the loop now, and its state is kept now
         with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
-                                          resume, self.round_trace)) as events:
+                                          resume, self.round_trace, grammar)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a lookup
                 # draft's: a client colours exactly what each wrote

@@ -23,6 +23,7 @@ import numpy as np
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import GenerationParams, StepEvent, widest_block
 from dflash_local.method.acceptance import sample_from, sampled_walk, target_probs
+from dflash_local.method.constraint import Grammar, make_guide
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
 from dflash_local.method.logprobs import token_logprobs
@@ -35,33 +36,34 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None,
-             resume: Resume | None = None, trace: RoundTrace | None = None) -> Iterator[StepEvent]:
+             resume: Resume | None = None, trace: RoundTrace | None = None,
+             grammar: Grammar | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
-    prefix_cache.py), and who keeps the state when the generation ends.
-    Closing the iterator early (a cancelled request) simply stops: the runner and drafter are
-    per-generation objects, so nothing is left half-updated for anyone else. Ended between
-    rounds (finished, or closed at a yield), the state is whole and `resume.keep` gets it;
-    a prefill or a round cut short by an error leaves nothing to keep. `trace`: round_trace.py."""
+    prefix_cache.py), and who keeps the state when the generation ends. Closing the iterator
+    early (a cancelled request) simply stops: the runner and drafter are per-generation objects.
+    Ended between rounds (finished, or closed at a yield), the state is whole and `resume.keep`
+    gets it; a prefill or a round cut short by an error leaves nothing to keep.
+    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
-    rng = np.random.default_rng(params.seed)
+    rng, guide = np.random.default_rng(params.seed), make_guide(grammar, params, drafter)
     sources = DraftSources(drafter, runner, resume.unseen_taps)
     start = time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
+    last_logits = guide.mask(last_logits[None])  # [1, V]
     rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
-    anchor_id = _pick(last_logits, params, rng)
+    anchor_id = _pick(last_logits[0], params, rng)
     produced, decode_start = 1, time.perf_counter()
-    finish = _finish([anchor_id], produced, params)[1]
+    finish = guide.commit(*_finish([anchor_id], produced, params))[1]
     whole = True  # the runner, the drafter and `taps` agree with `rows`
     try:
         yield StepEvent(token_ids=(anchor_id,), prefill_s=decode_start - start,
                         finish_reason=finish, prompt_tokens=len(prompt_ids),
                         cached_tokens=resume.cached_rows, cached_tier=resume.cached_tier,
-                        mode=planner.mode,
-                        logprobs=_logprobs(last_logits[None], [0], [anchor_id], params))
+                        mode=planner.mode, logprobs=_logprobs(last_logits, [0], [anchor_id], params))
         if resume.keep_prompt and resume.keep is not None:  # a turn's end: a state that
             sources.add_taps(taps)  # cannot be trimmed is kept where the prompt ends too
             taps = sources.unseen()
@@ -72,14 +74,14 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             sources.add_taps(taps)
             clock, context = [time.perf_counter()], len(prompt_ids) + produced  # each step's end
             proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
-            draft = _lap(clock, proposer.propose(sources, anchor_id))  # propose
-            logits = _lap(clock, runner.verify(anchor_id, draft.tree))  # verify
+            draft = _lap(clock, guide.shape(proposer.propose(sources, anchor_id)))  # propose
+            logits = _lap(clock, guide.mask(runner.verify(anchor_id, draft.tree)))  # verify
             path, next_id = _lap(clock, _accept(draft.tree, logits, params, rng))  # accept
             taps = _lap(clock, runner.commit([0, *path]))  # commit
             kept = draft.kept_ids(path)
             rows += [anchor_id, *kept]
             whole = True
-            committed, finish = _finish([*kept, next_id], produced + len(path) + 1, params)
+            committed, finish = guide.commit(*_finish([*kept, next_id], produced + len(path) + 1, params))
             _lap(clock, planner.observe(draft, path, committed))
             produced += len(committed)
             anchor_id = committed[-1]
