@@ -116,6 +116,17 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     add_seed_flag(parser)
 
 
+def add_constraint_flags(parser: argparse.ArgumentParser) -> None:
+    """The reply's structure: a JSON Schema, a Lark grammar or a regex (cli/options.py reads
+    them into an OutputConstraint)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json-schema", type=Path, metavar="FILE",
+                       help="the reply is JSON that follows the JSON Schema in FILE")
+    group.add_argument("--grammar", type=Path, metavar="FILE",
+                       help="the reply follows the Lark grammar in FILE (its rule `start`)")
+    group.add_argument("--regex", metavar="PATTERN", help="the reply matches PATTERN whole")
+
+
 def add_recalibrate_flag(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--recalibrate", action="store_true", help=help)
 

@@ -74,6 +74,7 @@ def _add_generate(commands) -> None:
     flags.add_draft_window_flag(gen)
     flags.add_max_tokens_flag(gen)
     flags.add_sampling_flags(gen)
+    flags.add_constraint_flags(gen)
     flags.add_dtype_flag(gen)
     gen.add_argument("--no-speculative", action="store_true", help="plain decoding (block size 1)")
     gen.add_argument("--no-lookup", action="store_true",
@@ -128,7 +129,7 @@ def _add_models(commands) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from dflash_local.cli.options import engine_options
+    from dflash_local.cli.options import engine_options, output_constraint
     from dflash_local.engines import load_engine
     from dflash_local.pairs.load_fit import check_named_pair_fits
 
@@ -136,7 +137,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, speculative=not args.no_speculative,
         block_size=args.block_size, prompt_lookup=not args.no_lookup, tree=not args.no_tree,
-        logprobs=args.logprobs,
+        logprobs=args.logprobs, constraint=output_constraint(args),
     )
     target, drafter = pair_names(args.target, args.drafter, speculative=params.speculative)
     quiet_frameworks()

@@ -7,15 +7,41 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+from pathlib import Path
 
 from dflash_local.engines.options import EngineOptions
 from dflash_local.engines.table import LAUNCHED, LOCAL, RELAY, engine_names, kind_of
-from dflash_local.errors import DFlashError
+from dflash_local.errors import DFlashError, InvalidRequestError
+from dflash_local.events import OutputConstraint
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     """`generate`: --dtype and --draft-window."""
     return EngineOptions(dtype=args.dtype, draft_window=args.draft_window)
+
+
+def output_constraint(args: argparse.Namespace) -> OutputConstraint | None:
+    """`generate`: --json-schema FILE, --grammar FILE or --regex PATTERN, checked before any
+    model loads (constraints/check.py names the flag and the reason)."""
+    from dflash_local.constraints.check import check_constraint
+
+    if args.json_schema is not None:
+        field, constraint = f"--json-schema {args.json_schema}", _constraint_file("json_schema", args.json_schema)
+    elif args.grammar is not None:
+        field, constraint = f"--grammar {args.grammar}", _constraint_file("lark", args.grammar)
+    elif args.regex is not None:
+        field, constraint = "--regex", OutputConstraint("regex", args.regex)
+    else:
+        return None
+    check_constraint(constraint, field)
+    return constraint
+
+
+def _constraint_file(kind: str, path: Path) -> OutputConstraint:
+    try:
+        return OutputConstraint(kind, path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"cannot read {path}: {exc}") from None
 
 
 def bench_options(args: argparse.Namespace) -> EngineOptions:
