@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from dflash_local.constraints.grammar import JSON_OPTIONS
 from dflash_local.events import OutputConstraint
 from dflash_local.service.tool_calls import ToolSupport, forced_name
-from dflash_local.service.tool_formats import ToolFormat
 
 ANY_OBJECT = {"type": "object"}
 CALL_FORMATS = ("hermes", "llama3_json")  # whose calls are a JSON object we can write as a grammar
-SPACE = '/[ \\t\\n]+/'  # between a call's parts: the model's own spacing
-TAG = "<tool_call>"  # hermes' opener; the format's own may add a newline, which `sp?` takes
+SPACE = '"\\n"'  # between a call's parts, at most a newline (more would let a model loop on it)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"  # hermes' markers; its opener may add a newline
 
 
 @dataclass(frozen=True)
@@ -64,9 +63,9 @@ def embedded(constraint: OutputConstraint) -> str:
 
 def _call_rules(tools: tuple[dict, ...], enforced: dict[str, dict], argument_key: str,
                 closer: str, skip: str = "") -> list[str]:
-    """`call`: one whole call, `{"name": "f", "<key>": {..}}` and the closer, its first `skip`
-    characters left out (the prompt wrote them)."""
-    end = f" sp? {literal(closer)}" if closer else ""
+    """`call`: one whole call, `{"name": "f", "<key>": {..}}` and `closer` (a Lark expression),
+    its first `skip` characters left out (the prompt wrote them)."""
+    end = f" sp? {closer}" if closer else ""
     rules = []
     for index, tool in enumerate(tools):
         name = tool["function"]["name"]
@@ -78,21 +77,21 @@ def _call_rules(tools: tuple[dict, ...], enforced: dict[str, dict], argument_key
     return [f"call: {alternatives}", *rules, f"sp: {SPACE}"]
 
 
-def forced_call(tool_format: ToolFormat, tools: tuple[dict, ...], tool_choice: str | dict,
+def forced_call(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str | dict,
                 enforced: dict[str, dict]) -> str:
     """The Lark continuing a forced call's opener (the prompt's end) to the end of its calls."""
-    hermes = tool_format.name == "hermes"
-    key, closer = ("arguments", "</tool_call>") if hermes else ("parameters", "")
+    hermes = support.format.name == "hermes"
+    key, closer = ("arguments", literal(CLOSE)) if hermes else ("parameters", "")
     name = forced_name(tool_choice)
     if name is not None:  # the prompt wrote the name: the arguments and the closers are left
-        end = f" sp? {literal(closer)}" if closer else ""
+        end = f" sp? {closer}" if closer else ""
         arguments = json_rule(enforced.get(name, ANY_OBJECT))
         return f"start: {arguments} sp? \"}}\"{end}\nsp: {SPACE}\n"
     if hermes:  # after the opener, a call; then any more, each opened again
-        start = f"start: sp? call (sp? {literal(TAG)} sp? call)*"
+        start = f"start: sp? call (sp? {literal(OPEN)} sp? call)*"
         return "\n".join([start, *_call_rules(tools, enforced, key, closer)]) + "\n"
     # llama3_json's opener ends inside the call ('{"name": "'): one call, its remainder
-    skip = tool_format.forced(None)
+    skip = support.format.forced(None)
     return "\n".join(["start: call", *_call_rules(tools, enforced, key, closer, skip)]) + "\n"
 
 
@@ -100,14 +99,16 @@ def text_or_calls(tools: tuple[dict, ...], enforced: dict[str, dict],
                   text: OutputConstraint | None) -> str:
     """tool_choice auto on a hermes target: the text asked for, or calls; without a text
     constraint, any text in which no call opens, then any calls."""
-    calls = f"{literal(TAG)} sp? call (sp? {literal(TAG)} sp? call)*"
-    rules = _call_rules(tools, enforced, "arguments", "</tool_call>")
+    opener = literal(OPEN)
+    calls = f"{opener} sp? call (sp? {opener} sp? call)*"
+    rules = _call_rules(tools, enforced, "arguments", literal(CLOSE))
     if text is not None:
         return "\n".join([f"start: answer | sp? {calls}", f"answer: {embedded(text)}", *rules]) + "\n"
+    free = f"FREE: /(?s:.+)/ & ~/(?s:.*{OPEN}.*)/"  # any text in which no call opens
     # greedy lexemes: free text either ends the reply, or runs up to the first opener (one lexeme)
-    lexemes = [f"FREE: /(?s:.+)/ & ~/(?s:.*{TAG}.*)/", f"OPENED: /(?s:.*){TAG}/ & ~/(?s:.*{TAG}.+)/"]
-    start = f"start: FREE | OPENED sp? call (sp? {literal(TAG)} sp? call)*"
-    return "\n".join([start, *lexemes, *rules]) + "\n"
+    opened = f"OPENED: /(?s:.*){OPEN}/ & ~/(?s:.*{OPEN}.+)/"
+    start = f"start: FREE | OPENED sp? call (sp? {opener} sp? call)*"
+    return "\n".join([start, free, opened, *rules]) + "\n"
 
 
 def compose(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str | dict,
@@ -127,5 +128,5 @@ def compose(support: ToolSupport, tools: tuple[dict, ...], tool_choice: str | di
                 f"calls this server cannot write as a grammar")
         return ToolGrammar(None, (note,))
     if forced:
-        return ToolGrammar(OutputConstraint("lark", forced_call(tool_format, tools, tool_choice, enforced)))
+        return ToolGrammar(OutputConstraint("lark", forced_call(support, tools, tool_choice, enforced)))
     return ToolGrammar(OutputConstraint("lark", text_or_calls(tools, enforced, text)))
