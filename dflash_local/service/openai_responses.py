@@ -7,7 +7,7 @@ response.created, response.in_progress, then per item output_item.added, (conten
 output_text.delta..., output_text.done, content_part.done | function_call_arguments.delta...,
 function_call_arguments.done | custom_tool_call_input.delta, custom_tool_call_input.done),
 output_item.done, and last response.completed (or response.incomplete when max_output_tokens cut
-the reply). A custom call's input is sent whole when the call ends (the model writes it as JSON
+the reply, or its grammar admitted no next token). A custom call's input is sent whole when the call ends (the model writes it as JSON
 text). Each round's `dflash` object rides on the last event it produced; a round that showed
 nothing sends an empty delta of the open item, or another response.in_progress before the first
 item. `dflash_notes` in the response lists where the model was told otherwise than the request
@@ -20,6 +20,7 @@ import time
 
 from fastapi import APIRouter, Request
 
+from dflash_local.method.constraint import DEAD_END
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import log_notes
 from dflash_local.service.app_state import ServiceStateDep
@@ -33,6 +34,8 @@ from dflash_local.service.validation import shown_value
 from dflash_local.service.worker import Chunk, JobRequest, ToolCallDelta
 
 router = APIRouter()
+# a reply cut short: by max_output_tokens, or where its grammar admitted no token (DEAD_END)
+INCOMPLETE_REASONS = {"length": "max_output_tokens", DEAD_END: DEAD_END}
 RESPONSES_PATH = "/v1/responses"
 
 
@@ -138,7 +141,8 @@ class ResponsesEncoder:
         return {"id": self.reply_id, "object": "response", "created_at": self.created_at,
                 "status": status, "model": self.model, "output": output, "usage": usage,
                 "error": None,
-                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "incomplete_details": ({"reason": INCOMPLETE_REASONS[self.finish_reason]}
+                                       if status == "incomplete" else None),
                 **self.settings}
 
     def _item_id(self, kind: str, output_index: int) -> str:
@@ -146,7 +150,7 @@ class ResponsesEncoder:
         return f"{kind}_{self.reply_id.removeprefix('resp_')}_{output_index}"
 
     def _status(self) -> str:
-        return "incomplete" if self.finish_reason == "length" else "completed"
+        return "incomplete" if self.finish_reason in INCOMPLETE_REASONS else "completed"
 
     # --- streamed ---
 
