@@ -14,4 +14,12 @@ if [ "${DFLASH_CI_VLLM:-0}" = "1" ]; then
   ./scripts/vllm_cpu_check.sh setup
   export DFLASH_VLLM_PYTHON="$PWD/.venv-vllm-cpu/bin/python"
 fi
+# opt-in: DFLASH_CI_CLIENTS=1 adds the Python clients (llm, litellm, langchain, openai-agents,
+# pydantic-ai, instructor) in a venv of their own and runs tests/test_clients_*.py with them (560 MB,
+# 1.7 min to install over the network on 2 cores; the round trips add about 4.5 min, mostly the
+# clients' own imports, litellm's 30 s each)
+if [ "${DFLASH_CI_CLIENTS:-0}" = "1" ]; then
+  ./scripts/setup_clients.sh
+  export DFLASH_CLIENTS_PYTHON="$PWD/.venv-clients/bin/python"
+fi
 exec .venv/bin/python -m pytest -q "$@"

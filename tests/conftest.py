@@ -100,3 +100,24 @@ def _prefix_disk_off_by_default() -> None:
 
 
 _prefix_disk_off_by_default()
+
+
+# --- the Python clients (scripts/setup_clients.sh's venv) against the embedded pair ---
+
+@pytest.fixture(scope="module")
+def embedded_served(tmp_path_factory: pytest.TempPathFactory, embedded_target_dir: Path):
+    """client_harness.serve_embedded's (state, server): the embedded pair, served with a key."""
+    from client_harness import clients_python, serve_embedded
+
+    if clients_python() is None:  # before the pair loads: nothing here runs without the clients
+        pytest.skip("run scripts/setup_clients.sh (or set DFLASH_CLIENTS_PYTHON)")
+    yield from serve_embedded(tmp_path_factory, embedded_target_dir)
+
+
+@pytest.fixture(scope="module")
+def py_clients(embedded_served, tmp_path_factory: pytest.TempPathFactory):
+    """A client_harness.ClientRunner on `embedded_served`: `.run(snippet)` runs a snippet in the
+    clients' venv and returns its stdout; `.plain_reply(...)` is the service's plain decoding."""
+    from client_harness import client_runner
+
+    return client_runner(embedded_served[1], tmp_path_factory)

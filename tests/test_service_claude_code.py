@@ -152,10 +152,31 @@ def test_any_model_name_is_the_loaded_pair_unless_it_names_another_known_pair(pl
         claude.messages.create(model=other, max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
     assert f"model {other!r} is not loaded" in caught.value.body["error"]["message"]
     listed = httpx.get(server.url + "/v1/models", timeout=60).json()["data"]
-    assert [(m["id"], m["aliases"]) for m in listed] == [("tiny", ["tiny-target"])]
-    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-        "model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
-    assert chat.status_code == 404  # chat's clients name the served model (or none)
+    assert [(m["id"], m["aliases"], m["any_name"]) for m in listed] == [("tiny", ["tiny-target"], True)]
+
+
+@pytest.mark.parametrize(("path", "body", "text_of"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": EOS_PROMPT}], "max_tokens": 8},
+     lambda reply: reply["choices"][0]["message"]["content"]),
+    ("/v1/responses", {"input": EOS_PROMPT, "max_output_tokens": 8},
+     lambda reply: reply["output"][-1]["content"][0]["text"])])
+def test_every_api_takes_any_model_name_but_another_known_pairs(plain, path, body, text_of):
+    """The same rule as /v1/messages: a relative path is a name like any other (nothing is
+    opened: an existing file and a missing one answer alike)."""
+    _state, server = plain
+    texts = set()
+    for name in ("tiny", "gpt-5-codex", "gpt-4o", "tests/conftest.py", "tests/no_such_file.py"):
+        reply = httpx.post(server.url + path, json={"model": name, **body}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == "tiny"
+        texts.add(text_of(reply.json()))
+    assert len(texts) == 1
+    catalog = load_catalog().pairs
+    for other in (catalog[1].id, catalog[1].target.repo):
+        refused = httpx.post(server.url + path, json={"model": other, **body}, timeout=60)
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["code"] == "model_not_found"
+        assert f"model {other!r} is not loaded" in refused.json()["error"]["message"]
 
 
 def test_a_prompt_past_the_context_is_refused_in_anthropics_words(plain):

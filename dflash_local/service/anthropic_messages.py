@@ -45,7 +45,7 @@ router = APIRouter()
 
 @router.post(MESSAGES_PATH)
 async def messages(body: MessagesRequest, request: Request, state: ServiceStateDep):
-    loaded = state.require_model(body.model, any_name=True)  # Claude Code's opus/sonnet/haiku
+    loaded = state.require_model(body.model)
     try:
         return await jobs.run(job_request(body, loaded), loaded, request,
                               lambda reply_id: MessagesEncoder(reply_id, loaded.served_name),
@@ -56,7 +56,7 @@ async def messages(body: MessagesRequest, request: Request, state: ServiceStateD
 
 @router.post(COUNT_TOKENS_PATH)
 async def count_tokens(body: CountTokensRequest, state: ServiceStateDep) -> dict:
-    loaded = state.require_model(body.model, any_name=True)
+    loaded = state.require_model(body.model)
     counter = loaded.prompt_counter
     if counter is None:
         raise InvalidRequestError(f"count_tokens: {loaded.served_name} is served by its own "
@@ -77,7 +77,7 @@ def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
                                     top_k=body.top_k, constraint=constraint)
     messages = body.template_messages(loaded.system_turns, loaded.served_name)
-    return JobRequest(messages=messages, params=params, max_tokens_given=True, fit_max_tokens=True,
+    return JobRequest(messages=messages, params=params, max_tokens_given=True,
                       thinking=thinking, stop=tuple(body.stop_sequences or ()),
                       tools=tools, tool_choice=body.job_tool_choice())
 

@@ -42,11 +42,12 @@ async def health(state: ServiceStateDep) -> dict:
 @router.get("/v1/models")
 async def models(state: ServiceStateDep) -> dict:
     loaded = state.loaded
-    # one entry: the loaded pair, named by `id` or an alias (/v1/messages takes any name that
-    # is not another catalog pair's: agents send their own, claude-sonnet-4-5)
+    # one entry: the loaded pair, named by `id` or an alias; every API also takes any name that
+    # is not another catalog pair's (agents send their own: claude-sonnet-4-5, gpt-5-codex)
     data = [] if loaded is None else [{
         "id": loaded.served_name, "object": "model", "created": loaded.loaded_at,
-        "owned_by": "dflash-local", "aliases": list(loaded.aliases), "dflash": loaded.describe()}]
+        "owned_by": "dflash-local", "aliases": list(loaded.aliases), "any_name": True,
+        "dflash": loaded.describe()}]
     return {"object": "list", "data": data}
 
 

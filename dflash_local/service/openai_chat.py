@@ -2,7 +2,9 @@
 (chat.completion.chunk events ending in `[DONE]`, or one chat.completion body).
 
 The job plumbing (submit, first item, disconnect, SSE loop, usage) is jobs.py's, shared with
-/v1/messages and /v1/responses; here are only what chat asks and how its reply looks.
+/v1/messages and /v1/responses; here are only what chat asks and how its reply looks. As on every
+API, any model name but another known pair's is the loaded pair, a max_tokens past the room the
+prompt leaves is lowered to it, and a prompt that leaves none is refused in OpenAI's words.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from dflash_local.errors import InvalidRequestError
+from dflash_local.errors import InvalidRequestError, PromptTooLongError
 from dflash_local.events import StepEvent
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import error_body
@@ -33,9 +35,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     job = job_request(body, loaded)
     logprobs = job.params.logprobs is not None
-    return await jobs.run(job, loaded, request,
-                          lambda reply_id: ChatEncoder(reply_id, loaded.served_name, include_usage, logprobs),
-                          body.stream)
+    try:
+        return await jobs.run(job, loaded, request,
+                              lambda reply_id: ChatEncoder(reply_id, loaded.served_name, include_usage, logprobs),
+                              body.stream)
+    except PromptTooLongError as exc:
+        raise chat_context_error(exc) from None
+
+
+def chat_context_error(exc: PromptTooLongError) -> PromptTooLongError:
+    """A prompt that leaves no room to reply (a max_tokens past the room is lowered to it), in
+    OpenAI's words, which its clients' overflow checks match: litellm's
+    ContextWindowExceededError, the agents' compaction."""
+    prompt, context = exc.prompt_tokens, exc.max_context
+    if prompt is not None and context is not None:
+        message = (f"This model's maximum context length is {context} tokens. However, your "
+                   f"messages resulted in {prompt} tokens. Please reduce the length of the messages.")
+    else:
+        message = (f"This model's maximum context length is exceeded: {exc}. Please reduce the "
+                   f"length of the messages.")
+    return PromptTooLongError(message, prompt, exc.max_tokens, context)
 
 
 def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:

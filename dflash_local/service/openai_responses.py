@@ -11,7 +11,8 @@ the reply, or its grammar admitted no next token). A custom call's input is sent
 text). Each round's `dflash` object rides on the last event it produced; a round that showed
 nothing sends an empty delta of the open item, or another response.in_progress before the first
 item. `dflash_notes` in the response lists where the model was told otherwise than the request
-asked (a built-in tool left out, a grammar not enforced...); each note is logged once.
+asked (a built-in tool left out, a grammar not enforced...); each note is logged once. Model
+names and the context's limits are chat's rules (openai_chat.py), refused in this API's words.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 from fastapi import APIRouter, Request
 
+from dflash_local.errors import PromptTooLongError
 from dflash_local.method.constraint import DEAD_END
 from dflash_local.service import jobs
 from dflash_local.service.api_errors import log_notes
@@ -44,9 +46,21 @@ async def create_response(body: ResponsesRequest, request: Request, state: Servi
     loaded = state.require_model(body.model)
     notes = tuple(body.notes() + thinking_notes(body, loaded))
     log_notes(notes, RESPONSES_PATH)
-    return await jobs.run(job_request(body, loaded), loaded, request,
-                          lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body, notes),
-                          body.stream, id_prefix="resp_")
+    try:
+        return await jobs.run(job_request(body, loaded), loaded, request,
+                              lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body, notes),
+                              body.stream, id_prefix="resp_")
+    except PromptTooLongError as exc:
+        raise responses_context_error(exc) from None
+
+
+def responses_context_error(exc: PromptTooLongError) -> PromptTooLongError:
+    """A prompt that leaves no room to reply (a max_output_tokens past the room is lowered to
+    it), in the Responses API's words; Codex reads the code, context_length_exceeded."""
+    prompt, context = exc.prompt_tokens, exc.max_context
+    counts = f"{prompt} tokens > {context - 1} maximum" if prompt is not None and context else str(exc)
+    return PromptTooLongError(f"Your input exceeds the context window of this model ({counts}). "
+                              f"Please adjust your input and try again.", prompt, exc.max_tokens, context)
 
 
 def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:

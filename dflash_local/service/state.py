@@ -155,16 +155,16 @@ class ServiceState:
         self.on_loading_phase = on_loading_phase  # (served name, phase): `serve` prints it
         self._load_lock = threading.Lock()
 
-    def require_model(self, name: str | None, any_name: bool = False) -> LoadedPair:
-        """The loaded pair, if `name` is its name or an alias; with `any_name` (an API whose
-        clients send their own model names) any name but another known pair's."""
+    def require_model(self, name: str | None) -> LoadedPair:
+        """The loaded pair for any name but another known pair's: clients send their own model
+        names (Claude Code's opus/sonnet/haiku slots, Codex's gpt-5), and one pair serves here."""
         check_model_name(name)
         loaded = self.loaded  # while another loads, this one still serves
         if loaded is None:
             raise NoModelLoadedError(
                 f"{self.loading} is loading; retry when GET /dflash/status shows it" if self.loading
                 else "no model is loaded; POST /dflash/load first")
-        if not loaded.answers_to(name) and (not any_name or name in self.other_pairs_names()):
+        if not loaded.answers_to(name) and name in self.other_pairs_names():
             raise ModelNotFoundError(f"model {name!r} is not loaded (this server serves "
                                      f"{loaded.served_name!r})")
         return loaded

@@ -42,10 +42,10 @@ class JobRequest:
 
     messages: list[dict]
     params: GenerationParams
-    max_tokens_given: bool  # False: params.max_tokens is a default, capped to the context left
-    # the API's choice for a given max_tokens past the room left: lower it to the room (logged)
-    # rather than refuse the request
-    fit_max_tokens: bool = False
+    # False: params.max_tokens is a default. Either way a max_tokens past the room the prompt
+    # leaves is lowered to it (a given one, logged), as llama.cpp, Ollama and LM Studio do:
+    # agents ask for more than a small local context holds, and loop on a refusal
+    max_tokens_given: bool
     thinking: bool | None = None
     stop: tuple[str, ...] = ()
     tools: tuple[dict, ...] = ()
@@ -354,10 +354,6 @@ class GenerationWorker:
         asked = request.params.max_tokens
         if asked <= room:
             return request.params
-        if request.max_tokens_given and not request.fit_max_tokens:
-            raise PromptTooLongError(f"prompt of {prompt_len} tokens + max_tokens {asked} exceeds "
-                                     f"the target's context of {context} tokens",
-                                     prompt_tokens=prompt_len, max_tokens=asked, max_context=context)
         if request.max_tokens_given:
             log.info("%s: max_tokens %d lowered to the %d tokens left (prompt %d, context %d)",
                      job.id, asked, room, prompt_len, context)
