@@ -73,7 +73,7 @@ def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
     tools = body.job_tools()
     constraint, thinking = reply_constraint(loaded, body.text_constraint(), tools,
                                             body.job_tool_choice(), body.enforced_tools(),
-                                            body.thinking_mode(), MESSAGES_PATH, "output_config.format")
+                                            body.thinking_mode(), MESSAGES_PATH)
     params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
                                     top_k=body.top_k, constraint=constraint)
     messages = body.template_messages(loaded.system_turns, loaded.served_name)

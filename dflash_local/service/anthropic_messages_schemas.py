@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dflash_local.events import OutputConstraint
 from dflash_local.service.output_formats import (
     AnthropicJsonFormat,
     AnthropicOutputConfig,
+    AskedConstraint,
     ConstrainableOptions,
     one_constraint,
     strict_schema,
@@ -207,7 +207,7 @@ class MessagesRequest(ConstrainableOptions):
             return {"type": "function", "function": {"name": self.tool_choice.name}}
         return {"any": "required"}.get(self.tool_choice.type, self.tool_choice.type)
 
-    def text_constraint(self) -> OutputConstraint | None:
+    def text_constraint(self) -> AskedConstraint | None:
         """What the reply's text follows: output_config.format, output_format or structured_outputs."""
         given = self.output_config.format if self.output_config is not None else None
         return one_constraint(**{

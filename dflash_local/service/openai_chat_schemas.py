@@ -13,12 +13,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dflash_local.events import MAX_TOP_LOGPROBS, OutputConstraint
+from dflash_local.events import MAX_TOP_LOGPROBS
 from dflash_local.service.openai_chat_unsupported import (
     UnsupportedMessageFields,
     UnsupportedOpenAIFields,
 )
 from dflash_local.service.output_formats import (
+    AskedConstraint,
     ChatResponseFormat,
     ConstrainableOptions,
     one_constraint,
@@ -180,7 +181,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
             raise ValueError("tool_choice: 'required' needs tools to choose from")
         return self
 
-    def text_constraint(self) -> OutputConstraint | None:
+    def text_constraint(self) -> AskedConstraint | None:
         """What the reply's text follows: `response_format` or our `structured_outputs`."""
         return one_constraint(
             response_format=self.response_format and self.response_format.constraint(),

@@ -72,7 +72,7 @@ def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
     tools = body.job_tools()
     constraint, thinking = reply_constraint(loaded, body.text_constraint(), tools,
                                             body.job_tool_choice(), body.enforced_tools(),
-                                            body.thinking(), RESPONSES_PATH, "text.format")
+                                            body.thinking(), RESPONSES_PATH)
     params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p,
                                     constraint=constraint)
     return JobRequest(messages=body.template_messages(), params=params,

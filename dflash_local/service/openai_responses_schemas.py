@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from dflash_local.events import OutputConstraint
 from dflash_local.service.openai_responses_tools import (
     CUSTOM_INPUT,
     OfferedTool,
@@ -24,7 +23,12 @@ from dflash_local.service.openai_responses_tools import (
     offered_tools,
     tool_notes,
 )
-from dflash_local.service.output_formats import ConstrainableOptions, ResponsesText, one_constraint
+from dflash_local.service.output_formats import (
+    AskedConstraint,
+    ConstrainableOptions,
+    ResponsesText,
+    one_constraint,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
@@ -203,7 +207,7 @@ class ResponsesRequest(ConstrainableOptions):
         given = self.text.format if self.text is not None else None
         return TEXT_FORMAT if given is None else given.model_dump(by_alias=True, exclude_none=True)
 
-    def text_constraint(self) -> OutputConstraint | None:
+    def text_constraint(self) -> AskedConstraint | None:
         """What the reply's text follows: `text.format` or our `structured_outputs`."""
         given = self.text.format if self.text is not None else None
         return one_constraint(

@@ -11,6 +11,7 @@ either way: a schema given is always enforced.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
@@ -165,9 +166,19 @@ def strict_schema(schema: dict | None) -> dict:
     return schema
 
 
-def one_constraint(**given: OutputConstraint | None) -> OutputConstraint | None:
+@dataclass(frozen=True)
+class AskedConstraint:
+    """The text constraint a body asked for, and the field that asked (for errors)."""
+
+    field: str
+    constraint: OutputConstraint
+
+
+def one_constraint(**given: OutputConstraint | None) -> AskedConstraint | None:
     """The one constraint among a body's fields that may ask for one; two is a 400."""
-    named = {field: constraint for field, constraint in given.items() if constraint is not None}
+    named = [AskedConstraint(field, constraint) for field, constraint in given.items()
+             if constraint is not None]
     if len(named) > 1:
-        raise InvalidRequestError(f"{' and '.join(named)} both constrain the reply: give one")
-    return next(iter(named.values()), None)
+        raise InvalidRequestError(f"{' and '.join(asked.field for asked in named)} both "
+                                  f"constrain the reply: give one")
+    return named[0] if named else None

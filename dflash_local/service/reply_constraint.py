@@ -15,17 +15,19 @@ from dflash_local.engines.table import find_engine
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import OutputConstraint
 from dflash_local.service.api_errors import log_notes
+from dflash_local.service.output_formats import AskedConstraint
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.tool_grammar import compose
 
 
-def reply_constraint(loaded: LoadedPair, text: OutputConstraint | None, tools: tuple[dict, ...],
+def reply_constraint(loaded: LoadedPair, asked: AskedConstraint | None, tools: tuple[dict, ...],
                      tool_choice: str | dict, enforced: dict[str, dict], thinking: bool | None,
-                     route: str, text_field: str = "response_format"
-                     ) -> tuple[OutputConstraint | None, bool | None]:
-    """(the reply's constraint, the template's thinking switch). `text`: the body's text
-    constraint (asked in `text_field`); `tools`, `tool_choice`: the JobRequest's; `enforced`:
-    each strict tool's name -> the schema its arguments follow."""
+                     route: str) -> tuple[OutputConstraint | None, bool | None]:
+    """(the reply's constraint, the template's thinking switch). `asked`: the body's text
+    constraint; `tools`, `tool_choice`: the JobRequest's; `enforced`: each strict tool's name
+    -> the schema its arguments follow."""
+    text = asked.constraint if asked is not None else None
+    text_field = asked.field if asked is not None else ""
     engine = loaded.engine
     if not engine.capabilities.tokenizes:  # served: its server gets no tools (tool_calls.plan_tools)
         kinds = _served_kinds(engine.pair.engine)
