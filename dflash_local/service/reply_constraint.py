@@ -11,6 +11,7 @@ harmony target (gpt-oss) writes channels around its answer: a text constraint is
 
 from __future__ import annotations
 
+from dflash_local.constraints.check import check_constraint
 from dflash_local.engines.table import find_engine
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import OutputConstraint
@@ -47,6 +48,9 @@ def reply_constraint(loaded: LoadedPair, asked: AskedConstraint | None, tools: t
         enforced = {}
     grammar = compose(support, tools, tool_choice, enforced, text)
     log_notes((*notes, *grammar.notes), route)
+    if grammar.constraint is not None and grammar.constraint is not text:
+        # composed of checked parts; checked whole before it queues (cached by value)
+        check_constraint(grammar.constraint, f"tools (with {text_field})" if text else "tools")
     return grammar.constraint, reply_thinking(thinking, text)
 
 
