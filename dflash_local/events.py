@@ -162,6 +162,7 @@ class StepEvent:
     mode: str = "speculative"  # "plain" | "speculative" | "plain-fallback" | "probe" | "lookup" (planning/)
     finish_reason: str | None = None  # "stop" | "length" on the last event
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when params.logprobs asks
+    constraint_s: float = 0.0  # the output constraint's seconds so far (masks, matcher steps)
 
 
 def decode_rate(completion_tokens: int, decode_s: float) -> float:

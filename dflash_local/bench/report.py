@@ -74,6 +74,8 @@ def _note(method: str, summary: dict, result: dict) -> str:
             notes.append(f"fallback {100 * fallback / rounds:.0f}% of rounds")
         if modes.get(LOOKUP):
             notes.append(f"lookup {100 * modes[LOOKUP] / rounds:.0f}% of rounds")
+    if summary.get("constraint_us_per_token"):
+        notes.append(f"constraint {summary['constraint_us_per_token']:.0f} µs/token")
     return ", ".join(notes)
 
 

@@ -103,6 +103,8 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
 def _run_all(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSettings,
              peers: list[Peer], log) -> dict:
     methods = _methods(engine, settings, peers)
+    if any(item.constraint for items in prompts.values() for item in items):
+        methods.update(_unconstrained(methods))
     first = next((p for ps in prompts.values() for p in ps), None)
     if first is not None:
         log("warm-up...")
@@ -130,6 +132,14 @@ def _methods(engine, settings: BenchSettings, peers: list[Peer]) -> dict:
     methods.update({peer.name: lambda prompt, params, run=peer.run: run(prompt.ids, params)
                     for peer in peers if peer.run is not None})
     return methods
+
+
+def _unconstrained(methods: dict) -> dict:
+    """Each speculative method once more without the prompts' constraints: what structured
+    output costs or saves against free text."""
+    return {f"{name}, unconstrained": lambda prompt, params, run=run: run(
+                prompt, replace(params, constraint=None))
+            for name, run in methods.items() if name.startswith("dflash")}
 
 
 def _served_methods(engine, settings: BenchSettings) -> dict:
@@ -166,7 +176,8 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
                 log(f"[{name} {index + 1}/{len(items)}] skipped: {len(prompt.ids)} prompt tokens "
                     f"+ {settings.max_tokens} do not fit the context")
                 break
-            params = _params(engine, settings, settings.seed + index, settings.max_tokens)
+            params = replace(_params(engine, settings, settings.seed + index, settings.max_tokens),
+                             constraint=item.constraint)
             figures = _measure_sample(_labelled(engine, methods, item.prompt_id), prompt, params,
                                       settings.repeats)
             for method, run in figures.items():

@@ -14,6 +14,7 @@ class LLGuidanceGrammar:
         self._matcher, self._vocab_size = matcher, vocab_size
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._end_ids = [token for token in end_ids if token < vocab_size]
+        self.busy_s = 0.0  # the loop's Guide adds the time it spends on this grammar
 
     def allowed(self) -> np.ndarray:
         if self._matcher.is_error():  # a limit hit mid-reply: nothing more can follow

@@ -273,7 +273,8 @@ class LocalEngine(Engine):
                 text, (drafter_chars, accepted_chars) = detokenizer.add_split(
                     event.token_ids, (event.accepted - event.lookup_accepted, event.accepted))
                 yield replace(event, text=text, accepted_chars=accepted_chars,
-                              lookup_accepted_chars=accepted_chars - drafter_chars)
+                              lookup_accepted_chars=accepted_chars - drafter_chars,
+                              constraint_s=grammar.busy_s if grammar is not None else 0.0)
 
     def _lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
         """The RAM tier's hit, or the disk tier's where it gives more rows (loaded, then kept

@@ -37,6 +37,8 @@ DEAD_END = "constraint"  # the finish reason of a reply the grammar could not co
 class Grammar(Protocol):
     """One generation's matcher: the text so far, as tokens, and what may follow."""
 
+    busy_s: float  # seconds spent on it, its masks applied included (the Guide adds them)
+
     def allowed(self) -> np.ndarray:
         """bool [tokenizer vocab]: the tokens it admits next, stop tokens left out."""
 
@@ -65,8 +67,6 @@ def make_guide(grammar: Grammar | None, params: GenerationParams, drafter) -> Gu
 class Unconstrained:
     """The loop's guide where a request has no constraint: it changes nothing."""
 
-    mask_s = 0.0
-
     def shape(self, draft: Draft) -> Draft:
         return draft
 
@@ -83,16 +83,19 @@ class Guide:
     `max_tokens`: the reply's limit (a round's tree stays within what is left)."""
 
     def __init__(self, grammar: Grammar, stop_ids: Sequence[int], free_draft: int, max_tokens: int):
+        stop_ids = [int(token) for token in stop_ids if token >= 0]  # -1: "never stops"
         if not stop_ids:
             raise InvalidRequestError("a constrained reply needs a stop token to end it")
         self.grammar, self.stop_ids, self.free_draft = grammar, np.asarray(stop_ids), free_draft
         self.remaining = max_tokens  # tokens the reply may still commit
         self._rows: list[np.ndarray] | None = None  # each row's mask for the next `mask`
-        self.mask_s = 0.0  # the grammar's time: the constraint's overhead, for the bench
 
     def shape(self, draft: Draft) -> Draft:
         """`draft` without the nodes the grammar forbids, the forced tokens after its first
         path grafted on; one less deep than the tokens left (a round commits one more)."""
+        return self._timed(self._shape, draft)
+
+    def _shape(self, draft: Draft) -> Draft:
         tree, rows = draft.tree, {}
         self._visit(tree, 0, self.remaining - 1, rows)
         kept = sorted(rows)  # old node numbers, parents before children as in `tree`
@@ -108,24 +111,30 @@ class Guide:
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """logits [rows, V] of the last shaped tree's rows (or the next token's alone), with
         what the grammar forbids at -inf."""
+        return self._timed(self._masked, logits)
+
+    def commit(self, token_ids: list[int], finish: str | None) -> tuple[list[int], str | None]:
+        """The round's committed tokens (up to a stop token, which ends the reply) and the
+        loop's finish reason, returned with the reason DEAD_END where the reply stopped at a
+        row that the grammar left without a token."""
+        return self._timed(self._commit, token_ids, finish)
+
+    def _commit(self, token_ids: list[int], finish: str | None) -> tuple[list[int], str | None]:
+        self._rows = None
+        self.remaining -= len(token_ids)
+        for token_id in token_ids:
+            if token_id in self.stop_ids:
+                return token_ids, finish if self.grammar.complete() else DEAD_END
+            self.grammar.consume(int(token_id))
+        return token_ids, finish
+
+    def _masked(self, logits: np.ndarray) -> np.ndarray:
         rows = self._rows if self._rows is not None else [self._row_mask()]
         allowed = np.zeros(logits.shape, dtype=bool)
         for index, row in enumerate(rows):
             width = min(len(row), logits.shape[1])
             allowed[index, :width] = row[:width]
         return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
-
-    def commit(self, token_ids: list[int], finish: str | None) -> tuple[list[int], str | None]:
-        """The round's committed tokens (up to a stop token, which ends the reply) and the
-        loop's finish reason, returned with the reason DEAD_END where the reply stopped at a
-        row that the grammar left without a token."""
-        self._rows = None
-        self.remaining -= len(token_ids)
-        for token_id in token_ids:
-            if token_id in self.stop_ids:
-                return token_ids, finish if self.grammar.complete() else DEAD_END
-            self._timed(self.grammar.consume, int(token_id))
-        return token_ids, finish
 
     def _visit(self, tree: DraftTree, node: int, depth_limit: int, rows: dict) -> None:
         """Note `node`'s row mask (the grammar holds its path) and visit the children it
@@ -139,9 +148,9 @@ class Guide:
             if token in self.stop_ids:  # the reply ends there: nothing below it is verified
                 rows[child] = self._stop_row(len(row))
                 continue
-            self._timed(self.grammar.consume, token)
+            self.grammar.consume(token)
             self._visit(tree, child, depth_limit, rows)
-            self._timed(self.grammar.rollback, 1)
+            self.grammar.rollback(1)
 
     def _graft_forced(self, tree: DraftTree, depth_limit: int) -> DraftTree:
         """`tree` with the tokens forced after its first path grafted on (at most free_draft,
@@ -153,26 +162,26 @@ class Guide:
         if not self.free_draft or any(token in self.stop_ids for token in path):
             return tree
         for token in path:
-            self._timed(self.grammar.consume, token)
+            self.grammar.consume(token)
         room = min(self.free_draft, depth_limit - len(path))
         forced, row = [], self._rows[node]
-        for token in self._timed(self.grammar.forced)[: max(room, 0)]:
+        for token in self.grammar.forced()[: max(room, 0)]:
             if not _admits(row, token) or token in self.stop_ids:
                 break
-            self._timed(self.grammar.consume, token)
+            self.grammar.consume(token)
             forced.append(token)
             row = self._row_mask()
             self._rows.append(row)
-        self._timed(self.grammar.rollback, len(path) + len(forced))
+        self.grammar.rollback(len(path) + len(forced))
         return tree.graft([*path, *forced]) if forced else tree
 
     def _row_mask(self) -> np.ndarray:
         """The next token's mask where the grammar is now: stop tokens where it is complete,
         and alone where it admits nothing."""
-        allowed = self._timed(self.grammar.allowed)
+        allowed = self.grammar.allowed()
         if len(allowed) <= self.stop_ids.max():
             allowed = np.pad(allowed, (0, int(self.stop_ids.max()) + 1 - len(allowed)))
-        allowed[self.stop_ids] = self._timed(self.grammar.complete)
+        allowed[self.stop_ids] = self.grammar.complete()
         if not allowed.any():
             allowed[self.stop_ids] = True
         return allowed
@@ -184,11 +193,12 @@ class Guide:
         return row
 
     def _timed(self, step, *args):
+        """step(*args), its time on the grammar's clock: the constraint's overhead."""
         start = time.perf_counter()
         try:
             return step(*args)
         finally:
-            self.mask_s += time.perf_counter() - start
+            self.grammar.busy_s += time.perf_counter() - start
 
 
 def _admits(row: np.ndarray, token: int) -> bool:
