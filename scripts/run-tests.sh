@@ -16,7 +16,7 @@ if [ "${DFLASH_CI_VLLM:-0}" = "1" ]; then
 fi
 # opt-in: DFLASH_CI_CLIENTS=1 adds the Python clients (llm, litellm, langchain, openai-agents,
 # pydantic-ai, instructor) in a venv of their own and runs tests/test_clients_*.py with them (560 MB,
-# 1.7 min to install over the network on 2 cores; the round trips add about 4.5 min, mostly the
+# 1.7 min to install over the network on 2 cores; the 15 round trips add 4.5-7 min, mostly the
 # clients' own imports, litellm's 30 s each)
 if [ "${DFLASH_CI_CLIENTS:-0}" = "1" ]; then
   ./scripts/setup_clients.sh

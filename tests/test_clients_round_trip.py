@@ -2,7 +2,8 @@
 pair served on 127.0.0.1 (tests/client_harness.py; the clients live in scripts/setup_clients.sh's
 venv and run as subprocesses). Greedy and speculative, every reply equals the service's plain
 decoding of the same conversation, whichever API the client speaks: the three APIs render one
-prompt, and speculation is lossless.
+prompt, and speculation is lossless. Some clients send their own model names (openai-agents'
+default, pydantic-ai's gpt-4o, Claude's): any name but another known pair's is the loaded pair.
 
 Skipped without the clients' venv (CI runs them with DFLASH_CI_CLIENTS=1).
 """
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from client_harness import API_KEY, requires_clients
 
 pytestmark = requires_clients
 
 PROMPT = "Name three colours of the rainbow."
+COMPLETION_PROMPT = "The three primary colours are"  # /v1/completions: the text as it is
+COMPLETION_TOKENS = 24
 # past the reply's natural end (62 tokens): openai-agents takes a reply cut at max_tokens for a
 # failed turn, as it would from the real API
 MAX_TOKENS = 80
@@ -71,7 +75,8 @@ for event in stream:
 
 LANGCHAIN_OPENAI = f"""
 from langchain_openai import ChatOpenAI
-model = ChatOpenAI(model=os.environ["DFLASH_MODEL"], max_tokens={MAX_TOKENS}, temperature=0,
+model = ChatOpenAI(model=os.environ["DFLASH_MODEL"], max_tokens=int(os.environ.get("MAX_TOKENS", {MAX_TOKENS})),
+                   temperature=0,
                    use_responses_api=os.environ.get("USE_RESPONSES") == "1")
 for chunk in model.stream({PROMPT!r}):
     pieces.append(chunk.text)
@@ -92,8 +97,8 @@ import asyncio
 from agents import Agent, ModelSettings, Runner
 from openai.types.responses import ResponseTextDeltaEvent
 async def main():
-    agent = Agent(name="assistant", model=os.environ["DFLASH_MODEL"],
-                  model_settings=ModelSettings(max_tokens={MAX_TOKENS}, temperature=0))
+    # no model named: the SDK's default (gpt-4.1) is served by the loaded pair
+    agent = Agent(name="assistant", model_settings=ModelSettings(max_tokens={MAX_TOKENS}, temperature=0))
     run = Runner.run_streamed(agent, {PROMPT!r})
     async for event in run.stream_events():
         if event.type == "raw_response_event" and isinstance(event.data, ResponseTextDeltaEvent):
@@ -106,7 +111,7 @@ import asyncio
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
-model = OpenAIChatModel(os.environ["DFLASH_MODEL"], provider=OpenAIProvider(
+model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(
     base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"]))
 async def main():
     agent = Agent(model, model_settings={{"max_tokens": {MAX_TOKENS}, "temperature": 0}})
@@ -127,11 +132,25 @@ for chunk in stream:
 pieces[:] = [p for p in pieces if p]
 """
 
+LITELLM_TEXT_COMPLETION = f"""
+import litellm
+stream = litellm.text_completion(model="text-completion-openai/" + os.environ["DFLASH_MODEL"],
+                                 api_base=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"],
+                                 prompt={COMPLETION_PROMPT!r}, max_tokens={COMPLETION_TOKENS}, stream=True)
+for chunk in stream:
+    pieces.append(chunk.choices[0].text or "")
+pieces[:] = [p for p in pieces if p]
+"""
+
 SNIPPETS = {
     "litellm-chat": (LITELLM_CHAT, {}), "litellm-messages": (LITELLM_MESSAGES, {}),
     "litellm-responses": (LITELLM_RESPONSES, {}),
     "langchain-openai": (LANGCHAIN_OPENAI, {}),
     "langchain-openai-responses": (LANGCHAIN_OPENAI, {"USE_RESPONSES": "1"}),
+    # past the 8192-token context: lowered to the room, the same reply (opencode's case)
+    "langchain-openai-past-the-context": (LANGCHAIN_OPENAI, {"MAX_TOKENS": "100000"}),
+    "langchain-openai-responses-past-the-context": (LANGCHAIN_OPENAI, {"USE_RESPONSES": "1",
+                                                                       "MAX_TOKENS": "100000"}),
     "langchain-anthropic": (LANGCHAIN_ANTHROPIC, {}),
     "openai-agents": (OPENAI_AGENTS, {}), "pydantic-ai": (PYDANTIC_AI, {}),
     "instructor": (INSTRUCTOR, {}),
@@ -157,3 +176,14 @@ def test_llm_lists_what_a_client_may_send(py_clients):
     listed = py_clients.run_argv(["-m", "llm", "openai", "endpoint", py_clients.base_url + "/v1",
                                   "--models", "--key", API_KEY])
     assert py_clients.model in listed.split()
+
+
+def test_litellm_text_completion_streams_the_plain_continuation(py_clients):
+    """litellm's text_completion over /v1/completions: the prompt untemplated."""
+    response = httpx.post(py_clients.base_url + "/v1/completions", timeout=120,
+                          headers={"Authorization": f"Bearer {API_KEY}"},
+                          json={"model": py_clients.model, "prompt": COMPLETION_PROMPT,
+                                "max_tokens": COMPLETION_TOKENS, "speculative": False})
+    assert response.status_code == 200, response.text
+    plain = response.json()["choices"][0]["text"]
+    assert streamed(py_clients.run(snippet(LITELLM_TEXT_COMPLETION))) == plain

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 
 import anthropic
@@ -209,15 +210,20 @@ def test_a_long_prefill_is_kept_alive(plain, monkeypatch, api):
     monkeypatch.setattr(state.loaded.engine, "stream", held_prefill)
     path = "/v1/messages" if api == "messages" else "/v1/chat/completions"
     body = {"model": "tiny", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": EOS_PROMPT}]}
-    lines = []
+    lines, current = [], None
     with httpx.stream("POST", server.url + path, json=body, timeout=60) as response:
         for line in response.iter_lines():
             lines.append(line)
-            if line in ("event: ping", ": keep-alive"):
+            if line == "event: ping" or line.startswith(": keep-alive"):
+                if not released.is_set():  # the prefill's progress, where the API has a place for it
+                    current = httpx.get(server.url + "/dflash/status", timeout=60).json()["worker"]["current"]
                 released.set()
     released.set()
-    first = "event: ping" if api == "messages" else ": keep-alive"
-    assert lines[0] == first
+    assert current["phase"] == "prefill" and current["prompt_tokens"] > 0, current
+    if api == "messages":
+        assert lines[0] == "event: ping"
+    else:
+        assert re.fullmatch(rf": keep-alive prefill {current['prompt_tokens']} tokens, \d+ s", lines[0]), lines[0]
     data = [json.loads(line.removeprefix("data: ")) for line in lines
             if line.startswith("data: {")]
     if api == "messages":

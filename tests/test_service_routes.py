@@ -14,6 +14,9 @@ OPERATIONS_BY_MODULE = {
     "openai_chat": {
         ("POST", "/v1/chat/completions", "chat_completions_v1_chat_completions_post"),
     },
+    "openai_completions": {
+        ("POST", "/v1/completions", "completions_v1_completions_post"),
+    },
     "openai_responses": {
         ("POST", "/v1/responses", "create_response_v1_responses_post"),
     },

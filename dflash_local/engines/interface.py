@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_local.events import BlockSize, EngineCapabilities, GenerationParams, StepEvent
+from dflash_local.errors import InvalidRequestError
+from dflash_local.events import (
+    BlockSize,
+    EngineCapabilities,
+    GenerationParams,
+    StepEvent,
+    TokenLogprob,
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         """Generate; each event carries its text delta. Closing the iterator cancels."""
+
+    def score_prompt(self, prompt_ids: list[int], top: int,
+                     params: GenerationParams) -> tuple[TokenLogprob, ...]:
+        """The target's log-probability of each prompt token after the first, from the row
+        before it, with its `top` alternatives (engines/prompt_scores.py); `params`: the
+        generation that follows. Only an engine that declares `capabilities.logprobs`."""
+        raise InvalidRequestError(f"the {self.name} engine does not score prompts: a served "
+                                  f"engine relays text, not log-probabilities")
 
     def stream_chat(self, messages: list[dict], params: GenerationParams,
                     thinking: bool | None = None) -> Iterator[StepEvent]:

@@ -29,7 +29,7 @@ from dflash_local.drafter.config import (
     read_target_config,
 )
 from dflash_local.drafter.draft_vocab import load_draft_vocab
-from dflash_local.engines import chat_prompt
+from dflash_local.engines import chat_prompt, prompt_scores
 from dflash_local.engines.detokenize import StreamDetokenizer
 from dflash_local.engines.interface import Engine, PairInfo
 from dflash_local.engines.turn_warmup import warm
@@ -40,6 +40,7 @@ from dflash_local.events import (
     EngineCapabilities,
     GenerationParams,
     StepEvent,
+    TokenLogprob,
     check_draft_window,
     widest_block,
 )
@@ -275,6 +276,11 @@ class LocalEngine(Engine):
                 yield replace(event, text=text, accepted_chars=accepted_chars,
                               lookup_accepted_chars=accepted_chars - drafter_chars,
                               constraint_s=grammar.busy_s if grammar is not None else 0.0)
+
+    def score_prompt(self, prompt_ids: list[int], top: int,
+                     params: GenerationParams) -> tuple[TokenLogprob, ...]:
+        with self._warm_guard:  # as a generation, never beside a warm-up's chunk
+            return prompt_scores.score_prompt(self, prompt_ids, top, params)
 
     def _lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
         """The RAM tier's hit, or the disk tier's where it gives more rows (loaded, then kept

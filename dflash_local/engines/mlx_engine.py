@@ -15,6 +15,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -94,6 +95,14 @@ class MLXTargetRunner:
         logits = self.adapter.logits(self.model, run.hidden[:, -1:]).astype(mx.float32)
         taps = mx.concatenate(chunks, axis=1) if self.tap_ids is not None else None
         return np.array(logits[0, -1]), taps
+
+    def prefill_scored(self, prompt_ids: list[int], start: int) -> tuple[np.ndarray, Any]:
+        """As `prefill` in one forward, with every run row's logits [rows, V]: a prompt's own
+        log-probabilities (engines/prompt_scores.py, which bounds the rows per call)."""
+        run, taps = self._run(prompt_ids[start:])
+        logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
+        mx.eval(logits, taps, [c.state for c in self.cache])
+        return np.array(logits[0]), taps
 
     def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
         if tree.is_chain:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,10 +117,19 @@ class TorchTargetRunner:
 
     def prefill(self, prompt_ids: list[int], start: int = 0):
         """`start`: rows already in the cache (restored by engines/torch_prefix.py)."""
-        logits, taps = self._forward(prompt_ids[start:], logits_to_keep=1)
+        logits, taps = self._prefill(prompt_ids, start, logits_to_keep=1)
+        return logits[-1], taps
+
+    def prefill_scored(self, prompt_ids: list[int], start: int) -> tuple[np.ndarray, Any]:
+        """As `prefill`, with every run row's logits [rows, V]: a prompt's own
+        log-probabilities (engines/prompt_scores.py, which bounds the rows per call)."""
+        return self._prefill(prompt_ids, start, logits_to_keep=0)
+
+    def _prefill(self, prompt_ids: list[int], start: int, logits_to_keep: int):
+        logits, taps = self._forward(prompt_ids[start:], logits_to_keep=logits_to_keep)
         torch_rollback.keep_rows(self.cache, 0)  # drop the record of the prompt
         self._length = len(prompt_ids)
-        return logits[-1], taps
+        return logits, taps
 
     def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray:
         if tree.is_chain:

@@ -46,11 +46,17 @@ def warm(engine, ids: list[int], params: GenerationParams, should_stop: Callable
             unseen.append(taps)
         done = end
     with guard:
-        kept = engine.prefix_states.snapshot(runner, drafter,
-                                             runner.join_taps(unseen) if unseen else None)
+        return store_state(engine, ids, runner, drafter, unseen)
+
+
+def store_state(engine, ids: list[int], runner, drafter, unseen: list) -> bool:
+    """Keep a state that holds every row of `ids` (the drafter's context in `unseen` taps) as
+    an entry of the engine's prefix cache, and on its disk tier (it survives a restart)."""
+    kept = engine.prefix_states.snapshot(runner, drafter,
+                                         runner.join_taps(unseen) if unseen else None)
     if isinstance(kept, str) or not engine.prefix_cache.store(ids, kept):
         return False
-    if engine.prefix_disk is not None:  # the next turn's prefix, as it will be spelled, survives a restart
+    if engine.prefix_disk is not None:
         engine.prefix_disk.submit(ids, kept)
     return True
 

@@ -1,7 +1,8 @@
 """The app: the routers of each API mounted behind the guards, around one ServiceState.
 
 `create_app(state)` builds it, so tests and the CLI start the same server. Routes live one
-module per API: openai_chat.py, openai_responses.py, anthropic_messages.py, management.py.
+module per API: openai_chat.py, openai_completions.py, openai_responses.py, anthropic_messages.py,
+management.py.
 With an API key, every route but /health needs it (`Authorization: Bearer <key>` or
 `x-api-key: <key>`).
 """
@@ -15,7 +16,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dflash_local import __version__
-from dflash_local.service import anthropic_messages, management, openai_chat, openai_responses
+from dflash_local.service import (
+    anthropic_messages,
+    management,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from dflash_local.service.anthropic_messages import AnthropicErrors
 from dflash_local.service.api_errors import ErrorLog, install_handlers
 from dflash_local.service.guards import (
@@ -49,6 +56,6 @@ def create_app(state: ServiceState, allowed_hosts: Iterable[str] = LOOPBACK_HOST
     app.add_middleware(HostAllowList, allowed_hosts=allowed_hosts)
     app.add_middleware(AnthropicErrors)  # it reshapes the guards' errors too
     app.add_middleware(ErrorLog)  # outermost: it logs every 4xx, whoever answered it
-    for api in (management, openai_chat, anthropic_messages, openai_responses):
+    for api in (management, openai_chat, openai_completions, anthropic_messages, openai_responses):
         app.include_router(api.router)
     return app

@@ -8,6 +8,8 @@ wait, the SSE generator's `finally` once streaming.
 A stream whose prefill outlasts KEEPALIVE_S (a 30k-token agent prompt) begins before its first
 token, once the worker says the prompt passed its checks (Started), and sends a keep-alive after
 every KEEPALIVE_S of silence: one mechanism for every API, each naming its keep-alive bytes.
+An SSE comment says how the prefill goes (`: keep-alive prefill 30000 tokens, 12 s`), as
+/dflash/status's `worker.current` does (its phase and prompt tokens).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dflash_local.events import (
     widest_block,
 )
 from dflash_local.service.api_errors import status_of
-from dflash_local.service.sse import KEEPALIVE_COMMENT, KEEPALIVE_S, SSE_HEADERS
+from dflash_local.service.raw_prompt import PromptEcho
+from dflash_local.service.sse import KEEPALIVE_S, SSE_HEADERS, keepalive_comment
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import reply_usage
 from dflash_local.service.worker import (
@@ -61,6 +64,7 @@ class Reply:
     logprobs: list[dict] = field(default_factory=list)  # chat's logprobs.content entries
     finish_reason: str | None = None
     stop_sequence: str | None = None
+    echo: PromptEcho | None = None  # a completion's prompt, when it asked for it back
 
     @property
     def text(self) -> str:
@@ -77,6 +81,7 @@ class Reply:
         self.logprobs += chunk.logprobs
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.stop_sequence = chunk.stop_sequence or self.stop_sequence
+        self.echo = chunk.echo or self.echo
 
     def tool_calls(self) -> list[dict]:
         """OpenAI's whole calls: {"id", "type", "function": {"name", "arguments": JSON text}}."""
@@ -155,58 +160,77 @@ def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
 
 async def run(request: JobRequest, loaded: LoadedPair, http_request: Request,
               make_encoder: Callable[[str], ReplyEncoder], stream: bool,
-              id_prefix: str | None = None, keepalive: bytes = KEEPALIVE_COMMENT) -> Response:
+              id_prefix: str | None = None, keepalive: bytes | None = None) -> Response:
     """`make_encoder(reply_id)`; `id_prefix` names the reply as its API does ("msg_", "resp_");
-    `keepalive`: the SSE bytes a stream sends while nothing else comes."""
+    `keepalive`: the SSE bytes a stream sends while nothing else comes (None: an SSE comment
+    that says how the prefill goes)."""
+    try:
+        if not stream:
+            return JSONResponse(await reply_body(request, loaded, http_request, make_encoder,
+                                                 id_prefix))
+        job, encoder = await _submitted(request, loaded, make_encoder, id_prefix)
+        watcher = asyncio.create_task(_wait_disconnect(http_request))
+        try:
+            first = await _next(job, watcher)
+            if isinstance(first, Started):  # None after KEEPALIVE_S: the prefill goes on, streamed
+                first = await _next(job, watcher, timeout=KEEPALIVE_S)
+            if isinstance(first, Failed):
+                raise first.error
+            return StreamingResponse(_stream(job, first, encoder, loaded, keepalive),
+                                     headers=SSE_HEADERS, media_type="text/event-stream")
+        finally:
+            watcher.cancel()  # Starlette watches for the disconnect from here on
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+
+async def reply_body(request: JobRequest, loaded: LoadedPair, http_request: Request,
+                     make_encoder: Callable[[str], ReplyEncoder], id_prefix: str | None = None) -> dict:
+    """A whole reply's body, not streamed (as `run`); ClientDisconnected if the client leaves."""
+    job, encoder = await _submitted(request, loaded, make_encoder, id_prefix)
+    watcher = asyncio.create_task(_wait_disconnect(http_request))
+    try:
+        item = await _next(job, watcher)
+        if isinstance(item, Started):
+            item = await _next(job, watcher)
+        reply = Reply()
+        while not isinstance(item, Finished):
+            if isinstance(item, Failed):
+                raise item.error
+            reply.add(item)
+            item = await _next(job, watcher)
+        return encoder.body(reply, usage(item, job, loaded))
+    finally:
+        watcher.cancel()
+        job.cancel()
+
+
+async def _submitted(request: JobRequest, loaded: LoadedPair,
+                     make_encoder: Callable[[str], ReplyEncoder],
+                     id_prefix: str | None) -> tuple[Job, ReplyEncoder]:
     job = Job(request, asyncio.get_running_loop())
     if id_prefix is not None:
         job.id = id_prefix + job.id.removeprefix("chatcmpl-")
     encoder = make_encoder(job.id)
     # off the event loop, and before the worker: a body that cannot fit never holds it; with
     # the counter's own tokenizer (prompt_count.py), never the one the worker encodes with
-    if loaded.prompt_counter is not None:
+    # (a completion's prompt is counted already: it comes as ids)
+    if loaded.prompt_counter is not None and request.raw_prompt is None:
         prompt_tools = [] if request.tool_choice == "none" else list(request.tools)  # as plan_tools does
         await asyncio.to_thread(loaded.prompt_counter.check_size, request.messages, prompt_tools)
     loaded.worker.submit(job)
-    watcher = asyncio.create_task(_wait_disconnect(http_request))
-    try:
-        first = await _next(job, watcher)
-        if isinstance(first, Started):  # None after KEEPALIVE_S: the prefill goes on, streamed
-            first = await _next(job, watcher, timeout=KEEPALIVE_S if stream else None)
-        if isinstance(first, Failed):
-            raise first.error
-        if stream:
-            return StreamingResponse(_stream(job, first, encoder, loaded, keepalive),
-                                     headers=SSE_HEADERS, media_type="text/event-stream")
-        return await _collect(job, first, encoder, loaded, watcher)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        watcher.cancel()  # streaming: Starlette watches for the disconnect from here on
-        if not stream:
-            job.cancel()
-
-
-async def _collect(job: Job, item, encoder: ReplyEncoder, loaded: LoadedPair,
-                   watcher: asyncio.Task) -> JSONResponse:
-    reply = Reply()
-    while not isinstance(item, Finished):
-        if isinstance(item, Failed):
-            raise item.error
-        reply.add(item)
-        item = await _next(job, watcher)
-    return JSONResponse(encoder.body(reply, usage(item, job, loaded)))
+    return job, encoder
 
 
 async def _stream(job: Job, first, encoder: ReplyEncoder, loaded: LoadedPair,
-                  keepalive: bytes) -> AsyncIterator[bytes]:
+                  keepalive: bytes | None) -> AsyncIterator[bytes]:
     items = [] if first is None else [first]
     try:
         while True:
             if not items:
                 items = await _waiting_items(job)
                 if not items:
-                    yield keepalive
+                    yield keepalive or keepalive_comment(job.prefill_progress())
                     continue
             # every step stays its own SSE event; the steps already waiting go out in one write
             events, done = [], False

@@ -29,8 +29,12 @@ class _Placed:
 class LogprobEntries:
     """One reply's entries, handed out in step with the text actually sent."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, completions: bool = False):
+        """`completions`: legacy completions' entries: each also says where its text starts in
+        the reply's (`text_offset`), and the end-of-turn token that ended the reply keeps its
+        entry, as vLLM reports it (lm-eval's loglikelihood counts on the generated one)."""
         self._tokenizer = tokenizer
+        self._completions = completions
         self._text = StreamDetokenizer(tokenizer)
         self._made = 0  # characters the tokens so far made
         self._sent = 0  # characters sent to the client
@@ -44,25 +48,31 @@ class LogprobEntries:
         for token_id, logprob in zip(event.token_ids, event.logprobs, strict=True):
             start = self._made
             self._made += len(self._text.add([token_id]))
-            self._waiting.append(_Placed(start, self._made, self._entry(token_id, logprob)))
+            entry = self.entry(token_id, logprob)
+            if self._completions:
+                entry["text_offset"] = start
+            self._waiting.append(_Placed(start, self._made, entry))
         self._sent += len(sent_text)
         if not finish:
             ready = []
             while self._waiting and self._waiting[0].end <= self._sent:
                 ready.append(self._waiting.popleft().entry)
             return ready
-        if event.finish_reason == "stop" and not cut_by_stop:
+        if event.finish_reason == "stop" and not cut_by_stop and not self._completions:
             self._waiting.pop()  # the end-of-turn token
         if cut_by_stop:
             return [placed.entry for placed in self._waiting if placed.start < self._sent]
         return [placed.entry for placed in self._waiting]
 
-    def _entry(self, token_id: int, logprob: TokenLogprob) -> dict:
+    def entry(self, token_id: int, logprob: TokenLogprob | None) -> dict:
+        """One token's entry; `logprob` None for a prompt's first token (nothing predicts it)."""
+        if logprob is None:
+            return {**self._described(token_id, None), "top_logprobs": None}
         top = [self._described(top_id, value)
                for top_id, value in zip(logprob.top_ids, logprob.top_logprobs, strict=True)]
         return {**self._described(token_id, logprob.logprob), "top_logprobs": top}
 
-    def _described(self, token_id: int, logprob: float) -> dict:
+    def _described(self, token_id: int, logprob: float | None) -> dict:
         described = self._strings.get(token_id)
         if described is None:
             token = self._tokenizer.decode([token_id], skip_special_tokens=False)

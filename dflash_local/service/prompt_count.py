@@ -1,6 +1,6 @@
 """Counting beside the worker without touching the worker's tokenizer: POST
-/v1/messages/count_tokens' count (the very prompt a generation would get), and every generating
-request's early size check (jobs.run).
+/v1/messages/count_tokens' count (the very prompt a generation would get), every generating
+request's early size check (jobs.run), and a completion's text prompt as ids.
 
 A Hugging Face fast tokenizer keeps a per-call setting (split_special_tokens) on its backend
 object, so two threads encoding with one tokenizer can change each other's ids. The counter
@@ -38,6 +38,11 @@ class PromptCounter:
         tools = plan_tools(self._tool_support, request.tools, request.tool_choice)
         with self._lock:
             return encode_prompt(self._engine, request, tools)
+
+    def encode_text(self, text: str) -> list[int]:
+        """A completion's prompt as it is, no template (blocking)."""
+        with self._lock:
+            return self._engine.encode_raw(text)
 
     def check_size(self, messages: list[dict], tools: list[dict]) -> None:
         """The engine's early refusal of a body that cannot fit the context (blocking)."""

@@ -12,7 +12,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # idle connection keep waiting. A comment line, which every SSE parser skips (Anthropic's stream
 # sends its own `ping` event instead)
 KEEPALIVE_S = 5.0
-KEEPALIVE_COMMENT = b": keep-alive\n\n"
+
+
+def keepalive_comment(progress: str = "") -> bytes:
+    """`: keep-alive`, with the prefill's progress where there is one (`prefill 30000 tokens, 12 s`)."""
+    return f": keep-alive {progress}\n\n".encode() if progress else b": keep-alive\n\n"
 
 
 def sse(payload: dict | str) -> bytes:

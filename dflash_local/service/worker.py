@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.api_errors import NoModelLoadedError, QueueFullError
 from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.logprob_entries import LogprobEntries
+from dflash_local.service.raw_prompt import PromptEcho, RawPrompt, prompt_echo
 from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import ToolPlan, ToolSupport, new_call_id, plan_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
@@ -50,6 +52,8 @@ class JobRequest:
     stop: tuple[str, ...] = ()
     tools: tuple[dict, ...] = ()
     tool_choice: str | dict = "auto"
+    # legacy completions: the prompt's ids as given, in place of templated `messages`
+    raw_prompt: RawPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Chunk:
     stop_sequence: str | None = None  # the request's stop string that ended the reply, if one did
     logprobs: tuple[dict, ...] = ()  # OpenAI's logprobs.content entries of this chunk's text
     reasoning: str = ""  # the reasoning delta (a harmony target's analysis channel)
+    echo: PromptEcho | None = None  # a completion's prompt, on its first chunk when asked
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class Job:
         self.rounds = 0  # speculative rounds run (the prefill is not a round)
         self.rounds_at_cancel: int | None = None
         self.prompt_ids: list[int] | None = None  # a local engine's, once templated
+        self.echo: PromptEcho | None = None  # a completion's echoed prompt, until sent
+        self.prefill_started: float | None = None  # monotonic, once the prompt passed its checks
         # the text the client got (stop strings applied), a piece per round: joined once, when
         # the next turn is warmed (appending to one string copies the whole reply every round)
         self.reply_parts: list[str] = []
@@ -142,9 +149,25 @@ class Job:
         for item in items:
             self.outbox.put_nowait(item)
 
+    @property
+    def phase(self) -> str:
+        """queued, prefill (its prompt's rows going into the cache: no token yet), or decode."""
+        if self.prefill_started is None:
+            return "queued" if self.outcome == "queued" else "decode"
+        return "prefill" if not self.reply_parts else "decode"
+
+    def prefill_progress(self) -> str:
+        """What a keep-alive says while the prefill runs: the prompt's size and the time so far
+        (the prefill is one pass per chunk, with no count of its own to report)."""
+        if self.phase != "prefill" or self.prompt_ids is None:
+            return ""
+        elapsed = time.monotonic() - self.prefill_started
+        return f"prefill {len(self.prompt_ids)} tokens, {elapsed:.0f} s"
+
     def summary(self) -> dict:
-        return {"id": self.id, "outcome": self.outcome, "rounds": self.rounds,
-                "rounds_at_cancel": self.rounds_at_cancel}
+        return {"id": self.id, "outcome": self.outcome, "phase": self.phase,
+                "prompt_tokens": None if self.prompt_ids is None else len(self.prompt_ids),
+                "rounds": self.rounds, "rounds_at_cancel": self.rounds_at_cancel}
 
 
 def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
@@ -255,8 +278,11 @@ class GenerationWorker:
         """While no job waits, ready the prefix cache for this conversation's next request
         (engines/turn_warmup.py); a job that arrives stops it within a chunk of rows."""
         request = job.request
-        if job.outcome != "finished" or job.prompt_ids is None or request.tools:
-            return  # a reply with tool calls is written back otherwise than its text
+        if (job.outcome != "finished" or job.prompt_ids is None or request.tools
+                or request.raw_prompt is not None):
+            # a reply with tool calls is written back otherwise than its text; a completion
+            # has no next turn
+            return
         try:
             if self.engine.warm_next_turn(request.messages, "".join(job.reply_parts),
                                           job.prompt_ids,
@@ -293,10 +319,10 @@ class GenerationWorker:
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
         # only local engines declare logprobs (chat.job_request refuses the others): they have a tokenizer
-        logprobs = (LogprobEntries(self.engine.tokenizer)
+        logprobs = (LogprobEntries(self.engine.tokenizer, completions=request.raw_prompt is not None)
                     if request.params.logprobs is not None else None)
         tools = plan_tools(self.tool_support, request.tools, request.tool_choice)
-        stream = self._open_stream(job, tools)
+        stream = self._open_stream(job, tools, logprobs)
         try:
             for event in stream:
                 stats.add(event)
@@ -316,7 +342,8 @@ class GenerationWorker:
                 job.reply_parts.append(text)
                 job.put(Chunk(text, event, finish, deltas, logprobs=tuple(entries),
                               stop_sequence=stops.matched if hit_stop and finish == "stop" else None,
-                              reasoning=reasoning))
+                              reasoning=reasoning, echo=job.echo))
+                job.echo = None
                 if finish:
                     stats.finish_reason = finish
                     return stats
@@ -335,13 +362,16 @@ class GenerationWorker:
             stats.cached_tokens = stats.cached_tokens or served.cached_tokens
         return stats
 
-    def _open_stream(self, job: Job, tools: ToolPlan):
-        request = job.request
+    def _open_stream(self, job: Job, tools: ToolPlan, logprobs: LogprobEntries | None):
+        request, raw = job.request, job.request.raw_prompt
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
-        job.prompt_ids = encode_prompt(self.engine, request, tools)
+        job.prompt_ids = list(raw.ids) if raw is not None else encode_prompt(self.engine, request, tools)
         params = self._fit_max_tokens(job, len(job.prompt_ids))
+        job.prefill_started = time.monotonic()
         job.put(Started(len(job.prompt_ids)))  # the request holds: errors from here on are the stream's
+        if raw is not None and raw.echo:  # scored first: the generation then resumes its state
+            job.echo = prompt_echo(self.engine, raw, params, logprobs)
         return self.engine.stream(job.prompt_ids, params)
 
     def _fit_max_tokens(self, job: Job, prompt_len: int) -> GenerationParams:
