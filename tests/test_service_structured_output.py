@@ -192,3 +192,10 @@ def test_nothing_is_queued_for_a_refused_constraint(service):
         "regex": "[^\\s\\S]"}})
     assert_openai_error(response, 400, "invalid_request")
     assert state.loaded.worker.jobs_done == done
+
+
+def test_a_legacy_completion_follows_structured_outputs(service):
+    reply = post(service, "/v1/completions", {"prompt": "The answer:", "max_tokens": 20,
+                                              "structured_outputs": {"regex": "(yes|no)!"}}).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"] in ("yes!", "no!"), choice
