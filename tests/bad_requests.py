@@ -19,6 +19,10 @@ def chat(**fields) -> tuple:
     return ("POST", CHAT, {"json": {"messages": USER, "max_tokens": 4, **fields}})
 
 
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
 def raw(body: bytes | str, content_type: str | None = "application/json", path: str = CHAT) -> tuple:
     headers = {"content-type": content_type} if content_type else {}
     return ("POST", path, {"content": body.encode() if isinstance(body, str) else body,
@@ -203,10 +207,38 @@ CASES = {
                               BAD, ["tools.0.function.name", "get weather"]),
     "functions": (chat(functions=[{"name": "f"}]), BAD, ["functions", '"f"']),
     "function_call": (chat(function_call="auto"), BAD, ["function_call", "'auto'"]),
-    "json response_format": (chat(response_format={"type": "json_object"}), BAD,
-                             ["response_format", "json_object"]),
-    "json_schema response_format": (chat(response_format={"type": "json_schema"}), BAD,
-                                    ["response_format", "json_schema"]),
+    # structured output (issue 47): each refused before it is queued, naming the place and why
+    "json_schema response_format without its json_schema": (
+        chat(response_format={"type": "json_schema"}), BAD, ["response_format.json_schema", "required"]),
+    "response_format of an unknown type": (chat(response_format={"type": "yaml"}), BAD,
+                                           ["response_format", "yaml"]),
+    "invalid JSON Schema": (chat(response_format=schema_format({"type": "objectz"})), BAD,
+                            ["response_format.json_schema.schema", "objectz"]),
+    "unsupported JSON Schema keyword": (
+        chat(response_format=schema_format({"type": "object", "if": {}, "then": {}})), BAD,
+        ["response_format.json_schema.schema", "unsupported", '"if"']),
+    "JSON Schema with a dangling $ref": (
+        chat(response_format=schema_format({"$ref": "#/$defs/missing"})), BAD,
+        ["response_format.json_schema.schema", "/$defs/missing"]),
+    "regex that cannot match": (chat(structured_outputs={"regex": "[^\\s\\S]"}), BAD,
+                                ["structured_outputs.regex", "cannot match"]),
+    "regex that does not parse": (chat(structured_outputs={"regex": "a{2,1}"}), BAD,
+                                  ["structured_outputs.regex", "a{2,1}"]),
+    "Lark grammar that does not parse": (chat(structured_outputs={"grammar": "start: missing_rule"}),
+                                         BAD, ["structured_outputs.grammar", "missing_rule"]),
+    "structured_outputs with both": (chat(structured_outputs={"regex": "a", "grammar": 'start: "a"'}),
+                                     BAD, ["structured_outputs", "exactly one"]),
+    "schema over the size cap": (chat(structured_outputs={"regex": "a" * 200_001}), BAD,
+                                 ["structured_outputs.regex", "200001", "limit"]),
+    "two constraints at once": (chat(response_format={"type": "json_object"},
+                                     structured_outputs={"regex": "a+"}), BAD,
+                                ["response_format", "structured_outputs", "give one"]),
+    "thinking with a constrained reply": (chat(response_format={"type": "json_object"}, thinking=True),
+                                          BAD, ["thinking", "turn thinking off"]),
+    "strict tool whose schema does not compile": (chat(tools=[{"type": "function", "function": {
+        "name": "f", "strict": True, "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "dependentSchemas": {}}}}}}]), BAD,
+        ["tools.0.function", "parameters (strict)", "dependentSchemas"]),
     "logit_bias": (chat(logit_bias={"50256": -100}), BAD, ["logit_bias", "50256"]),
     "presence_penalty": (chat(presence_penalty=1), BAD, ["presence_penalty", "1"]),
     "frequency_penalty": (chat(frequency_penalty=0.5), BAD, ["frequency_penalty", "0.5"]),

@@ -28,7 +28,7 @@ from dflash_local.errors import (
     ModelNotFoundError,
     PromptTooLongError,
 )
-from dflash_local.events import GenerationParams, GenerationStats
+from dflash_local.events import GenerationParams, GenerationStats, OutputConstraint
 from dflash_local.service.server import BackgroundServer
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
@@ -400,8 +400,10 @@ def test_closing_the_stream_cancels_the_servers_job(service, remote):
 
 
 def test_own_service_errors_arrive_as_ours(remote):
+    # a max_tokens past the room is fitted to it; a prompt that leaves no room is refused
+    too_long = [{"role": "user", "content": "many words " * 20_000}]
     with pytest.raises(PromptTooLongError, match="context"):
-        list(remote.stream_chat(MESSAGES, GenerationParams(max_tokens=100_000)))
+        list(remote.stream_chat(too_long, GenerationParams(max_tokens=16)))
     with pytest.raises(InvalidRequestError, match="temperature"):
         list(remote.stream_chat(MESSAGES, GenerationParams(temperature=3.0)))
 
@@ -476,3 +478,52 @@ def test_serve_flags_reach_only_the_engine_they_were_given_for():
     served = serve_options(build_parser().parse_args(["serve", "--engine", "vllm", "--plain-twin"]))
     assert served["vllm"].plain_twin is True and served["transformers"].plain_twin is False
     assert "openai" not in served  # the relay's options exist only with --engine openai
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(("kind", "constraint", "fields"), [
+    ("vllm", OutputConstraint("json_schema", json.dumps(SCHEMA)),
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMA,
+                                                                 "strict": True}}}),
+    ("vllm", OutputConstraint("json_object", "{}"), {"response_format": {"type": "json_object"}}),
+    ("vllm", OutputConstraint("regex", "[0-9]+"), {"structured_outputs": {"regex": "[0-9]+"}}),
+    ("vllm", OutputConstraint("lark", 'start: "a"'), {"structured_outputs": {"grammar": 'start: "a"'}}),
+    ("sglang", OutputConstraint("regex", "[0-9]+"), {"regex": "[0-9]+"}),
+])
+def test_a_constraint_reaches_the_server_in_its_own_fields(kind, constraint, fields):
+    with StandIn(kind) as server:
+        engine = RemoteEngine(server.url)
+        list(engine.stream_chat(MESSAGES, GenerationParams(max_tokens=20, constraint=constraint)))
+        body = server.requests[-1]
+        assert {name: body.get(name) for name in fields} == fields
+        engine.close()
+
+
+def test_a_constraint_kind_a_server_cannot_take_is_refused_before_it_is_sent(service):
+    """The relay's engine table row names the kinds it passes on (response_format's two)."""
+    import httpx
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.state import ServiceState
+
+    relay = ServiceState()
+    relay.load("openai", service[1].url + "/v1", None, served_name="relay")
+    server = BackgroundServer(create_app(relay)).start()
+    try:
+        body = {"model": "relay", "messages": MESSAGES, "max_tokens": 8}
+        refused = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                             json={**body, "structured_outputs": {"regex": "[0-9]+"}})
+        assert refused.status_code == 400
+        message = refused.json()["error"]["message"]
+        assert message.startswith("structured_outputs:") and "not regex" in message, message
+        schema = {"type": "json_schema", "json_schema": {"name": "digits", "schema": {
+            "type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"],
+            "additionalProperties": False}}}
+        relayed = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                             json={**body, "max_tokens": 20, "response_format": schema}).json()
+        assert json.loads(relayed["choices"][0]["message"]["content"])["n"] in (1, 2)
+    finally:
+        server.stop()
+        relay.shutdown()

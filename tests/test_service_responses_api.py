@@ -131,11 +131,11 @@ BAD = {
     "a custom tool with an unparsable regex": (
         {"tools": [{"type": "custom", "name": "digits", "format": {
             "type": "grammar", "syntax": "regex", "definition": "[0-9"}}]},
-        ["tools.0.format.definition", "not a parsable regex grammar", "[0-9"]),
+        ["tools.0.format.definition", "invalid regex", "[0-9"]),
     "a custom tool with a Lark grammar without start": (
         {"tools": [{"type": "custom", "name": "patch", "format": {
             "type": "grammar", "syntax": "lark", "definition": 'patch: "x"'}}]},
-        ["tools.0.format.definition", "no `start` rule"]),
+        ["tools.0.format.definition", "invalid Lark grammar", "no start rule"]),
     "an unknown reasoning effort": ({"reasoning": {"effort": "turbo"}}, ["reasoning.effort", "turbo"]),
     "a function tool without a name": ({"tools": [{**TOOL, "name": ""}]},
                                        ["tools.0: a function tool needs a name"]),

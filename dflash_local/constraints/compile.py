@@ -54,7 +54,9 @@ class ConstraintCompiler:
 
 def llguidance_tokenizer(tokenizer):
     """llguidance's tokenizer from a Hugging Face fast tokenizer's own definition (added
-    tokens included); its end token is the tokenizer's."""
+    tokens included); its end token is the tokenizer's. llguidance reads every added token as
+    a special one, which no grammar's text can spell: an added token that is not special
+    (Qwen's <tool_call>) is made text again, so a grammar's "<tool_call>" takes it."""
     import llguidance
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -64,5 +66,23 @@ def llguidance_tokenizer(tokenizer):
     backend = copy.copy(backend)  # padding and truncation off on a copy, not the engine's
     backend.no_padding()
     backend.no_truncation()
-    return llguidance.LLTokenizer(backend.to_str(), n_vocab=len(tokenizer),
-                                  eos_token=tokenizer.eos_token_id)
+    parsed = llguidance.LLTokenizer(backend.to_str(), n_vocab=len(tokenizer),
+                                    eos_token=tokenizer.eos_token_id)
+    special = {token_id for token_id, added in tokenizer.added_tokens_decoder.items() if added.special}
+    if all(token_id in special for token_id in range(len(tokenizer)) if parsed.is_special_token(token_id)):
+        return parsed
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(parsed, tokenizer, special)))
+
+
+class _Vocabulary:
+    """What llguidance.TokenizerWrapper reads: each token's bytes as llguidance parsed them,
+    only the tokenizer's own special tokens marked special, and the tokenizer as encoder."""
+
+    def __init__(self, parsed, tokenizer, special: set[int]):
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_token_id, tokenizer.bos_token_id
+        self.tokens = [parsed.decode_bytes([token_id]) for token_id in range(len(tokenizer))]
+        self.special_token_ids = sorted(special | {tokenizer.eos_token_id})
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tokenizer.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False)

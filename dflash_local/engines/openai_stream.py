@@ -21,9 +21,9 @@ import httpx
 
 from dflash_local.engines.openai_endpoint import Endpoint, error_from, reads_speculation
 from dflash_local.engines.server_flags import counter_delta
-from dflash_local.engines.table import VLLM
+from dflash_local.engines.table import SGLANG, VLLM
 from dflash_local.errors import EngineUnavailableError
-from dflash_local.events import GenerationParams, StepEvent, decode_rate
+from dflash_local.events import GenerationParams, OutputConstraint, StepEvent, decode_rate
 
 
 @dataclass
@@ -60,6 +60,8 @@ def request_body(endpoint: Endpoint, messages: list[dict], params: GenerationPar
         body["seed"] = params.seed
     if thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": thinking}
+    if params.constraint is not None:
+        body.update(constraint_fields(endpoint.kind, params.constraint))
     if endpoint.kind == "dflash-local":
         body["speculative"] = speculative
         if params.block_size.request_value is not None:
@@ -73,6 +75,21 @@ def request_body(endpoint: Endpoint, messages: list[dict], params: GenerationPar
         details = "return_token_ids" if endpoint.kind == VLLM.name else "return_spec_tokens_details"
         body[details] = True
     return body
+
+
+def constraint_fields(server_kind: str, constraint: OutputConstraint) -> dict:
+    """A constraint as the server's own request fields: a schema as OpenAI's `response_format`
+    everywhere; a regex or a Lark grammar as vLLM's (and our) `structured_outputs`, a regex as
+    SGLang's `regex`. What a server cannot take was refused before (table.constraint_kinds)."""
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": json.loads(constraint.source), "strict": True}}}
+    if server_kind == SGLANG.name:
+        return {"regex": constraint.source}
+    field = "regex" if constraint.kind == "regex" else "grammar"
+    return {"structured_outputs": {field: constraint.source}}
 
 
 def sse_chunks(response: httpx.Response, where: str) -> Iterator[dict]:

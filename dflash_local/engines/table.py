@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash_local.events import CONSTRAINT_KINDS
+
 LOCAL, LAUNCHED, RELAY = "local", "launched", "relay"
 KINDS = (LOCAL, LAUNCHED, RELAY)
 METAL, CUDA = "metal", "cuda"  # the accelerator an engine uses where the machine has one
@@ -37,6 +39,9 @@ class EngineSpec:
     takes_draft_window: bool = True  # False: the server reads it from the drafter's config only
     # "module:function" run before the module is imported (an install that must come first)
     before_import: str | None = None
+    # the OutputConstraint kinds (events.CONSTRAINT_KINDS) it can hold a reply to: ours, or
+    # what the server's structured output accepts (openai_stream.constraint_fields)
+    constraint_kinds: tuple[str, ...] = CONSTRAINT_KINDS
 
 
 MLX = EngineSpec(
@@ -63,10 +68,12 @@ SGLANG = EngineSpec(
     "sglang", LAUNCHED, "SGLang", "dflash_local.engines.sglang_engine", "SGLangEngine",
     "pip install 'dflash-local[sglang]'",
     detect="sglang", distributions=("sglang",), owned_by="sglang", accelerator=CUDA,
+    constraint_kinds=("json_schema", "json_object", "regex"),  # its `ebnf` is not our Lark
 )
 OPENAI = EngineSpec(
     "openai", RELAY, "OpenAI-compatible relay", "dflash_local.engines.openai_engine",
     "RemoteEngine", "pip install httpx",
+    constraint_kinds=("json_schema", "json_object"),  # response_format, as OpenAI defines it
 )
 
 ENGINES: tuple[EngineSpec, ...] = (MLX, TRANSFORMERS, VLLM, SGLANG, OPENAI)

@@ -27,6 +27,7 @@ from dflash_local.service.anthropic_messages_schemas import CountTokensRequest, 
 from dflash_local.service.api_errors import unexpected_error_response
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.job_items import Chunk, JobRequest
+from dflash_local.service.reply_constraint import reply_constraint
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
@@ -69,12 +70,16 @@ async def count_tokens(body: CountTokensRequest, state: ServiceStateDep) -> dict
 
 
 def job_request(body: MessagesRequest, loaded: LoadedPair) -> JobRequest:
+    tools = body.job_tools()
+    constraint, thinking = reply_constraint(loaded, body.text_constraint(), tools,
+                                            body.job_tool_choice(), body.enforced_tools(),
+                                            body.thinking_mode(), MESSAGES_PATH)
     params = jobs.generation_params(body, loaded, body.max_tokens, body.temperature, body.top_p,
-                                    top_k=body.top_k)
+                                    top_k=body.top_k, constraint=constraint)
     messages = body.template_messages(loaded.system_turns, loaded.served_name)
     return JobRequest(messages=messages, params=params, max_tokens_given=True,
-                      thinking=body.thinking_mode(), stop=tuple(body.stop_sequences or ()),
-                      tools=body.job_tools(), tool_choice=body.job_tool_choice())
+                      thinking=thinking, stop=tuple(body.stop_sequences or ()),
+                      tools=tools, tool_choice=body.job_tool_choice())
 
 
 def anthropic_context_error(exc: PromptTooLongError) -> PromptTooLongError:

@@ -2,7 +2,8 @@
 
 Anthropic's fields as its API defines them: `max_tokens` and `model` required, `system` a
 string or text blocks, content blocks text / tool_use / tool_result, tools with an
-`input_schema`, tool_choice auto / any / tool / none. What we cannot honour (images, documents,
+`input_schema` (`strict: true`: a call's input follows it), tool_choice auto / any / tool / none,
+`output_config.format` (or its beta name `output_format`): the JSON Schema the reply's text follows. What we cannot honour (images, documents,
 thinking blocks, server tools) is refused by name; `metadata` only labels a request and is ignored.
 A message of role "system" (text only) may stand anywhere in `messages`, as agents send it; it goes
 where the target's template allows (system_turns.py).
@@ -17,11 +18,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from dflash_local.service.output_formats import (
+    AnthropicJsonFormat,
+    AnthropicOutputConfig,
+    AskedConstraint,
+    ConstrainableOptions,
+    one_constraint,
+    strict_schema,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
-    DFlashOptions,
     ObjectSchema,
     StrictModel,
     Text,
@@ -91,6 +99,7 @@ class AnthropicTool(StrictModel):
     name: Text
     description: Text | None = None
     input_schema: ObjectSchema
+    strict: bool | None = None  # true: a call's input follows input_schema (tool_grammar.py)
 
     @field_validator("type")
     @classmethod
@@ -106,6 +115,15 @@ class AnthropicTool(StrictModel):
         if not TOOL_NAME.fullmatch(name):  # match's "$" would let a trailing newline through
             raise ValueError("must be 1 to 128 letters, digits, '_' or '-'")
         return name
+
+    @model_validator(mode="after")
+    def _strict_schema_compiles(self) -> AnthropicTool:
+        if self.strict:
+            try:
+                strict_schema(self.input_schema)
+            except ValueError as exc:
+                raise ValueError(f"input_schema (strict): {exc}") from None
+        return self
 
     def as_template_tool(self) -> dict:
         return template_tool(self.name, self.description, self.input_schema)
@@ -128,7 +146,7 @@ class ThinkingConfig(StrictModel):
     budget_tokens: int | None = None  # the template's thinking switch has no budget
 
 
-class MessagesRequest(DFlashOptions):
+class MessagesRequest(ConstrainableOptions):
     model: Text
     max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
     messages: Annotated[list[AnthropicMessage], at_most(MAX_MESSAGES, "messages per request"),
@@ -142,6 +160,8 @@ class MessagesRequest(DFlashOptions):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     thinking: ThinkingConfig | None = None
+    output_config: AnthropicOutputConfig | None = None
+    output_format: AnthropicJsonFormat | None = None  # output_config.format's beta name
 
     @field_validator("stop_sequences")
     @classmethod
@@ -181,6 +201,18 @@ class MessagesRequest(DFlashOptions):
         if self.tool_choice.type == "tool":
             return {"type": "function", "function": {"name": self.tool_choice.name}}
         return {"any": "required"}.get(self.tool_choice.type, self.tool_choice.type)
+
+    def text_constraint(self) -> AskedConstraint | None:
+        """What the reply's text follows: output_config.format, output_format or structured_outputs."""
+        given = self.output_config.format if self.output_config is not None else None
+        return one_constraint(**{
+            "output_config.format": given and given.constraint(),
+            "output_format": self.output_format and self.output_format.constraint(),
+            "structured_outputs": self.structured_outputs and self.structured_outputs.constraint()})
+
+    def enforced_tools(self) -> dict[str, dict]:
+        """Each strict tool's name -> the schema its call's input follows."""
+        return {tool.name: tool.input_schema for tool in self.tools or [] if tool.strict}
 
     def thinking_mode(self) -> bool | None:
         return None if self.thinking is None else self.thinking.type != "disabled"

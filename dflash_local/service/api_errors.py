@@ -22,6 +22,9 @@ from dflash_local.service.validation import describe_validation_errors, redact_p
 log = logging.getLogger("dflash_local.service")
 
 
+# Agents send the same tools every turn: each distinct note is logged once, up to this many
+MAX_LOGGED_NOTES = 256
+_logged_notes: set[str] = set()
 RETRY_AFTER_S = 1  # a generation on a local pair takes seconds; a client retrying sooner wastes a request
 
 
@@ -145,6 +148,15 @@ def unexpected_error_response(exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal server error (details are in the server log)",
                           "internal_error")
+
+
+def log_notes(notes: tuple[str, ...] | list[str], route: str) -> None:
+    """Where a request was served otherwise than it asked (a tool left out, a grammar not
+    enforced): each distinct note logged once."""
+    for note in notes:
+        if note not in _logged_notes and len(_logged_notes) < MAX_LOGGED_NOTES:
+            _logged_notes.add(note)
+            log.warning("%s: %s", route, note)
 
 
 def logged_reason(body: bytes) -> str:

@@ -27,6 +27,7 @@ from dflash_local.events import (
     Auto,
     EngineCapabilities,
     GenerationParams,
+    OutputConstraint,
     parse_block_size,
     widest_block,
 )
@@ -133,8 +134,10 @@ def check_capabilities(options, temperature: float | None, capabilities: EngineC
 
 def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
                       temperature: float | None, top_p: float | None, seed: int | None = None,
-                      top_k: int | None = None, logprobs: int | None = None) -> GenerationParams:
-    """The sampling fields an API names its own way, plus our extensions, as the loop's params."""
+                      top_k: int | None = None, logprobs: int | None = None,
+                      constraint: OutputConstraint | None = None) -> GenerationParams:
+    """The sampling fields an API names its own way, plus our extensions, as the loop's params;
+    `constraint`: what the reply must follow (reply_constraint.py)."""
     check_capabilities(options, temperature, loaded.engine.capabilities)
     speculative = options.speculative
     if speculative is None:
@@ -151,6 +154,7 @@ def generation_params(options, loaded: LoadedPair, max_tokens: int | None,
         tree=options.tree is not False,
         draft_window=options.draft_window,
         logprobs=logprobs,
+        constraint=constraint,
     )
 
 

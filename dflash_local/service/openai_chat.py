@@ -20,14 +20,16 @@ from dflash_local.service.api_errors import error_body
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.job_items import Chunk, JobRequest, ToolCallDelta
 from dflash_local.service.openai_chat_schemas import ChatCompletionRequest
+from dflash_local.service.reply_constraint import reply_constraint
 from dflash_local.service.sse import sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
 
 router = APIRouter()
+CHAT_PATH = "/v1/chat/completions"
 
 
-@router.post("/v1/chat/completions")
+@router.post(CHAT_PATH)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -60,13 +62,16 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
         raise InvalidRequestError("logprobs: true is not supported by this engine: a served "
                                   "engine relays the server's text, not its log-probabilities")
     max_tokens = body.requested_max_tokens()
+    tools = tuple(tool.as_template_tool() for tool in body.tools or ())
+    constraint, thinking = reply_constraint(
+        loaded, body.text_constraint(), tools, body.tool_choice_value(), body.enforced_tools(),
+        body.thinking_mode(), CHAT_PATH)
     params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p,
-                                    seed=body.seed, logprobs=body.requested_logprobs())
+                                    seed=body.seed, logprobs=body.requested_logprobs(),
+                                    constraint=constraint)
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
-                      max_tokens_given=max_tokens is not None, thinking=body.thinking_mode(),
-                      stop=body.stop_strings(),
-                      tools=tuple(tool.as_template_tool() for tool in body.tools or ()),
-                      tool_choice=body.tool_choice_value())
+                      max_tokens_given=max_tokens is not None, thinking=thinking,
+                      stop=body.stop_strings(), tools=tools, tool_choice=body.tool_choice_value())
 
 
 class ChatEncoder:

@@ -18,11 +18,17 @@ from dflash_local.service.openai_chat_unsupported import (
     UnsupportedMessageFields,
     UnsupportedOpenAIFields,
 )
+from dflash_local.service.output_formats import (
+    AskedConstraint,
+    ChatResponseFormat,
+    ConstrainableOptions,
+    one_constraint,
+    strict_schema,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
-    DFlashOptions,
     FunctionCall,
     ObjectSchema,
     StrictModel,
@@ -49,8 +55,17 @@ class FunctionDefinition(StrictModel):
     name: ToolName
     description: Text | None = None
     parameters: ObjectSchema | None = None  # None: no arguments
-    strict: bool | None = None  # accepted; the output is not constrained to the schema
+    strict: bool | None = None  # true: a call's arguments follow `parameters` (tool_grammar.py)
 
+
+    @model_validator(mode="after")
+    def _strict_schema_compiles(self) -> FunctionDefinition:
+        if self.strict:
+            try:
+                strict_schema(self.parameters)
+            except ValueError as exc:
+                raise ValueError(f"parameters (strict): {exc}") from None
+        return self
 
 
 class Tool(StrictModel):
@@ -129,7 +144,7 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
+class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
     model: Text | None = None
     messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages per request"),
                         Field(min_length=1)]
@@ -149,6 +164,7 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
     thinking: bool | None = None
     tools: Annotated[list[Tool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ChatResponseFormat | None = None
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
@@ -169,6 +185,17 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, DFlashOptions):
                 check_answers_a_call(message.tool_call_id, called,
                                      f"messages.{index}.tool_call_id", "tool call")
         return self
+
+    def text_constraint(self) -> AskedConstraint | None:
+        """What the reply's text follows: `response_format` or our `structured_outputs`."""
+        return one_constraint(
+            response_format=self.response_format and self.response_format.constraint(),
+            structured_outputs=self.structured_outputs and self.structured_outputs.constraint())
+
+    def enforced_tools(self) -> dict[str, dict]:
+        """Each strict tool's name -> the schema its call's arguments follow."""
+        return {tool.function.name: strict_schema(tool.function.parameters)
+                for tool in self.tools or () if tool.function.strict}
 
     def tool_choice_value(self) -> str | dict:
         """tool_choice as JobRequest takes it (default "auto")."""

@@ -1,7 +1,7 @@
 """OpenAI chat fields this server does not implement: refused by name, never silently ignored.
 
-A client that sends `response_format` and gets free text back would conclude the model ignored
-it. Each field may still carry its no-op value (what some SDKs send by default). Fields that
+A client that sends `logit_bias` and gets the model's own choices back would conclude the model
+ignored it. Each field may still carry its no-op value (what some SDKs send by default). Fields that
 are not OpenAI's, or only label a request (`user`, `metadata`), stay ignored, as documented.
 """
 
@@ -15,7 +15,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 NO_OP_VALUES: dict[str, tuple] = {
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "logit_bias": ({},),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
@@ -48,7 +47,6 @@ class UnsupportedOpenAIFields(BaseModel):
 
     functions: Annotated[Any, _refuse_unless_no_op("functions")] = None
     function_call: Annotated[Any, _refuse_unless_no_op("function_call")] = None
-    response_format: Annotated[Any, _refuse_unless_no_op("response_format")] = None
     logit_bias: Annotated[Any, _refuse_unless_no_op("logit_bias")] = None
     presence_penalty: Annotated[Any, _refuse_unless_no_op("presence_penalty")] = None
     frequency_penalty: Annotated[Any, _refuse_unless_no_op("frequency_penalty")] = None

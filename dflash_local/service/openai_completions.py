@@ -23,15 +23,17 @@ from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.job_items import Chunk, JobRequest
 from dflash_local.service.openai_completions_schemas import DEFAULT_MAX_TOKENS, CompletionRequest
 from dflash_local.service.raw_prompt import PromptEcho, RawPrompt
+from dflash_local.service.reply_constraint import reply_constraint
 from dflash_local.service.sse import sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
 
 router = APIRouter()
+COMPLETIONS_PATH = "/v1/completions"
 ID_PREFIX = "cmpl-"
 
 
-@router.post("/v1/completions")
+@router.post(COMPLETIONS_PATH)
 async def completions(body: CompletionRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
     if loaded.prompt_counter is None or not loaded.engine.capabilities.logprobs:
@@ -91,9 +93,11 @@ def check_room(prompt_tokens: int, context: int, field: str) -> None:
 
 
 def job_request(body: CompletionRequest, loaded: LoadedPair, prompt: RawPrompt) -> JobRequest:
+    constraint, _thinking = reply_constraint(loaded, body.text_constraint(), (), "auto", {}, None,
+                                             COMPLETIONS_PATH)
     params = jobs.generation_params(body, loaded, body.max_tokens or DEFAULT_MAX_TOKENS,
                                     body.temperature, body.top_p, seed=body.seed,
-                                    logprobs=body.logprobs)
+                                    logprobs=body.logprobs, constraint=constraint)
     return JobRequest(messages=[], params=params, max_tokens_given=body.max_tokens is not None,
                       stop=body.stop_strings(), raw_prompt=prompt)
 

@@ -4,7 +4,8 @@ A prompt is text, token ids, or a list of either (one choice each, in order; a l
 streamed). OpenAI fields we cannot honour (`suffix`, `best_of` > 1, `n` > 1, penalties, a logit
 bias) are refused by name unless they carry their no-op value; fields unknown to OpenAI are
 ignored, as vLLM does. What the other APIs share (text, caps, stops, `dflash` options) is
-request_fields.py's.
+request_fields.py's; `structured_outputs` (a regex or a Lark grammar the continuation follows)
+output_formats.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from pydantic import Field, field_validator, model_validator
 
 from dflash_local.events import MAX_TOP_LOGPROBS
 from dflash_local.service.openai_chat_schemas import StreamOptions
+from dflash_local.service.output_formats import (
+    AskedConstraint,
+    ConstrainableOptions,
+    one_constraint,
+)
 from dflash_local.service.request_fields import (
     MAX_TOKENS_LIMIT,
-    DFlashOptions,
     Text,
     check_count,
     check_stop_strings,
@@ -33,7 +38,7 @@ NO_OP_VALUES: dict[str, tuple] = {
 }
 
 
-class CompletionRequest(DFlashOptions):
+class CompletionRequest(ConstrainableOptions):
     model: Text | None = None
     prompt: Text | TokenIds | list[Text] | list[TokenIds]
     max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
@@ -102,6 +107,11 @@ class CompletionRequest(DFlashOptions):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def text_constraint(self) -> AskedConstraint | None:
+        """What the continuation follows: our `structured_outputs`."""
+        return one_constraint(
+            structured_outputs=self.structured_outputs and self.structured_outputs.constraint())
 
 
 def _is_ids(prompt) -> bool:

@@ -7,7 +7,7 @@ response.created, response.in_progress, then per item output_item.added, (conten
 output_text.delta..., output_text.done, content_part.done | function_call_arguments.delta...,
 function_call_arguments.done | custom_tool_call_input.delta, custom_tool_call_input.done),
 output_item.done, and last response.completed (or response.incomplete when max_output_tokens cut
-the reply). A custom call's input is sent whole when the call ends (the model writes it as JSON
+the reply, or its grammar admitted no next token). A custom call's input is sent whole when the call ends (the model writes it as JSON
 text). Each round's `dflash` object rides on the last event it produced; a round that showed
 nothing sends an empty delta of the open item, or another response.in_progress before the first
 item. `dflash_notes` in the response lists where the model was told otherwise than the request
@@ -17,34 +17,35 @@ names and the context's limits are chat's rules (openai_chat.py), refused in thi
 
 from __future__ import annotations
 
-import logging
 import time
 
 from fastapi import APIRouter, Request
 
 from dflash_local.errors import PromptTooLongError
+from dflash_local.method.constraint import DEAD_END
 from dflash_local.service import jobs
+from dflash_local.service.api_errors import log_notes
 from dflash_local.service.app_state import ServiceStateDep
 from dflash_local.service.job_items import Chunk, JobRequest, ToolCallDelta
-from dflash_local.service.openai_responses_schemas import TEXT_FORMAT, ResponsesRequest
+from dflash_local.service.openai_responses_schemas import ResponsesRequest
 from dflash_local.service.openai_responses_tools import OfferedTool, custom_input
+from dflash_local.service.reply_constraint import reply_constraint
 from dflash_local.service.sse import named_sse
 from dflash_local.service.state import LoadedPair
 from dflash_local.service.usage import step_dflash
 from dflash_local.service.validation import shown_value
 
 router = APIRouter()
-log = logging.getLogger("dflash_local.service")
-# Agents send the same tools every turn: each distinct note is logged once, up to this many
-MAX_LOGGED_NOTES = 256
-_logged_notes: set[str] = set()
+# a reply cut short: by max_output_tokens, or where its grammar admitted no token (DEAD_END)
+INCOMPLETE_REASONS = {"length": "max_output_tokens", DEAD_END: DEAD_END}
+RESPONSES_PATH = "/v1/responses"
 
 
-@router.post("/v1/responses")
+@router.post(RESPONSES_PATH)
 async def create_response(body: ResponsesRequest, request: Request, state: ServiceStateDep):
     loaded = state.require_model(body.model)
     notes = tuple(body.notes() + thinking_notes(body, loaded))
-    log_notes(notes)
+    log_notes(notes, RESPONSES_PATH)
     try:
         return await jobs.run(job_request(body, loaded), loaded, request,
                               lambda reply_id: ResponsesEncoder(reply_id, loaded.served_name, body, notes),
@@ -68,10 +69,15 @@ def job_request(body: ResponsesRequest, loaded: LoadedPair) -> JobRequest:
         # OpenAI's default is the model's limit: Codex sends none and expects a long patch to
         # fit; the worker caps it to the room the prompt leaves
         max_tokens = loaded.engine.capabilities.max_context
-    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p)
+    tools = body.job_tools()
+    constraint, thinking = reply_constraint(loaded, body.text_constraint(), tools,
+                                            body.job_tool_choice(), body.enforced_tools(),
+                                            body.thinking(), RESPONSES_PATH)
+    params = jobs.generation_params(body, loaded, max_tokens, body.temperature, body.top_p,
+                                    constraint=constraint)
     return JobRequest(messages=body.template_messages(), params=params,
-                      max_tokens_given=body.max_output_tokens is not None, thinking=body.thinking(),
-                      tools=body.job_tools(), tool_choice=body.job_tool_choice())
+                      max_tokens_given=body.max_output_tokens is not None, thinking=thinking,
+                      tools=tools, tool_choice=body.job_tool_choice())
 
 
 def thinking_notes(body: ResponsesRequest, loaded: LoadedPair) -> list[str]:
@@ -84,13 +90,6 @@ def thinking_notes(body: ResponsesRequest, loaded: LoadedPair) -> list[str]:
     note = (f"reasoning.effort {shown_value(body.reasoning.effort)}: the target's chat template "
             f"has no thinking switch; the effort changes nothing")
     return [note]
-
-
-def log_notes(notes: tuple[str, ...]) -> None:
-    for note in notes:
-        if note not in _logged_notes and len(_logged_notes) < MAX_LOGGED_NOTES:
-            _logged_notes.add(note)
-            log.warning("/v1/responses: %s", note)
 
 
 def responses_usage(usage: dict) -> dict:
@@ -134,7 +133,7 @@ def request_settings(body: ResponsesRequest) -> dict:
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "reasoning": body.reasoning.model_dump() if body.reasoning else None,
             "parallel_tool_calls": True, "previous_response_id": None, "store": False,
-            "text": {"format": TEXT_FORMAT}, "truncation": "disabled", "metadata": {}}
+            "text": {"format": body.text_format()}, "truncation": "disabled", "metadata": {}}
 
 
 class ResponsesEncoder:
@@ -156,7 +155,8 @@ class ResponsesEncoder:
         return {"id": self.reply_id, "object": "response", "created_at": self.created_at,
                 "status": status, "model": self.model, "output": output, "usage": usage,
                 "error": None,
-                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "incomplete_details": ({"reason": INCOMPLETE_REASONS[self.finish_reason]}
+                                       if status == "incomplete" else None),
                 **self.settings}
 
     def _item_id(self, kind: str, output_index: int) -> str:
@@ -164,7 +164,7 @@ class ResponsesEncoder:
         return f"{kind}_{self.reply_id.removeprefix('resp_')}_{output_index}"
 
     def _status(self) -> str:
-        return "incomplete" if self.finish_reason == "length" else "completed"
+        return "incomplete" if self.finish_reason in INCOMPLETE_REASONS else "completed"
 
     # --- streamed ---
 

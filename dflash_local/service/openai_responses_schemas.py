@@ -23,11 +23,16 @@ from dflash_local.service.openai_responses_tools import (
     offered_tools,
     tool_notes,
 )
+from dflash_local.service.output_formats import (
+    AskedConstraint,
+    ConstrainableOptions,
+    ResponsesText,
+    one_constraint,
+)
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
-    DFlashOptions,
     FunctionCall,
     StrictModel,
     Text,
@@ -133,7 +138,7 @@ class ReasoningSettings(StrictModel):
         return [note]
 
 
-class ResponsesRequest(DFlashOptions):
+class ResponsesRequest(ConstrainableOptions):
     model: Text | None = None
     input: Text | Annotated[list[InputItem], at_most(MAX_MESSAGES, "input items per request")]
     instructions: Text | None = None
@@ -148,7 +153,7 @@ class ResponsesRequest(DFlashOptions):
     previous_response_id: Text | None = None
     store: bool | None = None
     background: bool | None = None
-    text: dict[str, Any] | None = None
+    text: ResponsesText | None = None  # its format: what the reply's text follows
     top_logprobs: int | None = None
     include: list[str] | None = None  # extra output to include; only logprobs would ask for any
     _offered: dict[str, OfferedTool] = PrivateAttr(default_factory=dict)  # offered_tools()
@@ -162,9 +167,6 @@ class ResponsesRequest(DFlashOptions):
             raise ValueError("store: this server keeps no responses (store must be false or absent)")
         if self.background:
             raise ValueError("background: not supported (background must be false or absent)")
-        if self.text is not None and self.text.get("format", TEXT_FORMAT) != TEXT_FORMAT:
-            raise ValueError(f"text.format: only {{\"type\": \"text\"}} (got "
-                             f"{shown_value(self.text.get('format'))})")
         if self.top_logprobs or LOGPROBS_INCLUDE in (self.include or []):
             raise ValueError("top_logprobs / include message.output_text.logprobs: not supported "
                              "on /v1/responses (/v1/chat/completions has logprobs)")
@@ -203,6 +205,23 @@ class ResponsesRequest(DFlashOptions):
 
     def job_tools(self) -> tuple[dict, ...]:
         return tuple(tool.template for tool in self.offered_tools().values())
+
+    def text_format(self) -> dict:
+        """The format as the response echoes it."""
+        given = self.text.format if self.text is not None else None
+        return TEXT_FORMAT if given is None else given.model_dump(by_alias=True, exclude_none=True)
+
+    def text_constraint(self) -> AskedConstraint | None:
+        """What the reply's text follows: `text.format` or our `structured_outputs`."""
+        given = self.text.format if self.text is not None else None
+        return one_constraint(
+            **{"text.format": given and given.constraint(),
+               "structured_outputs": self.structured_outputs and self.structured_outputs.constraint()})
+
+    def enforced_tools(self) -> dict[str, dict]:
+        """Each strict tool's name -> the schema its call's arguments follow."""
+        return {name: tool.enforced for name, tool in self.offered_tools().items()
+                if tool.enforced is not None}
 
     def job_tool_choice(self) -> str | dict:
         if isinstance(self.tool_choice, NamedTool):

@@ -1,13 +1,15 @@
 """The tools a POST /v1/responses body may carry, what the model is offered for each, and how a
 call goes back to the client.
 
-- `function`: offered as is.
+- `function`: offered as is; strict unless `strict: false` (OpenAI's default), its call's
+  arguments then follow its schema (tool_grammar.py).
 - `namespace` (how Codex groups its MCP and app tools): each function or custom tool inside is
   offered under its own name, the namespace's description before its own; its call comes back
   with `namespace` set, which is how the client routes it. Every offered name must be unique.
 - `custom` (free-text input, optionally a Lark or regex grammar: Codex's `apply_patch`): offered
   as a function taking one string, `input`, the grammar shown in its description; its call comes
-  back as a `custom_tool_call` item with that string. The grammar is checked, not enforced.
+  back as a `custom_tool_call` item with that string. The grammar is checked (a 400 names what
+  fails); a regex grammar is enforced as that string's pattern, a Lark one is only shown.
 - built-in tools this server cannot run: those agents send by default and cannot turn off
   (LEFT_OUT_TOOLS) are left out of the prompt with a note; any other is a 400.
 """
@@ -21,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
+from dflash_local.service.output_formats import checked, strict_schema
 from dflash_local.service.request_fields import (
     TOOL_NAME_PATTERN,
     ObjectSchema,
@@ -36,7 +39,6 @@ LEFT_OUT_TOOLS = ("web_search", "web_search_preview", "tool_search", "image_gene
 CUSTOM_INPUT = "input"  # the one argument a custom tool is offered with
 CUSTOM_PARAMETERS = {"type": "object", "required": [CUSTOM_INPUT], "properties": {
     CUSTOM_INPUT: {"type": "string", "description": "the tool's whole input, as free text"}}}
-LARK_START_RULE = re.compile(r"^\s*[?!]?start\s*(\.\s*-?\d+\s*)?:", re.MULTILINE)
 
 
 def left_out(kind: str) -> bool:
@@ -49,7 +51,7 @@ class FunctionTool(StrictModel):
     name: Text | None = None
     description: Text | None = None
     parameters: ObjectSchema | None = None
-    strict: bool | None = None  # we do not constrain decoding to the schema; the model may stray
+    strict: bool | None = None  # None is OpenAI's default, true: the arguments follow `parameters`
 
     @model_validator(mode="after")
     def _named(self) -> FunctionTool:
@@ -58,7 +60,16 @@ class FunctionTool(StrictModel):
         if not re.fullmatch(TOOL_NAME_PATTERN, self.name):  # chat's rule: a forced call writes it as markup
             raise ValueError(f"name {shown_value(self.name)} must be 1 to 64 letters, digits, "
                              f"'_', '.' or '-'")
+        if self.strict is not False:
+            try:
+                strict_schema(self.parameters)
+            except ValueError as exc:
+                raise ValueError(f"parameters (strict): {exc}") from None
         return self
+
+    def enforced(self) -> dict | None:
+        """The schema its call's arguments follow, None when not strict."""
+        return None if self.strict is False else strict_schema(self.parameters)
 
     def template(self, context: str) -> dict:
         return template_tool(self.name, _described(context, self.description), self.parameters)
@@ -75,9 +86,8 @@ class InputFormat(StrictModel):
     @classmethod
     def _parsable(cls, definition: str | None, info: ValidationInfo) -> str | None:
         syntax = info.data.get("syntax")
-        problem = None if definition is None or syntax is None else grammar_problem(syntax, definition)
-        if problem is not None:
-            raise ValueError(f"not a parsable {syntax} grammar: {problem}")
+        if definition is not None and syntax is not None:
+            checked(syntax, definition)  # a ValueError: "invalid regex: ..."
         return definition
 
     @model_validator(mode="after")
@@ -85,21 +95,6 @@ class InputFormat(StrictModel):
         if self.type == "grammar" and (self.syntax is None or not (self.definition or "").strip()):
             raise ValueError('a "grammar" format needs its syntax ("lark" or "regex") and a definition')
         return self
-
-
-def grammar_problem(syntax: str, definition: str) -> str | None:
-    """Why a grammar cannot be parsed, or None. A regex is compiled (the `regex` package reads
-    the \\p{..} classes OpenAI's Rust syntax has); a Lark grammar is only checked for its
-    `start` rule, the one every Lark grammar needs (no Lark parser is installed)."""
-    if syntax == "regex":
-        import regex  # a dependency of transformers: always installed with us
-
-        try:
-            regex.compile(definition)
-        except regex.error as exc:
-            return str(exc)
-        return None
-    return None if LARK_START_RULE.search(definition) else "it defines no `start` rule"
 
 
 class CustomTool(StrictModel):
@@ -110,6 +105,15 @@ class CustomTool(StrictModel):
 
     def grammar(self) -> InputFormat | None:
         return self.format if self.format is not None and self.format.type == "grammar" else None
+
+    def enforced(self) -> dict | None:
+        """A regex grammar as the pattern its one string matches whole; None otherwise."""
+        grammar = self.grammar()
+        if grammar is None or grammar.syntax != "regex":
+            return None
+        pattern = {"type": "string", "pattern": f"^(?:{grammar.definition})$"}
+        return {"type": "object", "properties": {CUSTOM_INPUT: pattern},
+                "required": [CUSTOM_INPUT], "additionalProperties": False}
 
     def template(self, context: str) -> dict:
         description = _described(context, self.description)
@@ -166,6 +170,7 @@ class OfferedTool:
     name: str  # the client's name for it: also the name the model calls
     namespace: str | None
     where: str  # its place in the request, for errors ("tools.2.tools.0")
+    enforced: dict | None = None  # the schema its call's arguments follow (None: any object)
 
 
 def offered_tools(tools: list) -> dict[str, OfferedTool]:
@@ -179,7 +184,8 @@ def offered_tools(tools: list) -> dict[str, OfferedTool]:
                              f"names, so every tool name must be unique")
         context = namespace.description if namespace is not None else ""
         offered[name] = OfferedTool(tool.template(context), isinstance(tool, CustomTool), name,
-                                    None if namespace is None else namespace.name, where)
+                                    None if namespace is None else namespace.name, where,
+                                    tool.enforced())
     return offered
 
 
@@ -194,13 +200,15 @@ def _members(tools: list):
 
 
 def tool_notes(tools: list) -> list[str]:
-    """What the model is told otherwise than the client asked: dropped tools, unenforced grammars."""
+    """What the model is told otherwise than the client asked: dropped tools, Lark grammars
+    (shown, not enforced)."""
     notes = [f"tools.{index}: {shown_value(tool.type)} left out: a built-in tool this server "
              f"cannot run (the model is not offered it)"
              for index, tool in enumerate(tools) if isinstance(tool, BuiltInTool)]
     for where, tool, _namespace in _members(tools):
-        if isinstance(tool, CustomTool) and (grammar := tool.grammar()) is not None:
-            notes.append(f"{where}.format: the {grammar.syntax} grammar of custom tool "
+        grammar = tool.grammar() if isinstance(tool, CustomTool) else None
+        if grammar is not None and grammar.syntax == "lark":
+            notes.append(f"{where}.format: the lark grammar of custom tool "
                          f"{shown_value(tool.name)} is shown to the model, not enforced")
     return notes
 

@@ -129,7 +129,8 @@ def check_answers_a_call(call_id: str, called: set[str], where: str, calls: str)
 
 
 class DFlashOptions(StrictModel):
-    """Our extensions, the same on every generating endpoint (chat, messages, responses)."""
+    """Our extensions, the same on every generating endpoint (chat, messages, responses), with
+    output_formats.ConstrainableOptions' `structured_outputs`."""
 
     speculative: bool | None = None
     block_size: BlockSize | None = None
