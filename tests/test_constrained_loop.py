@@ -204,3 +204,30 @@ def test_a_kept_prefix_serves_a_constrained_reply_unchanged(engine, oracle_runs)
     tokens, events = run(engine, prompt_ids, block_size=4)
     assert events[0].cached_tokens > 0
     assert tokens == expected
+
+
+class FixedGrammar(DeadEndGrammar):
+    """Admits the same tokens at every step and is never a whole match."""
+
+    def __init__(self, allowed: np.ndarray):
+        super().__init__(0, len(allowed))
+        self.mask = allowed
+
+    def allowed(self):
+        return self.mask.copy()
+
+
+@pytest.mark.parametrize("admitted_share", [0.02, 0.9], ids=["few-admitted", "most-admitted"])
+@pytest.mark.parametrize("grammar_vocab", [250, 260, 270])  # narrower, as wide, wider than logits
+def test_a_row_mask_is_the_naive_where(admitted_share, grammar_vocab):
+    """Guide.mask writes each row through an index list; the naive np.where is its oracle."""
+    rng = np.random.default_rng(grammar_vocab)
+    allowed = rng.random(grammar_vocab) < admitted_share
+    logits = rng.standard_normal((1, 260)).astype(np.float32)
+    expected_allowed = np.zeros(260, dtype=bool)
+    width = min(grammar_vocab, 260)
+    expected_allowed[:width] = allowed[:width]
+    expected_allowed[3] = False  # the stop token, where the text is not a whole match
+    masked = Guide(FixedGrammar(allowed), (3,), free_draft=0, max_tokens=4).mask(logits.copy())
+    assert masked.dtype == logits.dtype
+    assert np.array_equal(masked, np.where(expected_allowed, logits, -np.inf))

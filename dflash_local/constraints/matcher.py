@@ -20,8 +20,8 @@ class LLGuidanceGrammar:
         if self._matcher.is_error():  # a limit hit mid-reply: nothing more can follow
             return np.zeros(self._vocab_size, dtype=bool)
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab_size]
-        allowed = allowed.astype(bool)
+        allowed = np.unpackbits(self._bits.view(np.uint8), count=self._vocab_size,
+                                bitorder="little").view(bool)
         allowed[self._end_ids] = False
         return allowed
 

@@ -87,6 +87,7 @@ class Guide:
         if not stop_ids:
             raise InvalidRequestError("a constrained reply needs a stop token to end it")
         self.grammar, self.stop_ids, self.free_draft = grammar, np.asarray(stop_ids), free_draft
+        self._stop_set, self._stop_width = frozenset(stop_ids), max(stop_ids) + 1
         self.remaining = max_tokens  # tokens the reply may still commit
         self._rows: list[np.ndarray] | None = None  # each row's mask for the next `mask`
 
@@ -123,18 +124,18 @@ class Guide:
         self._rows = None
         self.remaining -= len(token_ids)
         for token_id in token_ids:
-            if token_id in self.stop_ids:
+            if token_id in self._stop_set:
                 return token_ids, finish if self.grammar.complete() else DEAD_END
             self.grammar.consume(int(token_id))
         return token_ids, finish
 
     def _masked(self, logits: np.ndarray) -> np.ndarray:
         rows = self._rows if self._rows is not None else [self._row_mask()]
-        allowed = np.zeros(logits.shape, dtype=bool)
+        masked = logits.copy()
+        masked[len(rows):] = -np.inf
         for index, row in enumerate(rows):
-            width = min(len(row), logits.shape[1])
-            allowed[index, :width] = row[:width]
-        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+            _mask_row(masked[index], row)
+        return masked
 
     def _visit(self, tree: DraftTree, node: int, depth_limit: int, rows: dict) -> None:
         """Note `node`'s row mask (the grammar holds its path) and visit the children it
@@ -145,7 +146,7 @@ class Guide:
         for token, child in tree.children_of(node):
             if not _admits(row, token):
                 continue
-            if token in self.stop_ids:  # the reply ends there: nothing below it is verified
+            if token in self._stop_set:  # the reply ends there: nothing below it is verified
                 rows[child] = self._stop_row(len(row))
                 continue
             self.grammar.consume(token)
@@ -159,14 +160,14 @@ class Guide:
         while tree.children_of(node) and self.free_draft:
             token, node = tree.children_of(node)[0]
             path.append(token)
-        if not self.free_draft or any(token in self.stop_ids for token in path):
+        if not self.free_draft or not self._stop_set.isdisjoint(path):
             return tree
         for token in path:
             self.grammar.consume(token)
         room = min(self.free_draft, depth_limit - len(path))
         forced, row = [], self._rows[node]
         for token in self.grammar.forced()[: max(room, 0)]:
-            if not _admits(row, token) or token in self.stop_ids:
+            if not _admits(row, token) or token in self._stop_set:
                 break
             self.grammar.consume(token)
             forced.append(token)
@@ -179,16 +180,17 @@ class Guide:
         """The next token's mask where the grammar is now: stop tokens where it is complete,
         and alone where it admits nothing."""
         allowed = self.grammar.allowed()
-        if len(allowed) <= self.stop_ids.max():
-            allowed = np.pad(allowed, (0, int(self.stop_ids.max()) + 1 - len(allowed)))
-        allowed[self.stop_ids] = self.grammar.complete()
-        if not allowed.any():
+        if len(allowed) < self._stop_width:
+            allowed = np.pad(allowed, (0, self._stop_width - len(allowed)))
+        complete = self.grammar.complete()
+        allowed[self.stop_ids] = complete
+        if not complete and not allowed.any():
             allowed[self.stop_ids] = True
         return allowed
 
     def _stop_row(self, width: int) -> np.ndarray:
         """The row after a stop token: the reply has ended, any stop token will do."""
-        row = np.zeros(max(width, int(self.stop_ids.max()) + 1), dtype=bool)
+        row = np.zeros(max(width, self._stop_width), dtype=bool)
         row[self.stop_ids] = True
         return row
 
@@ -203,3 +205,19 @@ class Guide:
 
 def _admits(row: np.ndarray, token: int) -> bool:
     return 0 <= token < len(row) and bool(row[token])
+
+
+def _mask_row(logits_row: np.ndarray, allowed: np.ndarray) -> None:
+    """logits_row [V] with what `allowed` (bool, any length) does not admit at -inf, in place.
+    Written through the shorter index list, the admitted tokens or the forbidden ones: a
+    schema's punctuation admits a few, a string's contents nearly all."""
+    width = min(len(allowed), len(logits_row))
+    allowed = allowed[:width]
+    logits_row[width:] = -np.inf
+    if 2 * np.count_nonzero(allowed) < width:
+        admitted = np.flatnonzero(allowed)
+        kept = logits_row[admitted]
+        logits_row[:width] = -np.inf
+        logits_row[admitted] = kept
+    else:
+        logits_row[np.flatnonzero(~allowed)] = -np.inf
