@@ -154,6 +154,7 @@ def run_generate(args: argparse.Namespace) -> int:
             engine.prepare(params.block_size, on_wait=lambda phase: print(
                 f"dflash-local {phase} (round costs on this machine, measured once per pair)",
                 file=sys.stderr, flush=True))
+            _warn_if_noisy(engine)
         if args.raw:
             prompt_ids = engine.encode_raw(args.prompt)
         else:
@@ -201,6 +202,14 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
     finally:
         whole = reply.end()
     return token_ids, whole, stats, logprobs
+
+
+def _warn_if_noisy(engine) -> None:
+    from dflash_local.method.calibration_noise import warning_line
+
+    line = warning_line(engine.calibration_status())
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,
