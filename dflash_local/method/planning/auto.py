@@ -21,7 +21,7 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.lookups import LookupPolicy
-from dflash_local.method.planning.modes import LOOKUP, PLAIN, PROBE, SPECULATIVE
+from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
 from dflash_local.method.planning.observed import ObservedCosts
 from dflash_local.method.planning.trees import TreeSizer
 from dflash_local.method.planning.widths import BlockPolicy
@@ -46,7 +46,8 @@ class AutoPlanner:
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
-        self.observed = ObservedCosts(costs) if costs.timed else None
+        calibrated = self.policy.calibrated
+        self.observed = ObservedCosts(calibrated) if calibrated.timed else None
         self._context = 0  # the planned round's
         # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
         self._planned: tuple[int, float | None] = (1, None)
@@ -55,7 +56,7 @@ class AutoPlanner:
         self._price(context)
         if self.observed is not None and self.observed.wants_plain_step():
             self._planned = (1, 1.0)  # the plain step the timed rounds are compared with
-            return NoDraft(PLAIN)
+            return NoDraft(FALLBACK)
         limit = max(1, min(self.policy.max_width, remaining))  # the widest round allowed now
         lookup = self._lookup_draft(limit)
         if lookup is not None:
