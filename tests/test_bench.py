@@ -122,6 +122,8 @@ def test_bench_repeats_keep_each_methods_fastest_try(tmp_path_factory, home, cap
     assert result["samples"][0]["identical_to_plain"] == {"dflash auto": True}
     steal = result["cpu_steal_share"]
     assert steal is None or 0.0 <= steal <= 1.0
+    machine = record["machine"]
+    assert machine["torch"]["threads"] >= 1 and machine["threads"]["engine"] == record["threads"]
     table = capsys.readouterr().out
     assert "fastest of 3 tries" in table
 
@@ -138,6 +140,14 @@ def test_bench_repeats_keep_each_methods_fastest_try(tmp_path_factory, home, cap
     assert "load average" not in format_table(record)
     result["load_average"]["end"][0] = 4.1  # a training job beside it
     assert "load average up to 4.1 on 2 cores during the run, which computes on 2 thread(s)" in format_table(record)
+
+    # the cores other processes kept busy during a dataset; the title names the torch kernel
+    assert result["others_cores"] is None or result["others_cores"] >= 0
+    result["others_cores"] = 1.5
+    assert "other processes kept up to 1.5 of 2 cores busy during a dataset" in format_table(record)
+    result["others_cores"] = 0.1
+    assert "other processes kept" not in format_table(record)
+    assert f"torch {machine['torch']['cpu_capability']}" in format_table(record)
 
 
 def test_fastest_keeps_the_shortest_decode_and_every_time():

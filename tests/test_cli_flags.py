@@ -25,7 +25,7 @@ SHARED = {
     "--max-tokens": ("generate", "bench"),
     "--temperature": ("generate", "bench"),
     "--seed": ("generate", "bench", "train"),
-    "--recalibrate": ("serve", "bench"),
+    "--recalibrate": ("generate", "serve", "bench"),
     "--prefix-cache-mb": ("serve", "bench"),
     "--trace": ("generate", "bench"),
 }

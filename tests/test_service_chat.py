@@ -325,6 +325,7 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     assert seen == [("tiny", "calibrating", "tiny", "calibrating")]  # shown while it measured
     status = httpx.get(server.url + "/dflash/status", timeout=10).json()
     assert status["loaded"]["default_block_size"] == "auto" and status["loading_phase"] is None
+    assert status["calibration"]["measured_at"] and "reliable" in status["calibration"]
     assert len(list(calibration.paths.data_dir().glob("calibration/*.json"))) == 1
 
     def measured_again(*_args, **_kwargs):

@@ -212,11 +212,11 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
     import sys
     from datetime import UTC, datetime
 
+    from dflash_local.bench import machine
     from dflash_local.cli.options import multiturn_options
     from dflash_local.engines import load_engine
     from dflash_local.errors import DFlashError
     from dflash_local.events import AUTO
-    from dflash_local.method import calibration
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     if args.conversations < 0:
@@ -237,7 +237,7 @@ def run_multiturn(args, target: str, drafter: str, items: list[BenchPrompt],
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "engine": engine.name, "target": engine.pair.target, "drafter": engine.pair.drafter,
             "dtype": engine.pair.dtype, "threads": engine.compute_threads(),
-            "machine": calibration.machine_info(),
+            "machine": machine.describe(engine.compute_threads()),
             "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature,
                          "block_size": block_size.request_value, "samples": len(items),
                          "budget_mib": round(engine.prefix_cache.budget / MIB, 1)},

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from dflash_local.bench.noise import NOISY_STEAL_SHARE
+from dflash_local.method.calibration_noise import BUSY_SHARE
 from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE
 
 NOISY_LOAD_PER_CORE = 0.5  # a 1-minute load average this far per core above the run's own threads: suspect
@@ -47,9 +48,22 @@ def _title(record: dict) -> str:
     machine = record["machine"]
     repeats = record["settings"].get("repeats", 1)
     return (f"{record['engine']} · {record['target']} + {record['drafter']} · {record['dtype']} · "
-            f"{machine['cpu_model']} ({machine['cores']} cores) · max_tokens "
+            f"{machine['cpu_model']} ({_machine_words(machine)}) · max_tokens "
             f"{record['settings']['max_tokens']} · T={record['settings']['temperature']}"
             + (f" · fastest of {repeats} tries" if repeats > 1 else ""))
+
+
+def _machine_words(machine: dict) -> str:
+    """Cores, the widest vector extension, the BLAS kernels: what explains a day's difference
+    (records from before bench/machine.py name the cores alone)."""
+    words = [f"{machine['cores']} cores"]
+    flags = [flag for flag in ("avx512f", "avx2", "asimd") if flag in machine.get("cpu_flags", ())]
+    words += flags[:1]
+    words += [f"{blas['library'].split('.so')[0]} {blas['kernel']}" for blas in machine.get("blas", ())
+              if blas.get("kernel")]
+    if machine.get("torch"):
+        words.append(f"torch {machine['torch']['cpu_capability']}")
+    return ", ".join(words)
 
 
 def _row(dataset: str, method: str, summary: dict, note: str) -> str:
@@ -89,6 +103,10 @@ def _noise_warnings(record: dict) -> list[str]:
         warnings.append(f"warning: load average up to {max(loads):.1f} on {cores} cores during "
                         f"the run, which computes on {own} thread(s): other processes shared the "
                         "CPU, these timings are noisy")
+    others = [result.get("others_cores") or 0.0 for result in record["datasets"].values()]
+    if others and max(others) > BUSY_SHARE * cores:
+        warnings.append(f"warning: other processes kept up to {max(others):.1f} of {cores} cores "
+                        "busy during a dataset: its ratios are unreliable")
     steals = [result.get("cpu_steal_share") or 0.0 for result in record["datasets"].values()]
     if steals and max(steals) > NOISY_STEAL_SHARE:
         hint = "" if record["settings"].get("repeats", 1) > 1 else \

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from dflash_local import machine_load
+from dflash_local.bench import machine
 from dflash_local.bench.datasets import BenchPrompt
 from dflash_local.bench.measure import RunFigures, fastest, run_ours, run_served, summarize
 from dflash_local.bench.noise import cpu_ticks, steal_share
@@ -85,7 +87,7 @@ def run_suite(engine, prompts: dict[str, list[BenchPrompt]], settings: BenchSett
         "engine": engine.name,
         "versions": {"python": sys.version.split()[0], **calibration.framework_versions(),
                      "dflash-local": _own_version()},
-        "machine": {**calibration.machine_info(), "load_average_end": _load()},
+        "machine": {**machine.describe(_threads(engine)), "load_average_end": _load()},
         "dtype": engine.pair.dtype, "threads": _threads(engine),
         "target": engine.pair.target, "drafter": engine.pair.drafter,
         "drafter_block_size": engine.pair.drafter_block,
@@ -161,7 +163,7 @@ def _served_methods(engine, settings: BenchSettings) -> dict:
 
 def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, peers: list[Peer],
                  settings: BenchSettings, log) -> dict:
-    load_start, ticks_start = _load(), cpu_ticks()
+    load_start, ticks_start, sample_start = _load(), cpu_ticks(), machine_load.sample()
     runs: dict[str, list[RunFigures]] = {method: [] for method in methods}
     samples, skipped = [], []
     spec_method = next((m for m in methods if m.startswith("dflash")), PLAIN)
@@ -195,6 +197,7 @@ def _run_dataset(engine, name: str, items: list[BenchPrompt], methods: dict, pee
         "skipped_too_long": skipped,
         "load_average": {"start": load_start, "end": _load()},
         "cpu_steal_share": steal_share(ticks_start, cpu_ticks()),
+        "others_cores": _rounded(machine_load.others_cores(sample_start, machine_load.sample())),
         "samples": samples,
     }
 
@@ -268,6 +271,10 @@ def _progress(name: str, index: int, total: int, turn: int, figures: dict) -> st
 
 def _user(text: str) -> dict:
     return {"role": "user", "content": text}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _load() -> list[float] | None:

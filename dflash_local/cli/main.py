@@ -93,6 +93,8 @@ def _add_generate(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.add_argument("--logprobs", type=int, metavar="N",
                      help="with --json: each token's logprob and its N best alternatives (0-20)")
+    flags.add_recalibrate_flag(gen, help="with --block-size auto: measure this machine's round "
+                                         "costs for the pair again instead of using the cache")
     flags.add_trace_flag(gen, help="append each round's priced and measured costs to FILE (JSON lines)")
     gen.set_defaults(handler=run_generate)
 
@@ -158,9 +160,10 @@ def run_generate(args: argparse.Namespace) -> int:
     engine.round_trace = trace
     try:
         if params.speculative:  # under auto: this machine's round costs, a visible phase
-            engine.prepare(params.block_size, on_wait=lambda phase: print(
+            engine.prepare(params.block_size, recalibrate=args.recalibrate, on_wait=lambda phase: print(
                 f"dflash-local {phase} (round costs on this machine, measured once per pair)",
                 file=sys.stderr, flush=True))
+            _warn_if_noisy(engine)
         if args.raw:
             prompt_ids = engine.encode_raw(args.prompt)
         else:
@@ -208,6 +211,14 @@ def stream_completion(engine, prompt_ids: list[int], params: GenerationParams, e
     finally:
         whole = reply.end()
     return token_ids, whole, stats, logprobs
+
+
+def _warn_if_noisy(engine) -> None:
+    from dflash_local.method.calibration_noise import warning_line
+
+    line = warning_line(engine.calibration_status())
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _report(engine, prompt_ids, token_ids, reply: Reply, stats: GenerationStats,

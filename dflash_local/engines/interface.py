@@ -93,6 +93,11 @@ class Engine(abc.ABC):
         calibration under auto); `on_wait(what)` before a wait worth telling the user about.
         `recalibrate`: measure again what is cached. A served engine has nothing to prepare."""
 
+    def calibration_status(self) -> dict | None:
+        """The calibration auto plans with, for /dflash/status and the CLI (when measured, whether
+        its timings are reliable and why not); None: none (a served engine, a fixed width)."""
+        return None
+
     def generation_bytes(self) -> int | None:
         """Memory one generation's caches reach at the full context (the worker's batch is
         bounded by it); None: a served engine's server holds them."""

@@ -347,6 +347,13 @@ class LocalEngine(Engine):
         self.prefix_cache.store(entry.token_ids.tolist(), entry.kept)
         return Hit(entry, found[1], tier="disk")
 
+    def calibration_status(self) -> dict | None:
+        measured = self.calibration
+        if measured is None:
+            return None
+        return {"measured_at": measured.measured_at, "reliable": measured.reliable,
+                "noise": measured.noise.to_json() if measured.noise else None}
+
     def prefix_cache_status(self) -> dict | None:
         """The prefix cache's tiers for /dflash/status (None: the cache is off)."""
         if self.prefix_cache is None:

@@ -5,8 +5,8 @@ ratio of rounds in the same run holds where tokens/s across runs does not).
 
 A generation's line comes first ({"generation": label, "prompt_tokens", ...}), then one line per
 round: its kind (`mode`), `rows` verified (the anchor included), `kept` drafts, `committed`
-tokens, `context` it ran on, the planner's `priced_s` (its calibrated cost at that context;
-None under a fixed width) and `expected_tokens`, and the wall seconds of `plan_s`, `propose_s`,
+tokens, `context` it ran on, the planner's `priced_s` (its calibrated cost at that context,
+or as auto re-priced it from the rounds before: planning/observed.py; None under a fixed width) and `expected_tokens`, and the wall seconds of `plan_s`, `propose_s`,
 `verify_s`, `accept_s`, `commit_s`, `observe_s` and `emit_s` (the consumer's time between this
 round's event and the next round: detokenizing, the stream's own work). `summarize` folds a
 trace into per-kind figures relative to the plain steps of the same generation.

@@ -82,7 +82,7 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
             rows += [anchor_id, *kept]
             whole = True
             committed, finish = guide.commit(*_finish([*kept, next_id], produced + len(path) + 1, params))
-            _lap(clock, planner.observe(draft, path, committed))
+            _lap(clock, planner.observe(draft, path, committed, clock[-1] - clock[1]))
             produced += len(committed)
             anchor_id = committed[-1]
             yield _round_event(draft, path, committed, round_index=round_index,

@@ -121,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
                          adapt=not args.no_adapt)
     if not args.no_load:
         _initial_load(state, args)
+    if state.loaded is not None:
+        from dflash_local.method.calibration_noise import warning_line
+
+        line = warning_line(state.loaded.engine.calibration_status())
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     served = state.loaded.served_name if state.loaded else "no pair loaded"

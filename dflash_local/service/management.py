@@ -168,6 +168,7 @@ def _status(state: ServiceState) -> dict:
         "capabilities": asdict(loaded.engine.capabilities) if loaded else None,
         "loaded_fit": _status_fit(loaded) if loaded else None,
         "worker": loaded.worker.status() if loaded else None,
+        "calibration": loaded.engine.calibration_status() if loaded else None,
         "prefix_cache": (loaded.engine.prefix_cache_status()
                          if loaded and isinstance(loaded.engine, LocalEngine) else None),
         "memory": {"rss_bytes": psutil.Process().memory_info().rss,

@@ -8,7 +8,9 @@ context the round runs on, and the acceptance seen so far in this generation:
   expects to pay most (trees.py), a prompt-lookup draft grafted on where its rows pay;
 - a prompt-lookup round (no drafter pass) when a lookup draft is expected to beat the
   drafter's best round (lookups.py).
-It owns every estimator and hears each round once, in `observe`.
+It owns every estimator and hears each round once, in `observe`; with timed costs it also
+hears what the round took, and re-prices rounds where those times disagree with the
+calibration (observed.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.lookups import LookupPolicy
-from dflash_local.method.planning.modes import LOOKUP, PROBE, SPECULATIVE
+from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
+from dflash_local.method.planning.observed import ObservedCosts
 from dflash_local.method.planning.trees import TreeSizer
 from dflash_local.method.planning.widths import BlockPolicy
 from dflash_local.method.proposers import (
@@ -43,11 +46,17 @@ class AutoPlanner:
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
+        calibrated = self.policy.calibrated
+        self.observed = ObservedCosts(calibrated) if calibrated.timed else None
+        self._context = 0  # the planned round's
         # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
         self._planned: tuple[int, float | None] = (1, None)
 
     def plan(self, context: int, remaining: int) -> Proposer:
         self._price(context)
+        if self.observed is not None and self.observed.wants_plain_step():
+            self._planned = (1, 1.0)  # the plain step the timed rounds are compared with
+            return NoDraft(FALLBACK)
         limit = max(1, min(self.policy.max_width, remaining))  # the widest round allowed now
         lookup = self._lookup_draft(limit)
         if lookup is not None:
@@ -66,7 +75,13 @@ class AutoPlanner:
             drafted.path_probs, limit))
         return tree if lookup is None else GraftedLookup(tree, lookup, self._graft_length)
 
-    def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
+    def observe(self, draft: Draft, path: list[int], committed: list[int],
+                seconds: float | None = None) -> None:
+        if seconds is not None and self.observed is not None:
+            calibrated = self._price_of(draft, self.observed.calibrated.at_context(self._context))
+            self.observed.observe(not draft.tree.token_ids and not draft.drafter_nodes, seconds,
+                                  calibrated)
+            self.policy.calibrated = self.observed.corrected()
         if self.index is not None:
             self.index.extend(committed)
         if draft.mode == LOOKUP:
@@ -85,15 +100,20 @@ class AutoPlanner:
             self.policy.observe(draft.tree.depth + 1, len(path))
 
     def priced(self, draft: Draft) -> tuple[float, float | None]:
-        """(the calibrated seconds of this round as it ran, at its context; the tokens it was
-        planned to commit, None where a tree's size was settled after planning)."""
-        costs, (drafted_width, expected) = self.policy.costs, self._planned
+        """(the seconds this round as it ran was priced at, at its context (calibrated, or as
+        re-priced by observed.py); the tokens it was planned to commit, None where a tree's size
+        was settled after planning)."""
+        return self._price_of(draft, self.policy.costs), self._planned[1]
+
+    def _price_of(self, draft: Draft, costs: RoundCosts) -> float:
         rows = min(len(draft.tree.token_ids) + 1, costs.max_width)
+        drafted_width = self._planned[0]
         draft_s = costs.draft_seconds(drafted_width) if draft.drafter_nodes else 0.0
-        return costs.verify_only[rows - 1] + draft_s, expected
+        return costs.verify_only[rows - 1] + draft_s
 
     def _price(self, context: int) -> None:
         """Every part that prices rounds prices them at the context the next round runs on."""
+        self._context = context
         costs = self.policy.price_context(context)
         if self.sizer is not None:
             self.sizer.costs = costs

@@ -29,12 +29,17 @@ class RoundCosts:
     wide one grows dearer with the context faster than a 1-row step (MLX on a CPU: a 16-row
     verify of the embedded target adds about four times what one row adds per token of context):
     `context_slopes[w - 1]` is the seconds each token of context past `base_context` adds to a
-    round of width w (`at_context`)."""
+    round of width w (`at_context`).
+
+    `timed`: seconds this machine measured (calibration.py), which the auto planner corrects
+    when the rounds it times disagree (observed.py); False: assumed costs in any unit (the
+    uncalibrated defaults, a test's), never compared with a clock."""
 
     seconds: tuple[float, ...]
     verify_seconds: tuple[float, ...] | None = None
     base_context: int = 0
     context_slopes: tuple[float, ...] | None = None
+    timed: bool = False
 
     def __post_init__(self):
         if not self.seconds or any(not s > 0 for s in self.seconds):
@@ -53,7 +58,16 @@ class RoundCosts:
             return self
         extra = [(tokens - self.base_context) * slope for slope in self.context_slopes]
         return RoundCosts(tuple(s + e for s, e in zip(self.seconds, extra)),
-                          tuple(v + e for v, e in zip(self.verify_only, extra)), tokens)
+                          tuple(v + e for v, e in zip(self.verify_only, extra)), tokens,
+                          timed=self.timed)
+
+    def scaled(self, plain: float, wider: float) -> RoundCosts:
+        """These costs with a plain step's times `plain` times and every wider round's (drafter
+        pass, verify and context slope) `wider` times as dear."""
+        def scale(values):
+            return None if values is None else (values[0] * plain, *(v * wider for v in values[1:]))
+        return RoundCosts(scale(self.seconds), scale(self.verify_seconds), self.base_context,
+                          scale(self.context_slopes), self.timed)
 
     @property
     def max_width(self) -> int:

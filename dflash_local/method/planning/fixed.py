@@ -24,7 +24,8 @@ class FixedPlanner:
             return DrafterTree(width - 1)
         return DrafterChain(width)
 
-    def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
+    def observe(self, draft: Draft, path: list[int], committed: list[int],
+                seconds: float | None = None) -> None:
         """A fixed planner learns nothing."""
 
     def priced(self, draft: Draft) -> tuple[None, None]:

@@ -26,8 +26,10 @@ class Planner(Protocol):
     def plan(self, context: int, remaining: int) -> Proposer:
         """The next round's proposer: `context` tokens so far, at most `remaining` to commit."""
 
-    def observe(self, draft: Draft, path: list[int], committed: list[int]) -> None:
-        """The round verified `draft`, kept the nodes of `path` and committed these tokens."""
+    def observe(self, draft: Draft, path: list[int], committed: list[int],
+                seconds: float | None = None) -> None:
+        """The round verified `draft`, kept the nodes of `path` and committed these tokens;
+        `seconds`: what it took from its proposal to its commit, where the loop timed it."""
 
     def priced(self, draft: Draft) -> tuple[float | None, float | None]:
         """(seconds, tokens): what the planner expected the round it planned, which ran as

@@ -1,0 +1,58 @@
+"""Correcting a calibration with the rounds a generation times.
+
+The auto planner prices rounds from a calibration made at load; a busy moment then (or now)
+can leave it wrong about what a wider round costs next to a plain step. Each round the loop
+times (propose to commit) is set against its calibrated price at its context, by kind: plain
+steps, and wider rounds. Once both kinds have MIN_ROUNDS rounds among their latest WINDOW and
+the wider rounds' median ratio is off the plain steps' by more than TOLERANCE, rounds are
+re-priced: a plain step at its own ratio, every wider round at theirs. Otherwise the costs stay
+as calibrated: a load that slows every round alike changes no choice. While wider rounds
+disagree with their price and too few plain steps were timed to tell a slow machine from a dear
+verify, `wants_plain_step` asks for one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from dflash_local.method.planning.costs import RoundCosts
+
+MIN_ROUNDS = 2  # of each kind before their ratio is trusted
+WINDOW = 16  # the latest rounds of each kind: a load that comes or goes is followed
+TOLERANCE = 0.2  # a disagreement smaller than this is the calibration's own noise
+
+
+class ObservedCosts:
+    def __init__(self, calibrated: RoundCosts):
+        self.calibrated = calibrated
+        self._plain: deque[float] = deque(maxlen=WINDOW)  # measured seconds / calibrated price
+        self._wider: deque[float] = deque(maxlen=WINDOW)
+
+    def observe(self, plain: bool, seconds: float, priced_s: float) -> None:
+        """A round (a plain step or not) took `seconds`; its calibrated price was `priced_s`."""
+        (self._plain if plain else self._wider).append(seconds / priced_s)
+
+    def scales(self) -> tuple[float, float]:
+        """(plain step, wider rounds): how much dearer than calibrated each kind is priced now."""
+        plain, wider = _median(self._plain), _median(self._wider)
+        if plain is None or wider is None or not _off(wider / plain):
+            return 1.0, 1.0
+        return plain, wider
+
+    def corrected(self) -> RoundCosts:
+        """The calibrated costs, re-priced where the timed rounds disagree with them."""
+        return self.calibrated.scaled(*self.scales())
+
+    def wants_plain_step(self) -> bool:
+        wider = _median(self._wider)
+        return len(self._plain) < MIN_ROUNDS and wider is not None and _off(wider)
+
+
+def _median(ratios: deque[float]) -> float | None:
+    return statistics.median(ratios) if len(ratios) >= MIN_ROUNDS else None
+
+
+def _off(ratio: float) -> bool:
+    return abs(math.log(ratio)) > math.log1p(TOLERANCE)
