@@ -3,7 +3,7 @@ framework steps are the hooks each engine implements, and the generation: our sp
 over the engine's TargetRunner and Drafter, the prefix cache and the round costs.
 
 Loading a pair, in order: the target's config (read once), the dtype, the context (the target
-refused from its config before any weight loads), the draft window, the drafter's config and
+refused from its config before any weight loads), the memory fit (pairs/load_fit.py), the draft window, the drafter's config and
 its draft vocabulary (the pair refused from the configs), precision notes, the target's
 weights, the accelerations, the drafter, the prefix cache, the thread count.
 Boundary: no framework is imported here (engines/mlx_engine.py, engines/torch_engine.py do).
@@ -102,10 +102,10 @@ class LocalEngine(Engine):
         under the data dir (method/prefix_disk.py; None: its default, 0: off)."""
         raw_config = read_target_config(target_path)  # once: every check below reads it
         dtype = self._checked_dtype(dtype, raw_config)
+        max_context = self.target_context(target_path, raw_config)  # a target it cannot run: refused
         # before any weight is allocated: a pair that cannot fit would take the machine down
         check_load_fits(self.name, model_name(target_name or str(target_path), target_path),
                         target_path, drafter_path, dtype, self.on_accelerator())
-        max_context = self.target_context(target_path, raw_config)
         check_draft_window(draft_window, max_context)  # before any weight loads
         disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
         drafter_config = (load_checked_drafter_config(drafter_path, target_path,
