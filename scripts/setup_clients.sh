@@ -8,7 +8,7 @@
 #   DFLASH_CLIENTS_PYTHON=VENV_DIR/bin/python pytest tests/test_clients_round_trip.py
 #
 # Left out: aider-chat 0.86 pins all of its 108 requirements exactly (its own litellm and openai,
-# numpy 1.26, scipy, tree-sitter grammars): a venv of its own, not this one. lm-eval pulls
+# numpy 1.26, scipy, tree-sitter grammars): scripts/setup_aider.sh, a venv of its own. lm-eval pulls
 # datasets, scikit-learn, evaluate, and its tasks fetch their data from the hub at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -83,9 +83,11 @@ class ClientRunner:
         return response.json()["choices"][0]["message"]["content"]
 
 
-def serve_embedded(tmp_path_factory, target_dir: Path):
+def serve_embedded(tmp_path_factory, target_dir: Path, wrap_app=None):
     """A module fixture's body (`yield from` it): the embedded pair (its target and the shipped
-    drafter) served with a key on 127.0.0.1, as (state, server), stopped after the module."""
+    drafter) served with a key on 127.0.0.1, as (state, server), stopped after the module.
+    `wrap_app` (an ASGI middleware's constructor) sees every request, for a test that records
+    what a client sent."""
     from service_support import torch_loader
 
     from dflash_local import paths
@@ -101,7 +103,8 @@ def serve_embedded(tmp_path_factory, target_dir: Path):
     # a fixed block: the auto planner's calibration would cost the module seconds for nothing
     state.load("transformers", target_dir, drafter, served_name="embedded", pair_id="embedded",
                block_size=WHOLE_BLOCK, aliases=("SmolLM2-135M-Instruct",))
-    server = BackgroundServer(create_app(state)).start()
+    app = create_app(state)
+    server = BackgroundServer(wrap_app(app) if wrap_app else app).start()
     try:
         yield state, server
     finally:
