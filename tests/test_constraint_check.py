@@ -75,3 +75,26 @@ def test_the_json_extraction_set_has_a_valid_schema_per_prompt():
     assert len(prompts) >= 10 and len({p.prompt_id for p in prompts}) == len(prompts)
     for prompt in prompts:
         check_constraint(prompt.constraint, prompt.prompt_id)
+
+
+def test_a_tokenizer_the_grammar_engine_panics_on_is_a_clear_refusal_every_time(monkeypatch):
+    """llguidance's Rust panics surface as a BaseException (pyo3's PanicException): caught where
+    the tokenizer's twin is built, never let through to kill the thread that asked."""
+    from dflash_local.constraints import compile as compile_module
+
+    class PanicException(BaseException):  # pyo3_runtime.PanicException's base, as raised
+        pass
+
+    builds = []
+
+    def panicking_twin(_tokenizer):
+        builds.append(1)
+        raise PanicException("assertion failed: num_parents <= (1 << PARENT_BITS) as usize")
+
+    monkeypatch.setattr(compile_module, "llguidance_tokenizer", panicking_twin)
+    compiler = compile_module.ConstraintCompiler(tokenizer=object())
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError, match="not available for this target's tokenizer"
+                                                      ".*num_parents"):
+            compiler.grammar(OutputConstraint("regex", "a+"))
+    assert builds == [1]  # the refusal is kept, not rebuilt per request

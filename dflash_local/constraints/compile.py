@@ -22,6 +22,7 @@ class ConstraintCompiler:
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self._llg_tokenizer = None  # built at the first constrained request (~0.2-1 s)
+        self._twin_refused: str | None = None  # why it could not be built, said to every request
         self._compiled: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()  # the worker and a bench may compile at once
 
@@ -47,8 +48,17 @@ class ConstraintCompiler:
         return matcher
 
     def _tokenizer_twin(self):
-        if self._llg_tokenizer is None:
-            self._llg_tokenizer = llguidance_tokenizer(self._tokenizer)
+        if self._llg_tokenizer is None and self._twin_refused is None:
+            try:
+                self._llg_tokenizer = llguidance_tokenizer(self._tokenizer)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 (a Rust panic is a BaseException)
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+                self._twin_refused = (f"constrained output is not available for this target's "
+                                      f"tokenizer (the grammar engine refused it: {reason})")
+        if self._twin_refused is not None:
+            raise InvalidRequestError(self._twin_refused)
         return self._llg_tokenizer
 
 

@@ -270,7 +270,9 @@ class GenerationWorker:
             job.outcome = "failed"
             job.put(Failed(exc))
             return
-        except Exception as exc:  # the worker's edge: log it, tell the client, go on
+        except (GeneratorExit, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the worker's edge (a native panic included): log, tell, go on
             log.exception("generation %s failed", job.id)
             job.outcome = "failed"
             job.put(Failed(exc))
