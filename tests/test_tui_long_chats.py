@@ -95,10 +95,11 @@ async def word_count(messages: list[dict]) -> int:
     return sum(len(message["content"].split()) + 2 for message in messages)
 
 
-def fit(history, prompt="next question", context=300, max_tokens=50, policy="drop_oldest"):
+def fit(history, prompt="next question", context=300, max_tokens=50, policy="drop_oldest",
+        keep_turns=8):
     system = [{"role": "system", "content": "be brief"}]
     return asyncio.run(fit_history(word_count, system, history, prompt, context, max_tokens,
-                                   policy))
+                                   policy, keep_turns))
 
 
 def test_a_conversation_that_fits_is_sent_whole():
@@ -121,6 +122,33 @@ def test_drop_oldest_cuts_whole_turns_to_below_the_trimmed_budget():
     assert asyncio.run(word_count([{"role": "system", "content": "be brief"}] + [
         {"role": m.role, "content": m.content} for m in one_more]
         + [{"role": "user", "content": "next question"}])) > budget * TRIM_TO
+
+
+def test_keep_last_sends_the_last_n_turns_or_fewer_where_those_do_not_fit():
+    history = history_of(40)
+    kept_turns = fit(history, policy="keep_last", keep_turns=3)
+    assert kept_turns.first_kept == history[-6].id and kept_turns.dropped == len(history) - 6
+    assert fit(history_of(3), policy="keep_last", keep_turns=3).first_kept is None  # it fits
+    narrow = fit(history, policy="keep_last", keep_turns=20)  # 20 turns are past the budget
+    kept = [m for m in history if m.id >= narrow.first_kept]
+    assert kept[0].role == "user" and len(kept) < 40 and narrow.tokens <= 300 - 50
+    assert fit(history, policy="drop_oldest").first_kept != narrow.first_kept  # no trim below
+
+
+def test_the_open_chats_policy_cycles_and_keep_turns_is_a_chat_value(home):
+    async def scenario(app, pilot):
+        seen = []
+        for _ in range(3):
+            app.chat_screen.action_toggle_overflow()
+            seen.append(app.settings.overflow)
+        assert seen == ["refuse", "keep_last", "drop_oldest"]
+        app.chat_screen.action_toggle_overflow()
+        app.chat_screen.action_toggle_overflow()
+        await pilot.pause()
+        assert "the last 8 turns" in "\n".join(str(n.message) for n in app._notifications)
+        assert app.chat_settings()["overflow"] == "keep_last"
+        assert app.chat_settings()["keep_turns"] == 8 and app.defaults.overflow == "drop_oldest"
+    run_offline(scenario, WIDE, toasts=True)
 
 
 def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():
