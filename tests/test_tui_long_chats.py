@@ -20,7 +20,7 @@ from dflash_chat.widgets import draft_colours
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel, figures_text
-from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
+from tui_support import chunk, run_offline, screen_lines, serve_pair, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 STATS = {"tau": 2.0, "decode_tokens_per_s": 30.0, "speculative": True, "rounds": 2,
@@ -282,6 +282,50 @@ def test_a_preset_saved_from_one_chat_applies_to_another_and_leaves_the_defaults
         await pilot.press("alt+p", "down", "delete")
         assert app.store.presets() == []
     run_offline(delete_after_restart, WIDE)
+
+
+def test_a_preset_keeps_its_pair_and_applying_it_loads_that_pair_through_the_picker(home):
+    from dflash_chat.screens.picker import PickerScreen
+    from textual.widgets import Static
+
+    async def scenario(app, pilot):
+        serve_pair(app, "pair-a")
+        asked: list[str] = []
+
+        class Service:  # a load, and the status after it
+            async def load_pair(self, pair_id):
+                asked.append(pair_id)
+                return {}
+
+            async def status(self):
+                return {"loaded": {"pair": asked[-1], "served_name": asked[-1],
+                                   "engine": "transformers"}}
+
+            async def aclose(self):
+                pass
+        app.client = Service()
+        await pilot.press("alt+p", "enter", *"on a", "enter")  # saved while pair-a is loaded
+        (preset,) = app.store.presets()
+        assert preset.settings["pair"] == "pair-a"
+        await pilot.press("alt+p", "down", "enter")  # pair-a loaded: nothing to load
+        await pilot.pause()
+        assert not isinstance(app.screen, PickerScreen)
+        serve_pair(app, "pair-b")
+        await pilot.press("alt+p", "down", "enter")
+        await until(pilot, lambda: isinstance(app.screen, PickerScreen), "the picker opened")
+        picker = app.screen
+        rows = [{**row, "loaded": row["id"] == "pair-b"} for row in catalog_rows()[:2]]
+        rows[0]["id"], rows[1]["id"] = "pair-a", "pair-b"
+        picker.post_message(PickerScreen.Listed(rows, {}))
+        await until(pilot, lambda: app.chat_settings()["pair"] == "pair-a", "pair-a loaded")
+        assert asked == ["pair-a"]  # as `l` in the picker loads it
+        gone = PickerScreen(load_when_listed="pair-c")  # a pair this service does not list
+        await app.push_screen(gone)
+        gone.post_message(PickerScreen.Listed(rows, {}))
+        message = gone.query_one("#message", Static)
+        await until(pilot, lambda: "pair-c is not in" in str(message.render()), "said why not")
+        assert asked == ["pair-a"]
+    run_offline(scenario, WIDE)
 
 
 # --- the lesser defects: the picker, F1 ---
