@@ -50,7 +50,7 @@ async def one_turn(app, pilot, turn: int, sentences: int) -> dict:
     screen = app.chat_screen
     conversation = screen.conversation
     shown = len(conversation.views())
-    notes_before = len(app._notifications)
+    notes_before = {id(note) for note in app._notifications}
     started = time.monotonic()
     screen.query_one(PromptInput).value = prompt_for(turn, sentences)
     await pilot.press("enter")
@@ -60,7 +60,7 @@ async def one_turn(app, pilot, turn: int, sentences: int) -> dict:
     await wait_for(pilot, lambda: not conversation.generating, "reply handled", 30)
     reply = app.store.message(reply_id)
     stats = (reply.meta or {}).get("stats") or {}
-    notes = [str(note.message) for note in list(app._notifications)[notes_before:]]
+    notes = [str(note.message) for note in app._notifications if id(note) not in notes_before]
     return {"turn": turn + 1, "status": reply.status, "seconds": round(time.monotonic() - started, 1),
             "prompt_tokens": stats.get("prompt_tokens"),
             "completion_tokens": stats.get("completion_tokens"),
@@ -75,7 +75,7 @@ async def run(args) -> dict:
                         keep_turns=args.keep_turns)
     app = DFlashChatApp(data_dir=home, settings_file=home / "settings.toml", settings=settings)
     turns: list[dict] = []
-    async with app.run_test(size=(150, 45)) as pilot:
+    async with app.run_test(size=(150, 45), notifications=True) as pilot:
         await wait_for(pilot, app.service_ready.is_set, "the service ready", args.start_timeout)
         context = app.loaded_context()
         for turn in range(args.turns):
