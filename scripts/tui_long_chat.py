@@ -54,13 +54,21 @@ async def one_turn(app, pilot, turn: int, sentences: int) -> dict:
     started = time.monotonic()
     screen.query_one(PromptInput).value = prompt_for(turn, sentences)
     await pilot.press("enter")
-    await wait_for(pilot, lambda: len(conversation.views()) == shown + 2, "sent", 120)
+    notes: set[str] = set()
+
+    def hearing(done):  # a notice leaves after its timeout, maybe before a slow reply ends
+        def check() -> bool:
+            notes.update(str(n.message) for n in app._notifications if id(n) not in notes_before)
+            return done()
+        return check
+
+    await wait_for(pilot, hearing(lambda: len(conversation.views()) == shown + 2), "sent", 120)
     reply_id = conversation.last_view("assistant").message_id
-    await wait_for(pilot, lambda: app.store.message(reply_id).status != "streaming", "reply", 300)
+    await wait_for(pilot, hearing(lambda: app.store.message(reply_id).status != "streaming"),
+                   "reply", 300)
     await wait_for(pilot, lambda: not conversation.generating, "reply handled", 30)
     reply = app.store.message(reply_id)
     stats = (reply.meta or {}).get("stats") or {}
-    notes = [str(note.message) for note in app._notifications if id(note) not in notes_before]
     return {"turn": turn + 1, "status": reply.status, "seconds": round(time.monotonic() - started, 1),
             "prompt_tokens": stats.get("prompt_tokens"),
             "completion_tokens": stats.get("completion_tokens"),
