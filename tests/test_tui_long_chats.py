@@ -20,7 +20,7 @@ from dflash_chat.widgets import draft_colours
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
 from dflash_chat.widgets.speed_panel import SpeedPanel, figures_text
-from tui_support import chunk, run_offline, screen_lines, streamed_reply, until
+from tui_support import chunk, run_offline, screen_lines, serve_pair, streamed_reply, until
 
 WIDE, NARROW = (150, 45), (80, 24)
 STATS = {"tau": 2.0, "decode_tokens_per_s": 30.0, "speculative": True, "rounds": 2,
@@ -95,10 +95,11 @@ async def word_count(messages: list[dict]) -> int:
     return sum(len(message["content"].split()) + 2 for message in messages)
 
 
-def fit(history, prompt="next question", context=300, max_tokens=50, policy="drop_oldest"):
+def fit(history, prompt="next question", context=300, max_tokens=50, policy="drop_oldest",
+        keep_turns=8):
     system = [{"role": "system", "content": "be brief"}]
     return asyncio.run(fit_history(word_count, system, history, prompt, context, max_tokens,
-                                   policy))
+                                   policy, keep_turns))
 
 
 def test_a_conversation_that_fits_is_sent_whole():
@@ -121,6 +122,33 @@ def test_drop_oldest_cuts_whole_turns_to_below_the_trimmed_budget():
     assert asyncio.run(word_count([{"role": "system", "content": "be brief"}] + [
         {"role": m.role, "content": m.content} for m in one_more]
         + [{"role": "user", "content": "next question"}])) > budget * TRIM_TO
+
+
+def test_keep_last_sends_the_last_n_turns_or_fewer_where_those_do_not_fit():
+    history = history_of(40)
+    kept_turns = fit(history, policy="keep_last", keep_turns=3)
+    assert kept_turns.first_kept == history[-6].id and kept_turns.dropped == len(history) - 6
+    assert fit(history_of(3), policy="keep_last", keep_turns=3).first_kept is None  # it fits
+    narrow = fit(history, policy="keep_last", keep_turns=20)  # 20 turns are past the budget
+    kept = [m for m in history if m.id >= narrow.first_kept]
+    assert kept[0].role == "user" and len(kept) < 40 and narrow.tokens <= 300 - 50
+    assert fit(history, policy="drop_oldest").first_kept != narrow.first_kept  # no trim below
+
+
+def test_the_open_chats_policy_cycles_and_keep_turns_is_a_chat_value(home):
+    async def scenario(app, pilot):
+        seen = []
+        for _ in range(3):
+            app.chat_screen.action_toggle_overflow()
+            seen.append(app.settings.overflow)
+        assert seen == ["refuse", "keep_last", "drop_oldest"]
+        app.chat_screen.action_toggle_overflow()
+        app.chat_screen.action_toggle_overflow()
+        await pilot.pause()
+        assert "the last 8 turns" in "\n".join(str(n.message) for n in app._notifications)
+        assert app.chat_settings()["overflow"] == "keep_last"
+        assert app.chat_settings()["keep_turns"] == 8 and app.defaults.overflow == "drop_oldest"
+    run_offline(scenario, WIDE, toasts=True)
 
 
 def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():
@@ -254,6 +282,50 @@ def test_a_preset_saved_from_one_chat_applies_to_another_and_leaves_the_defaults
         await pilot.press("alt+p", "down", "delete")
         assert app.store.presets() == []
     run_offline(delete_after_restart, WIDE)
+
+
+def test_a_preset_keeps_its_pair_and_applying_it_loads_that_pair_through_the_picker(home):
+    from dflash_chat.screens.picker import PickerScreen
+    from textual.widgets import Static
+
+    async def scenario(app, pilot):
+        serve_pair(app, "pair-a")
+        asked: list[str] = []
+
+        class Service:  # a load, and the status after it
+            async def load_pair(self, pair_id):
+                asked.append(pair_id)
+                return {}
+
+            async def status(self):
+                return {"loaded": {"pair": asked[-1], "served_name": asked[-1],
+                                   "engine": "transformers"}}
+
+            async def aclose(self):
+                pass
+        app.client = Service()
+        await pilot.press("alt+p", "enter", *"on a", "enter")  # saved while pair-a is loaded
+        (preset,) = app.store.presets()
+        assert preset.settings["pair"] == "pair-a"
+        await pilot.press("alt+p", "down", "enter")  # pair-a loaded: nothing to load
+        await pilot.pause()
+        assert not isinstance(app.screen, PickerScreen)
+        serve_pair(app, "pair-b")
+        await pilot.press("alt+p", "down", "enter")
+        await until(pilot, lambda: isinstance(app.screen, PickerScreen), "the picker opened")
+        picker = app.screen
+        rows = [{**row, "loaded": row["id"] == "pair-b"} for row in catalog_rows()[:2]]
+        rows[0]["id"], rows[1]["id"] = "pair-a", "pair-b"
+        picker.post_message(PickerScreen.Listed(rows, {}))
+        await until(pilot, lambda: app.chat_settings()["pair"] == "pair-a", "pair-a loaded")
+        assert asked == ["pair-a"]  # as `l` in the picker loads it
+        gone = PickerScreen(load_when_listed="pair-c")  # a pair this service does not list
+        await app.push_screen(gone)
+        gone.post_message(PickerScreen.Listed(rows, {}))
+        message = gone.query_one("#message", Static)
+        await until(pilot, lambda: "pair-c is not in" in str(message.render()), "said why not")
+        assert asked == ["pair-a"]
+    run_offline(scenario, WIDE)
 
 
 # --- the lesser defects: the picker, F1 ---

@@ -42,7 +42,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("copy_code", "ctrl+b", "Copy a reply's last code block (again: the one before)"),
     ActionSpec("toggle_thinking", "ctrl+t", "Thinking: auto / on / off"),
     ActionSpec("presets", "alt+p", "Presets: apply one to this chat, or save its values"),
-    ActionSpec("toggle_overflow", "alt+o", "Context overflow: drop oldest turns / refuse"),
+    ActionSpec("toggle_overflow", "alt+o", "Context overflow: drop oldest / refuse / keep last turns"),
     ActionSpec("delete_chat", "ctrl+g", "Delete this chat"),
     ActionSpec("delete_message", "alt+d", "Delete the selected message and what follows it"),
     ActionSpec("restore_chat", "alt+z", "Bring back the chat deleted last"),

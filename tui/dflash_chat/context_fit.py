@@ -17,6 +17,7 @@ from dataclasses import dataclass
 TRIM_TO = 0.75
 WARN_AT = 0.8  # the meter turns yellow, and the app says once what overflow will do
 POLICY_WORDS = {"drop_oldest": "the oldest turns are left out (the system prompt stays)",
+                "keep_last": "only the system prompt and the last {keep_turns} turns are sent",
                 "refuse": "a message that does not fit is refused"}
 
 Count = Callable[[list[dict]], Awaitable[int]]
@@ -47,12 +48,17 @@ class ContextOverflow(Exception):
 
 
 async def fit_history(count: Count, system: list[dict], history: list[HistoryMessage],
-                      prompt: str, context: int, max_tokens: int, policy: str) -> ContextFit:
+                      prompt: str, context: int, max_tokens: int, policy: str,
+                      keep_turns: int = 0) -> ContextFit:
     """The shortest cut of `history` (whole turns from the oldest, none if it fits) that leaves
-    room for the prompt and a reply of `max_tokens`, under `policy` (OVERFLOW_POLICIES)."""
+    room for the prompt and a reply of `max_tokens`, under `policy` (OVERFLOW_POLICIES).
+    keep_last cuts to the last `keep_turns` turns, or fewer where those do not fit either."""
     budget = context - max_tokens
     # where a cut may fall: before a later turn's prompt, or after the whole history
     cuts = [i for i, message in enumerate(history) if message.role == "user" and i] + [len(history)]
+    trim_to = TRIM_TO
+    if policy == "keep_last":  # the window itself keeps the first turn sent stable
+        cuts, trim_to = cuts[max(0, len(cuts) - 1 - keep_turns):], 1.0
 
     async def tokens_from(cut: int) -> int:
         kept = [{"role": m.role, "content": m.content} for m in history[cut:]]
@@ -67,11 +73,11 @@ async def fit_history(count: Count, system: list[dict], history: list[HistoryMes
     if alone > budget:
         raise ContextOverflow(overflow_text(alone, context, max_tokens, "alone"))
     low, high, counted = 0, len(cuts) - 1, {len(cuts) - 1: alone}
-    if alone <= budget * TRIM_TO:  # the first cut that leaves the trimmed room (counts fall)
+    if alone <= budget * trim_to:  # the first cut that leaves the trimmed room (counts fall)
         while low < high:
             middle = (low + high) // 2
             counted[middle] = await tokens_from(cuts[middle])
-            low, high = (low, middle) if counted[middle] <= budget * TRIM_TO else (middle + 1, high)
+            low, high = (low, middle) if counted[middle] <= budget * trim_to else (middle + 1, high)
     cut = cuts[high]
     tokens = counted[high] if high in counted else await tokens_from(cut)
     # every message from first_kept on is sent: past the whole history, only the new prompt
@@ -84,10 +90,14 @@ def overflow_text(tokens: int, context: int, max_tokens: int, why: str) -> str:
     head = (f"This message alone makes a prompt of {tokens} tokens" if why == "alone" else
             f"With this message the prompt would be {tokens} tokens")
     advice = {"refuse": "This chat's overflow policy is refuse: shorten the message, start a new "
-                        "chat (Ctrl+N), or choose drop oldest (Alt+O).",
+                        "chat (Ctrl+N), or choose another policy (Alt+O).",
               "drop_oldest": "Shorten it or start a new chat (Ctrl+N)."}
     return (f"{head}; the pair's context of {context} leaves {room} after {max_tokens} max "
             f"tokens for the reply. {advice.get(why, advice['drop_oldest'])}")
+
+
+def policy_words(policy: str, keep_turns: int) -> str:
+    return POLICY_WORDS[policy].format(keep_turns=keep_turns)
 
 
 def meter_text(tokens: int | None, context: int | None) -> str:

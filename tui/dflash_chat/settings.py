@@ -17,12 +17,12 @@ from dflash_chat.actions import check_keymap
 
 THINKING_MODES = ("auto", "on", "off")  # auto: the chat template's default
 # what a send that would overflow the pair's context does (context_fit.py)
-OVERFLOW_POLICIES = ("drop_oldest", "refuse")
+OVERFLOW_POLICIES = ("drop_oldest", "refuse", "keep_last")  # Alt+O cycles in this order
 THEMES_DARK_LIGHT = ("textual-dark", "textual-light")
 FILE_NAME = "settings.toml"
 # what a chat keeps of the settings it was last sent with (storage: chats.settings)
 CHAT_FIELDS = ("speculative", "thinking", "temperature", "top_p", "max_tokens", "seed",
-               "block_size", "overflow")
+               "block_size", "overflow", "keep_turns")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Settings:
     block_size: int = 0  # 0 = the service's default for the pair
     draft_window: int = 0  # context rows the drafter keeps; 0 = the service's default for the pair
     overflow: str = "drop_oldest"  # one of OVERFLOW_POLICIES
+    keep_turns: int = 8  # the turns keep_last sends (with the system prompt)
     system_prompt: str = ""  # for new chats
     keymap: dict[str, str] = field(default_factory=dict)  # action id -> keys
 
@@ -48,6 +49,8 @@ class Settings:
             problems.append(f"thinking {self.thinking!r} is not one of {THINKING_MODES}")
         if self.overflow not in OVERFLOW_POLICIES:
             problems.append(f"overflow {self.overflow!r} is not one of {OVERFLOW_POLICIES}")
+        if self.keep_turns < 1:
+            problems.append(f"keep_turns {self.keep_turns} is not >= 1")
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature {self.temperature} is not in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:

@@ -11,7 +11,7 @@ from textual.widgets import Footer
 from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.chat_text import distinct_title
-from dflash_chat.context_fit import POLICY_WORDS
+from dflash_chat.context_fit import policy_words
 from dflash_chat.screens.chat_manage import ChatActions
 from dflash_chat.screens.chat_presets import PresetActions
 from dflash_chat.screens.chat_send import SendFlow
@@ -229,7 +229,8 @@ class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
         policies = OVERFLOW_POLICIES
         policy = policies[(policies.index(self.app.settings.overflow) + 1) % len(policies)]
         self._set_chat_value(overflow=policy)
-        self.notify(f"When this chat's context is full, {POLICY_WORDS[policy]}")
+        words = policy_words(policy, self.app.settings.keep_turns)
+        self.notify(f"When this chat's context is full, {words}")
 
     async def action_new_chat(self) -> None:
         await self.open_chat(None)

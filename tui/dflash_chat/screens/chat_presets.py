@@ -1,6 +1,8 @@
-"""The chat screen's presets: apply a named bundle of system prompt and a chat's own values to
-the open chat (a new one if none is open), or save the open chat's under a name. A preset never
-changes the saved defaults (settings.toml): a chat's values are its own."""
+"""The chat screen's presets: apply a named bundle of system prompt, a chat's own values and the
+pair to the open chat (a new one if none is open), or save the open chat's under a name. A
+preset's pair, when another is loaded, is loaded by the model picker (its progress and refusals
+shown there). A preset never changes the saved defaults (settings.toml): a chat's values are its
+own."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ class PresetActions:
             if not name or not name.strip():
                 return
             values = {field: getattr(self.app.settings, field) for field in CHAT_FIELDS}
+            if pair := self.app.chat_settings()["pair"]:
+                values["pair"] = pair
             if self._write(store.save_preset, Preset(name.strip(), system_prompt, values)):
                 self.notify(f"Preset {name.strip()!r} saved (Alt+P applies it to a chat)")
 
@@ -65,3 +69,8 @@ class PresetActions:
             return
         self._set_chat_value(**values)
         self.notify(f"Preset {name!r} applied to this chat (from the next message)")
+        pair = preset.settings.get("pair")
+        if pair and pair != self.app.chat_settings()["pair"]:
+            from dflash_chat.screens.picker import PickerScreen
+
+            self.app.push_screen(PickerScreen(load_when_listed=pair))

@@ -18,12 +18,12 @@ from textual.message import Message
 from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.chat_text import chat_title
 from dflash_chat.context_fit import (
-    POLICY_WORDS,
     WARN_AT,
     ContextFit,
     ContextOverflow,
     HistoryMessage,
     fit_history,
+    policy_words,
 )
 from dflash_chat.protocol import ServiceError
 from dflash_chat.stats import SpeedSnapshot
@@ -77,7 +77,8 @@ class SendFlow:
 
         try:
             fit = await fit_history(count, conversation.system_messages(), history, text,
-                                    app.loaded_context(), settings.max_tokens, settings.overflow)
+                                    app.loaded_context(), settings.max_tokens, settings.overflow,
+                                    settings.keep_turns)
         except ContextOverflow as exc:
             self.post_message(self.PromptRefused(str(exc)))
             return
@@ -127,8 +128,9 @@ class SendFlow:
 
     def _say_left_out(self, fit: ContextFit) -> None:
         self.conversation.mark_left_out(fit.first_kept)
+        policy = self.app.settings.overflow.replace("_", " ")
         self.notify(f"{fit.dropped} earlier messages are left out of the context to make room "
-                    f"(overflow policy: drop oldest); they stay in the chat, dimmed.",
+                    f"(overflow policy: {policy}); they stay in the chat, dimmed.",
                     title="Context full", severity="warning", timeout=15)
 
     def _show_context(self, tokens: int | None) -> None:
@@ -138,9 +140,9 @@ class SendFlow:
         chat_id = self.conversation.chat_id
         if tokens and context and tokens >= WARN_AT * context and self._warned_chat != chat_id:
             self._warned_chat = chat_id
-            policy = self.app.settings.overflow
+            words = policy_words(self.app.settings.overflow, self.app.settings.keep_turns)
             self.notify(f"This chat fills {tokens / context:.0%} of the context; when it is full, "
-                        f"{POLICY_WORDS[policy]}.", title="Context nearly full",
+                        f"{words}.", title="Context nearly full",
                         severity="warning", timeout=10)
 
     def _context_of(self, snapshot: SpeedSnapshot) -> int | None:

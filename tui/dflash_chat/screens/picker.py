@@ -24,7 +24,6 @@ COLUMNS = (("Pair", 22), ("Runs on", 26), ("Size", 9), ("Fits", 10), ("Downloade
 SIZE_NOTES = {"?": "size: not known until the files are listed (d downloads)",
               ">": "size: at least this (the target's alone; the drafter's is not known yet)"}
 
-
 MIN_COLUMN = 5
 PAIR_MIN = 18  # the pair's id is what a row is: its column gives up cells last
 
@@ -184,33 +183,30 @@ class PickerScreen(Screen):
     class Listed(Message):
         def __init__(self, pairs: list[dict], memory: dict):
             super().__init__()
-            self.pairs = pairs
-            self.memory = memory
+            self.pairs, self.memory = pairs, memory
 
     class Outcome(Message):
         """A load or download request ended; `error` is the service's explanation."""
 
         def __init__(self, action: str, pair_id: str, error: str | None):
             super().__init__()
-            self.action = action
-            self.pair_id = pair_id
-            self.error = error
+            self.action, self.pair_id, self.error = action, pair_id, error
 
     class LoadPhase(Message):
         """The service says what a pending load is doing ("calibrating")."""
 
         def __init__(self, pair_id: str, phase: str):
             super().__init__()
-            self.pair_id = pair_id
-            self.phase = phase
+            self.pair_id, self.phase = pair_id, phase
 
     class Progress(Message):
         def __init__(self, snapshot: dict):
             super().__init__()
             self.snapshot = snapshot
 
-    def __init__(self):
+    def __init__(self, load_when_listed: str | None = None):
         super().__init__()
+        self.load_when_listed = load_when_listed  # a preset's pair, loaded as `l` would
         self.pairs: list[dict] = []
         self.download_id: str | None = None
         self.download_pair: str | None = None  # the pair the download line is about
@@ -270,6 +266,14 @@ class PickerScreen(Screen):
             table.add_row(*pair_row(pair), key=pair["id"])
         if self.pairs:
             table.move_cursor(row=min(row or 0, len(self.pairs) - 1))
+        wanted, self.load_when_listed = self.load_when_listed, None
+        ids = [pair["id"] for pair in self.pairs]
+        if wanted in ids:
+            table.move_cursor(row=ids.index(wanted))
+            self.action_load()
+        elif wanted is not None:
+            self.query_one("#message", Static).update(Text(
+                f"Not loaded: {wanted} is not in this service's catalog", style="bold red"))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         pair = self.selected_pair()

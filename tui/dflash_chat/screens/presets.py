@@ -1,6 +1,7 @@
-"""Presets (Alt+P): named bundles of a system prompt and a chat's own values (sampling,
-speculation, thinking, overflow), the user's, kept in the chat store. Enter on one applies it to
-the open chat; the first line saves the open chat's values under a name; Delete removes one."""
+"""Presets (Alt+P): named bundles of a system prompt, a chat's own values (sampling,
+speculation, thinking, overflow) and the pair, the user's, kept in the chat store. Enter on one
+applies it to the open chat; the first line saves the open chat's values under a name; Delete
+removes one."""
 
 from __future__ import annotations
 

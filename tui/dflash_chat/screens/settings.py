@@ -24,8 +24,11 @@ NUMBERS = (  # field, label, type
     ("seed", "Seed (-1 = none)", int),
     ("block_size", "Block size (0 = the pair's default)", int),
     ("draft_window", "Draft window, context rows (0 = the pair's default)", int),
+    ("keep_turns", "Turns kept when the context is full (keep the last turns)", int),
 )
-OVERFLOW_LABELS = {"drop_oldest": "drop the oldest turns", "refuse": "refuse the message"}
+OVERFLOW_LABELS = {"drop_oldest": "drop the oldest turns",
+                   "keep_last": "keep the system prompt and the last turns",
+                   "refuse": "refuse the message"}
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it for the open chat)"),
     ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),
