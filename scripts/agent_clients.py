@@ -25,6 +25,7 @@ import string
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,6 +80,8 @@ class Recorder:
         self.real_stream = engine.stream
         self.prompts: list[list[int]] = []
         self.replies: list[list[int]] = []
+        self.params: list = []  # each request's, its constraint included
+        self.refused: list[str | None] = []  # the error a request ended with, if one did
         engine.stream = self.stream
 
     def stream(self, prompt_ids, params):
@@ -86,10 +89,16 @@ class Recorder:
 
         self.prompts.append(list(prompt_ids))
         self.replies.append([])
+        self.params.append(params)
+        self.refused.append(None)
         if self.call_text is None:
-            for event in self.real_stream(prompt_ids, params):
-                self.replies[-1].extend(event.token_ids)
-                yield event
+            try:
+                for event in self.real_stream(prompt_ids, params):
+                    self.replies[-1].extend(event.token_ids)
+                    yield event
+            except Exception as exc:  # plain decoding must refuse it the same way
+                self.refused[-1] = str(exc)
+                raise
             return
         tokenizer = self.engine.tokenizer
         text = scripted_reply(tokenizer.decode(prompt_ids), self.call_text)
@@ -232,14 +241,20 @@ def _record(client: str, bin_dir: Path, root: Path, work: Path, call_text: str,
 
 
 def _lossless(recorder: Recorder) -> bool:
-    """Each prompt the client sent, decoded plain: the tokens the speculative run wrote."""
-    from dflash_local.events import GenerationParams
+    """Each prompt the client sent, decoded plain with the request's own params (its constraint
+    included): the tokens the speculative run wrote, or the same refusal."""
 
-    for prompt, reply in zip(recorder.prompts, recorder.replies, strict=True):
-        params = GenerationParams(max_tokens=max(len(reply), 1), speculative=False)
-        plain = [token for event in recorder.real_stream(prompt, params)
-                 for token in event.token_ids]
-        if plain != reply:
+    for prompt, reply, asked, refused in zip(recorder.prompts, recorder.replies, recorder.params,
+                                             recorder.refused, strict=True):
+        params = replace(asked, max_tokens=max(len(reply), 1), speculative=False)
+        try:
+            plain = [token for event in recorder.real_stream(prompt, params)
+                     for token in event.token_ids]
+        except Exception as exc:  # noqa: BLE001 (the refusal the speculative run met, compared)
+            if str(exc) != refused:
+                return False
+            continue
+        if refused is not None or plain != reply:
             return False
     return True
 
