@@ -144,12 +144,9 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
-    model: Text | None = None
-    messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages per request"),
-                        Field(min_length=1)]
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+class OpenAISampling(ConstrainableOptions):
+    """The sampling, stop and stream fields OpenAI's chat and legacy completions share."""
+
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -157,6 +154,25 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        check_stop_strings([stop] if isinstance(stop, str) else stop or [])
+        return stop
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class ChatCompletionRequest(UnsupportedOpenAIFields, OpenAISampling):
+    model: Text | None = None
+    messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages per request"),
+                        Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     logprobs: bool | None = None  # each token's logprob (the target's raw distribution)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # and its best alternatives
     # thinking on/off: vLLM's chat_template_kwargs.enable_thinking, or our own field
@@ -221,17 +237,6 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, ConstrainableOptions):
             raise ValueError(f"thinking ({self.thinking}) and chat_template_kwargs.enable_thinking "
                              f"({template_thinking}) disagree")
         return self
-
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        check_stop_strings([stop] if isinstance(stop, str) else stop or [])
-        return stop
-
-    def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def thinking_mode(self) -> bool | None:
         if self.thinking is not None:

@@ -15,17 +15,15 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from dflash_local.events import MAX_TOP_LOGPROBS
-from dflash_local.service.openai_chat_schemas import StreamOptions
+from dflash_local.service.openai_chat_schemas import OpenAISampling
 from dflash_local.service.output_formats import (
     AskedConstraint,
-    ConstrainableOptions,
     one_constraint,
 )
 from dflash_local.service.request_fields import (
     MAX_TOKENS_LIMIT,
     Text,
     check_count,
-    check_stop_strings,
 )
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a legacy completion
@@ -38,17 +36,10 @@ NO_OP_VALUES: dict[str, tuple] = {
 }
 
 
-class CompletionRequest(ConstrainableOptions):
+class CompletionRequest(OpenAISampling):
     model: Text | None = None
     prompt: Text | TokenIds | list[Text] | list[TokenIds]
     max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: Text | list[Text] | None = None
-    n: int = Field(1, ge=1, le=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     echo: bool = False  # the reply's text (and logprobs) begin with the prompt's
     # each token's logprob and this many alternatives (legacy form; echo: the prompt's too)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -78,12 +69,6 @@ class CompletionRequest(ConstrainableOptions):
                 raise ValueError(f"{which}: a completion continues at least one token")
         return prompt
 
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        check_stop_strings([stop] if isinstance(stop, str) else stop or [])
-        return stop
-
     @model_validator(mode="after")
     def _consistent(self) -> CompletionRequest:
         if self.max_tokens == 0:
@@ -103,10 +88,6 @@ class CompletionRequest(ConstrainableOptions):
             return [self.prompt]
         return list(self.prompt)
 
-    def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def text_constraint(self) -> AskedConstraint | None:
         """What the continuation follows: our `structured_outputs`."""
