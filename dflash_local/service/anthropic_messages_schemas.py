@@ -23,8 +23,8 @@ from dflash_local.service.output_formats import (
     AnthropicOutputConfig,
     AskedConstraint,
     ConstrainableOptions,
+    check_strict_tool,
     one_constraint,
-    strict_schema,
 )
 from dflash_local.service.request_fields import (
     MAX_MESSAGES,
@@ -119,10 +119,7 @@ class AnthropicTool(StrictModel):
     @model_validator(mode="after")
     def _strict_schema_compiles(self) -> AnthropicTool:
         if self.strict:
-            try:
-                strict_schema(self.input_schema)
-            except ValueError as exc:
-                raise ValueError(f"input_schema (strict): {exc}") from None
+            check_strict_tool(self.input_schema, "input_schema")
         return self
 
     def as_template_tool(self) -> dict:

@@ -22,6 +22,7 @@ from dflash_local.service.output_formats import (
     AskedConstraint,
     ChatResponseFormat,
     ConstrainableOptions,
+    check_strict_tool,
     one_constraint,
     strict_schema,
 )
@@ -61,10 +62,7 @@ class FunctionDefinition(StrictModel):
     @model_validator(mode="after")
     def _strict_schema_compiles(self) -> FunctionDefinition:
         if self.strict:
-            try:
-                strict_schema(self.parameters)
-            except ValueError as exc:
-                raise ValueError(f"parameters (strict): {exc}") from None
+            check_strict_tool(self.parameters, "parameters")
         return self
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from dflash_local.service.output_formats import checked, strict_schema
+from dflash_local.service.output_formats import check_strict_tool, checked, strict_schema
 from dflash_local.service.request_fields import (
     TOOL_NAME_PATTERN,
     ObjectSchema,
@@ -61,10 +61,7 @@ class FunctionTool(StrictModel):
             raise ValueError(f"name {shown_value(self.name)} must be 1 to 64 letters, digits, "
                              f"'_', '.' or '-'")
         if self.strict is not False:
-            try:
-                strict_schema(self.parameters)
-            except ValueError as exc:
-                raise ValueError(f"parameters (strict): {exc}") from None
+            check_strict_tool(self.parameters, "parameters")
         return self
 
     def enforced(self) -> dict | None:

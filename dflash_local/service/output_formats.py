@@ -166,6 +166,14 @@ def strict_schema(schema: dict | None) -> dict:
     return schema
 
 
+def check_strict_tool(schema: dict | None, field: str) -> None:
+    """A strict tool's schema compiles: a ValueError naming `field`, the place and the reason."""
+    try:
+        strict_schema(schema)
+    except ValueError as exc:
+        raise ValueError(f"{field} (strict): {exc}") from None
+
+
 @dataclass(frozen=True)
 class AskedConstraint:
     """The text constraint a body asked for, and the field that asked (for errors)."""
