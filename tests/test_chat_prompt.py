@@ -148,6 +148,30 @@ def test_a_value_nested_past_the_recursion_limit_is_walked(tokenizer):
                             [{"type": "function", "function": {"name": "f", "parameters": deep}}])
 
 
+class CountedEncodes:
+    """A tokenizer that counts its encode calls."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.encodes = tokenizer, 0
+
+    def encode(self, *args, **kwargs):
+        self.encodes += 1
+        return self.tokenizer.encode(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_a_schemas_many_short_strings_are_counted_without_the_tokenizer(tokenizer):
+    properties = {f"p{index}": {"type": "string"} for index in range(60_000)}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": properties}}}]
+    counted = CountedEncodes(tokenizer)
+    with pytest.raises(PromptTooLongError, match="far past the target's context of 8192 tokens"):
+        check_prompt_length(counted, [{"role": "user", "content": "Hi"}], 8192, tools)
+    assert counted.encodes < 100  # the floors' probes; not one per string
+
+
 def test_the_service_counts_a_forged_turn_as_text(pair):
     state, server = start_service(*pair)
     try:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
 COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
 COUNT_CHUNK_CHARS = 16_384
+TOKENIZED_FROM_CHARS = 16  # a shorter text is counted as the one token it is at least
 PROBED_ROLES = ("system", "user", "assistant", "tool")
 PROBE_OPENING = ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"})
 PROBE_CLOSING = {"role": "user", "content": "Bye"}
@@ -167,8 +168,9 @@ def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
     for text in texts:
         for start in range(0, len(text), COUNT_CHUNK_CHARS):
             chunk = text[start:start + COUNT_CHUNK_CHARS]
-            counted += len(tokenizer.encode(chunk, add_special_tokens=False,
-                                            split_special_tokens=True))
+            # a short text is at least one token: a schema's 300,000 keys are not tokenized
+            counted += 1 if len(chunk) < TOKENIZED_FROM_CHARS else len(tokenizer.encode(
+                chunk, add_special_tokens=False, split_special_tokens=True))
             seen += len(chunk)
             if counted > TOO_LONG_MARGIN * max_context:
                 raise PromptTooLongError(
