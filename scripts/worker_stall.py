@@ -3,7 +3,7 @@ the embedded pair (a child process, so this script's own work never shares the s
 interpreter), one greedy chat stream runs while the bodies below are sent one after another;
 the longest gap between the stream's chunks while each body is in flight is the worker's (or
 the event loop's) stall, set beside the longest gap with no body in flight. Not run in CI
-(about a minute).
+(about two minutes).
 
     .venv/bin/python scripts/worker_stall.py --record docs/records/worker-stall.json
 
@@ -86,17 +86,18 @@ class StreamWatch(threading.Thread):
                     if self.stop.is_set():
                         break
 
-    def longest_gap(self, start: float, end: float) -> float:
+    def longest_gap(self, start: float, end: float, within: bool = False) -> float:
         """The longest gap between consecutive chunks of one generation that overlaps
-        [start, end]."""
+        [start, end] (`within`: that lies inside it)."""
         return max((later - earlier for times in self.chunks
                     for earlier, later in pairwise(times)
-                    if later > start and earlier < end), default=0.0)
+                    if (start <= earlier and later <= end if within
+                        else later > start and earlier < end)), default=0.0)
 
 
 def measure(url: str, headers: dict, args) -> dict:
     """Each body sent `repeats` times, a rest after each: per body its answers' median time and
-    its longest gap; the stream alone is the longest gap within the rests."""
+    its longest gap; first, the stream alone's longest gap over `alone_s`."""
     import httpx
 
     bodies = {name: (path, json.dumps(body, separators=(",", ":")).encode())
@@ -105,7 +106,10 @@ def measure(url: str, headers: dict, args) -> dict:
     watch.start()
     while sum(map(len, watch.chunks)) < 2:
         time.sleep(0.05)
-    rows, rests = [], []
+    quiet = time.perf_counter()
+    time.sleep(args.alone_s)
+    rows = [{"label": "no body in flight (the stream alone)", "bytes": 0, "status": "",
+             "answer_s": None, "gap_s": watch.longest_gap(quiet, time.perf_counter(), within=True)}]
     with httpx.Client(headers={**headers, "content-type": "application/json"}, timeout=600) as http:
         for name, (path, content) in bodies.items():
             answers, gaps = [], []
@@ -114,7 +118,6 @@ def measure(url: str, headers: dict, args) -> dict:
                 response = http.post(url + path, content=content)
                 answered = time.perf_counter()
                 time.sleep(args.rest_s)  # the gap in flight when the answer came ends after it
-                rests.append((answered + BAR_S, time.perf_counter()))
                 answers.append(answered - started)
                 gaps.append(watch.longest_gap(started, answered))
             rows.append({"label": name, "bytes": len(content), "status": str(response.status_code),
@@ -122,9 +125,6 @@ def measure(url: str, headers: dict, args) -> dict:
             print(f"{name}: {response.status_code} in {rows[-1]['answer_s']:.2f} s, longest "
                   f"stream gap {rows[-1]['gap_s']:.2f} s ({response.text[:90]})", flush=True)
     watch.stop.set()
-    alone = max((watch.longest_gap(*rest) for rest in rests if rest[1] > rest[0]), default=0.0)
-    rows.insert(0, {"label": "no body in flight (the stream alone)", "bytes": 0, "status": "",
-                    "answer_s": None, "gap_s": alone})
     return {"rows": rows, "generations": len(watch.chunks), "load": os.getloadavg()[0]}
 
 
@@ -134,6 +134,7 @@ def main() -> int:
     parser.add_argument("--stream-tokens", type=int, default=2000, help="each stream's max_tokens")
     parser.add_argument("--rest-s", type=float, default=2.0, help="pause after each body")
     parser.add_argument("--repeats", type=int, default=3, help="sends of each body")
+    parser.add_argument("--alone-s", type=float, default=15.0, help="the stream alone, first")
     parser.add_argument("--record", type=Path, help="write the JSON record here")
     args = parser.parse_args()
     from dflash_local.cli.launch import start_service
@@ -159,14 +160,15 @@ def write_record(args, result: dict) -> None:
         "measured": "One greedy chat stream on the embedded pair while each body is sent in turn; "
                     "per body its HTTP status, its answer's wall time, and the longest gap "
                     "between the stream's consecutive chunks that overlaps the body's flight "
-                    "(the worst of the repeats; answers: their median). The stream alone: the "
-                    "longest gap within the rests between bodies.",
+                    "(the worst of the repeats; answers: their median). The stream alone: its "
+                    "longest gap over a stretch with no body sent, first.",
         "dataset": "item 6 of issue 52's heavy bodies, each under the 4 MiB body limit",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}",
         "engine": args.engine,
         "settings": {"pair": "embedded", "temperature": 0, "stream_max_tokens": args.stream_tokens,
-                     "rest_s": args.rest_s, "repeats": args.repeats, "bar_s": BAR_S,
+                     "rest_s": args.rest_s, "repeats": args.repeats, "alone_s": args.alone_s,
+                     "bar_s": BAR_S,
                      "generations": result["generations"],
                      "load_average_1min": round(result["load"], 1)},
         "command": f"scripts/worker_stall.py --engine {args.engine} --repeats {args.repeats} "
@@ -178,9 +180,9 @@ def write_record(args, result: dict) -> None:
                     {"key": "answer_s", "label": "answer (s)", "decimals": 2},
                     {"key": "gap_s", "label": "longest stream gap (s)", "decimals": 2}],
         "rows": rows,
-        "notes": [f"1-minute load average {result['load']:.1f} on {os.cpu_count()} cores at the "
-                  f"run's end: the stream alone paused up to {rows[0]['gap_s']:.2f} s, so a gap "
-                  f"beside a body is the body's stall only past that."],
+        "notes": [(f"1-minute load average {result['load']:.1f} on {os.cpu_count()} cores at the "
+                   f"run's end: the stream alone paused up to {rows[0]['gap_s']:.2f} s, so a gap "
+                   f"beside a body is the body's stall only past that.")],
     }
     args.record.write_text(json.dumps(record, indent=2) + "\n")
 
