@@ -103,7 +103,8 @@ class Job:
 
     @property
     def phase(self) -> str:
-        """queued, prefill (its prompt's rows going into the cache: no token yet), or decode."""
+        """queued, prefill (its prompt's rows going into the cache, here or on a served
+        engine's server: no token yet), or decode."""
         if self.prefill_started is None:
             return "queued" if self.outcome == "queued" else "decode"
         return "prefill" if not self.reply_parts else "decode"
@@ -348,6 +349,7 @@ class GenerationWorker:
     def _open_stream(self, job: Job, tools: ToolPlan, logprobs: LogprobEntries | None):
         request, raw = job.request, job.request.raw_prompt
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
+            job.prefill_started = time.monotonic()  # the server's prefill, until its first token
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
         job.prompt_ids = list(raw.ids) if raw is not None else encode_prompt(self.engine, request, tools)
         params = self._fit_max_tokens(job, len(job.prompt_ids))
