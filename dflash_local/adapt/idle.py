@@ -16,7 +16,6 @@ from the ones before it to stay under the budget (`SliceSizer`).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -35,7 +34,6 @@ from dflash_local.engines.drafter_swap import swap_drafter
 from dflash_local.errors import CheckpointError, DFlashError
 
 log = logging.getLogger("dflash_local.adapt")
-PROGRESS = "progress.json"
 # tests/conftest.py turns it off: a test's replies start no rounds unless the test asks
 TRAIN_WHILE_IDLE = True
 
@@ -187,19 +185,23 @@ class Adaptation:
         self._tapped: dict[int, dict] = {}  # reply id -> its sequence with taps
         self._replay_tapped: list[dict] = []
         self._rng = random.Random(0)
-        self.taken_through = self._read_progress()
+        self.taken_through = versions.taken_through()  # the replies rounds have taken in
+        self._pointer_seen = versions.pointed()  # the pointer as last followed
 
     # --- the worker's side ---
 
     def has_work(self) -> bool:
-        if self._round is not None:
-            return True
+        """A round runs, the version on disk is not the one serving (`adapt reset`), or enough
+        new replies for a round."""
+        return (self._round is not None or self.versions.pointed() != self._pointer_seen
+                or self._ready())
+
+    def _ready(self) -> bool:
         with self._lock:
             key = self.recorder.pair.key
             new = self._store.count(key, self.taken_through)
-            ready = new >= self.settings.min_new_replies and (
+            return new >= self.settings.min_new_replies and (
                 self._store.count(key) > self.settings.min_held_out)
-        return ready
 
     def run_slice(self) -> None:
         if self._round is None:
@@ -217,6 +219,8 @@ class Adaptation:
 
     def _run_round(self) -> Generator[str, None, None]:
         yield from self._follow_pointer()
+        if not self._ready():
+            return
         with self._lock:
             replies = list(self._store.replies(self.recorder.pair.identity))
         held_count = min(self.settings.held_out, max(self.settings.min_held_out, len(replies) // 5))
@@ -289,6 +293,7 @@ class Adaptation:
                   "tau_after": round(tau_after, 4), "at": now_iso(),
                   "shipped": str(self.engine.pair.drafter_path)}
         version = self.versions.publish(self.trainer.save_candidate, record)
+        self._pointer_seen = version.number
         yield "publish"
         swap_drafter(self.engine, version.path, version.number)
         self.trainer.serving = self.trainer.candidate_state()
@@ -298,13 +303,16 @@ class Adaptation:
         yield "swap"
 
     def _follow_pointer(self) -> Generator[str, None, None]:
-        """A version changed on disk since (`adapt reset`, a corrupt file): serve what it says."""
+        """The pointer changed on disk since it was last read (`adapt reset`): serve what it
+        names now (its newest good version, or the shipped drafter)."""
         pointed = self.versions.pointed()
-        if pointed == self.engine.drafter_version:
+        if pointed == self._pointer_seen:
             return
+        self._pointer_seen = pointed
         version = self.versions.serving()
-        self.load_version(version)
-        yield "swap"
+        if (version.number if version else None) != self.engine.drafter_version:
+            self.load_version(version)
+            yield "swap"
 
     def load_version(self, version) -> None:
         """Serve `version` (None: the shipped drafter), trainer and engine both."""
@@ -312,18 +320,9 @@ class Adaptation:
         swap_drafter(self.engine, path, version.number if version else None)
         self.trainer.serve_weights_of(version.path if version else None)
 
-    # --- progress: which replies the rounds have taken in ---
-
-    def _read_progress(self) -> int:
-        try:
-            return int(json.loads((self.versions.dir / PROGRESS).read_text())["taken_through"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
-
     def _save_progress(self, taken_through: int) -> None:
         self.taken_through = taken_through
-        self.versions.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (self.versions.dir / PROGRESS).write_text(json.dumps({"taken_through": taken_through}))
+        self.versions.save_taken_through(taken_through)
 
     def trained_on(self) -> int:
         """Replies the rounds have taken in (trained on, the last round's held-out scored on)."""

@@ -36,6 +36,7 @@ log = logging.getLogger("dflash_local.adapt")
 VERSIONS_DIR = "drafters"
 POINTER = "serving.json"
 RECORD = "version.json"
+PROGRESS = "progress.json"
 VERSION_NAME = re.compile(r"^v(\d{4,})$")
 PARTIAL_PREFIX = ".partial-"
 
@@ -180,12 +181,41 @@ class VersionStore:
             entries.append(Version(number, self.path_of(number), record).history_entry())
         return entries
 
+    def taken_through(self) -> int:
+        """The last recorded reply's row id adaptation's rounds have taken in (0: none)."""
+        try:
+            return int(json.loads((self.dir / PROGRESS).read_text())["taken_through"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def save_taken_through(self, reply_id: int) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write_atomically(self.dir / PROGRESS, json.dumps({"taken_through": reply_id}) + "\n")
+
+    def offline_status(self, replies: int, pending: int) -> dict:
+        """The status contract's fields as files tell them, with no service: whether a round
+        runs and the recent τ only a serving process knows (None)."""
+        version = self.serving()
+        return {"enabled": None, "recording": None, "replies": replies, "pending": pending,
+                "training": None, "version": version.number if version else None,
+                "trained_on": replies - pending, "tau_recent": {"shipped": None, "serving": None},
+                "history": self.history()}
+
     def reset(self) -> int:
         """Back to the shipped drafter: every version of this pair deleted; returns how many."""
         count = len(self.numbers())
         self.serve(None)
         shutil.rmtree(self.dir, ignore_errors=True)
         return count
+
+
+def reset_versions(pair_key: str | None = None) -> int:
+    """`adapt reset`: every pair's versions (or one pair's) deleted; returns how many. A service
+    serving one goes back to the shipped drafter at its next idle moment (idle.py follows the
+    pointer)."""
+    root = versions_root()
+    dirs = [root / pair_key] if pair_key else (sorted(root.iterdir()) if root.is_dir() else [])
+    return sum(VersionStore(path.name, {}, root).reset() for path in dirs if path.is_dir())
 
 
 def _described(target: dict | None) -> str:
