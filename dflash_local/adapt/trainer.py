@@ -14,6 +14,7 @@ not have, is pulled toward its shipped weights (an L2 term) instead.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import shutil
@@ -75,6 +76,24 @@ def replay_sequences(drafter_path: Path, tokenizer, target_path: Path, settings:
                               s["tokens"][s["prompt_len"]:].tolist(), settings) for s in sample]
 
 
+def frozen_borrowed(model) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
+    """The target's embeddings and head as the drafter borrows them to train: the same weights,
+    frozen (no gradient for the target's tables), and the head as a stock linear (the engine's
+    oneDNN-packed one has no backward)."""
+    from dflash_local.accel.torch_linear import PackedLinear
+
+    head = model.get_output_embeddings()
+    if isinstance(head, PackedLinear):
+        head = head.unpacked()
+    frozen_head = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
+                                  device="meta")
+    frozen_head.weight = torch.nn.Parameter(head.weight.detach(), requires_grad=False)
+    if head.bias is not None:
+        frozen_head.bias = torch.nn.Parameter(head.bias.detach(), requires_grad=False)
+    table = model.get_input_embeddings().weight.detach()
+    return torch.nn.Embedding.from_pretrained(table, freeze=True), frozen_head
+
+
 def torch_device() -> str:
     """Where the trainer runs beside an engine that lends no torch target: CUDA, else MPS."""
     if torch.cuda.is_available():
@@ -104,14 +123,16 @@ class TorchTeacher:
 
         ids = tokens[:-1].long().to(self.device)[None]
         cache, pieces, start = DynamicCache(), [], 0
+        # newer Transformers name the cache argument `cache` (the engine's runner asks the same way)
+        cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         collector = TapCollector(self.model, self.tap_ids)
         try:
             while start < ids.shape[1]:
                 end = start + max(1, chunk_rows())
                 with torch.inference_mode():
                     collector.enabled = True
-                    self.model(ids[:, start:end], past_key_values=cache, use_cache=True,
-                               logits_to_keep=1)
+                    self.model(ids[:, start:end], use_cache=True, logits_to_keep=1,
+                               **{cache_kwarg: cache})
                     pieces.append(collector.take()[0].to(torch.bfloat16).cpu())
                 start = end
                 yield
@@ -130,8 +151,9 @@ class DrafterTrainer:
         self.settings = settings
         self.pull = pull
         self.rng = random.Random(settings.seed)
-        self.candidate = self._bound(shipped_path, teacher_model, draft_ids).train()
-        self.scorer = self._bound(shipped_path, teacher_model, draft_ids)
+        borrowed = frozen_borrowed(teacher_model)
+        self.candidate = self._bound(shipped_path, borrowed, draft_ids).train()
+        self.scorer = self._bound(shipped_path, borrowed, draft_ids)
         self.shipped = _copy(self.candidate)
         self.serving = self.shipped
         self._params = [p for p in self.candidate.parameters() if p.requires_grad]
@@ -139,10 +161,10 @@ class DrafterTrainer:
                                            weight_decay=0.0)
 
     @staticmethod
-    def _bound(path: Path, teacher_model, draft_ids: list[int] | None) -> DFlashDrafter:
-        device = next(teacher_model.parameters()).device
+    def _bound(path: Path, borrowed: tuple, draft_ids: list[int] | None) -> DFlashDrafter:
+        device = borrowed[0].weight.device
         drafter = load_drafter(path, dtype=torch.float32, device=str(device))
-        drafter.bind(teacher_model.get_input_embeddings(), teacher_model.get_output_embeddings())
+        drafter.bind(*borrowed)
         if draft_ids:
             drafter.restrict_draft_vocab(draft_ids)
         return drafter
