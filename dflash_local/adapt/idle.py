@@ -225,7 +225,8 @@ class Adaptation:
             replies = list(self._store.replies(self.recorder.pair.identity))
         held_count = min(self.settings.held_out, max(self.settings.min_held_out, len(replies) // 5))
         held, train = replies[-held_count:], replies[:-held_count]
-        for reply in reversed(replies):  # newest first: the held-out ones, then what trains most
+        # newest first (the held-out ones, then what trains), as many as are kept tapped
+        for reply in reversed(replies[-self.settings.max_tapped:]):
             if reply.id not in self._tapped:
                 yield from self._tap_reply(reply)
         for sequence in self.replay[len(self._replay_tapped):][: self.settings.replay_per_round]:
