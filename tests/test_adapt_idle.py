@@ -206,3 +206,28 @@ def test_the_service_reports_the_status_contract(tmp_path, monkeypatch, capsys):
     assert CONTRACT <= set(offline)
     assert {key: offline[key] for key in ("replies", "pending", "version", "trained_on", "history")} == {
         key: adapt[key] for key in ("replies", "pending", "version", "trained_on", "history")}
+
+
+def test_the_mlx_engine_adapts_through_a_torch_teacher_and_serves_the_version_losslessly(
+        tmp_path, monkeypatch):
+    """Torch trains beside the MLX engine (its own torch copy of the target); the version it
+    writes is z-lab's format, which the MLX engine loads and decodes with as plainly."""
+    pytest.importorskip("mlx.core")
+    from dflash_local.engines import engine_class_for
+
+    engine = engine_class_for("mlx")(*make_pair(tmp_path / "pair"))
+    replies = []
+    for word in ("one", "two", "three", "four"):
+        prompt_ids = engine.encode_chat([{"role": "user", "content": word}])
+        replies.append((prompt_ids, tokens(engine, prompt_ids, 8)))
+    adaptation = build_adaptation(engine, recording(engine, replies, tmp_path / "home", monkeypatch),
+                                  QUICK)
+    assert run_until_idle(adaptation) > 0 and adaptation.status()["pending"] == 0
+    version = adaptation.versions.publish(adaptation.trainer.save_candidate, {
+        "trained_on": 4, "tau_before": 1.0, "tau_after": 1.0, "at": "now"})
+    swap_drafter(engine, version.path, version.number)
+    assert engine.drafter_version == 1
+    prompt_ids = replies[0][0]
+    assert tokens(engine, prompt_ids, 8) == tokens(engine, prompt_ids, 1) == replies[0][1]
+    adaptation.close()
+    engine.close()
