@@ -133,7 +133,7 @@ def write_record(args, rows: list[dict], summary: dict) -> None:
         "title": "Adapting the drafter while idle: held-out τ and slice lengths",
         "measured": __doc__.split("\n\n")[2].replace("\n", " "),
         "command": command, "date": datetime.date.today().isoformat(),
-        "machine": "2-core AMD EPYC (a virtual machine, shared with other work: load average ~9)",
+        "machine": "2-core AMD EPYC (a virtual machine, shared with other work)",
         "engine": "Transformers", "dataset": f"{args.kind} (stream and held-out), embedded (general)",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
                      "stream": args.stream, "held_out": args.held_out, "max_tokens": args.max_tokens,
