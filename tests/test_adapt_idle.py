@@ -78,6 +78,7 @@ def noised(state: dict, scale: float) -> dict:
             for name, tensor in state.items()}
 
 
+@pytest.mark.slow
 def test_a_worse_candidate_is_kept_out(embedded, tmp_path, monkeypatch):
     engine, replies = embedded
     adaptation = build_adaptation(engine, recording(engine, replies, tmp_path, monkeypatch), QUICK)
@@ -93,6 +94,7 @@ def test_a_worse_candidate_is_kept_out(embedded, tmp_path, monkeypatch):
     adaptation.close()
 
 
+@pytest.mark.slow
 def test_a_better_candidate_serves_losslessly_and_a_restart_takes_the_last_good(embedded, tmp_path,
                                                                                 monkeypatch):
     engine, replies = embedded
