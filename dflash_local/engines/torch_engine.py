@@ -279,8 +279,13 @@ class TorchEngine(LocalEngine):
         if draft_ids:
             wrap = partial(pack_linear, rows_hint=self.rows_hint) if self.pack_cpu_linears else None
             drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
+        if self.taps is not None:  # a swapped drafter (local.swap_drafter): one set of hooks
+            self.taps.remove()
         self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         return drafter
+
+    def torch_target(self):
+        return self.model
 
     def exact_tree_verify(self) -> bool:
         return supports_tree(self.model.config)

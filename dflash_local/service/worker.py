@@ -17,6 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
+from typing import Protocol
 
 from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
@@ -45,6 +46,15 @@ from dflash_local.service.tool_calls import (
 from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
+
+
+class IdleWork(Protocol):
+    """Work the worker runs in slices while idle (adapt/idle.py): `has_work` is asked before
+    every slice (cheap); `run_slice` is one bounded piece (the longest a job arriving waits)."""
+
+    def has_work(self) -> bool: ...
+
+    def run_slice(self) -> None: ...
 
 
 class Job:
@@ -150,11 +160,14 @@ def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[
 
 class GenerationWorker:
     """`max_batch`: generations in flight at once (scheduler.max_batch_for chooses it);
-    `on_finished`: called after each job (adapt/record.py)."""
+    `on_finished`: called after each job (adapt/record.py); `idle_work`: what runs in slices
+    while no job waits or runs (adapt/idle.py: a job arriving waits at most one slice)."""
 
     def __init__(self, engine: Engine, max_queue: int = 8, max_batch: int = 1,
-                 on_finished: Callable[[Job], None] | None = None):
+                 on_finished: Callable[[Job], None] | None = None,
+                 idle_work: IdleWork | None = None):
         self.engine = engine
+        self.idle_work = idle_work
         self.on_finished = on_finished or (lambda job: None)  # after each job: adapt/record.py
         self.max_queue = max_queue
         self.max_batch = max_batch
@@ -222,6 +235,8 @@ class GenerationWorker:
             idle = not self._batch.lanes
             if idle:
                 self._warm_finished()
+                if self._idle_slice():
+                    continue  # then look for jobs again: one arriving waited one slice at most
             joining = self._batch.joining(block=idle)
             if joining is None:
                 return
@@ -242,6 +257,18 @@ class GenerationWorker:
         """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
         while self._to_warm and not self._closed and not self._batch.waiting:
             self._warm_next_turn(self._to_warm.pop())
+
+    def _idle_slice(self) -> bool:
+        """One slice of the idle work, when there is some and no job waits; False: none ran."""
+        work = self.idle_work
+        if work is None or self._closed or self._batch.waiting or not work.has_work():
+            return False
+        try:
+            work.run_slice()
+        except Exception:  # the worker's edge: a failed slice must not stop serving
+            log.exception("idle work failed: it stops until the next load")
+            self.idle_work = None
+        return True
 
     def _warm_next_turn(self, job: Job) -> None:
         """While no job waits, ready the prefix cache for this conversation's next request
@@ -289,7 +316,7 @@ class GenerationWorker:
         """Yields after each round's chunk; returns the stats, or None when cancelled (at the
         round's end: a cancel costs at most the round already running)."""
         request = job.request
-        stats = GenerationStats()
+        stats = GenerationStats(drafter_version=self.engine.drafter_version)  # swaps wait for idle
         stops = StopMatcher(request.stop)
         # only local engines declare logprobs (chat.job_request refuses the others): they have a tokenizer
         logprobs = (LogprobEntries(self.engine.tokenizer, completions=request.raw_prompt is not None)
