@@ -1,0 +1,76 @@
+"""What the tmux walkthrough of issue 51 (a new user, 150x45 and 80x24, the embedded pair) found,
+each driven here through Pilot with no service: a reply's chunks arrive as its worker posts them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dflash_chat.storage import DB_NAME, ChatStore
+from dflash_chat.widgets.conversation import Conversation
+from dflash_chat.widgets.prompt_input import PromptInput
+from textual import events
+from tui_support import chunk, run_offline, screen_lines, until
+
+WIDE, NARROW = (150, 45), (80, 24)
+CLASS_REPLY = ("class BankAccount:\n    def __init__(self, account_number, initial_balance=0):\n"
+               "        self.account_number = account_number\n"
+               "        self.balance = initial_balance\n\n    def deposit(self, amount):\n"
+               "        if amount <= 0:\n"
+               "            raise ValueError(\"You can only deposit a positive")
+PASTE = "\n".join(f"{i}. a pasted line of a long text" for i in range(60))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
+    return tmp_path
+
+
+# Ctrl+Z after a long paste (say, one the context refused) crashed the app
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+def test_undo_takes_a_long_paste_back(home, size):
+    async def scenario(app, pilot):
+        prompt = app.chat_screen.query_one(PromptInput)
+        await pilot.press(*"Read:")
+        app.post_message(events.Paste(PASTE))
+        await until(pilot, lambda: prompt.value.endswith("long text"), "pasted")
+        await pilot.press("ctrl+z")
+        await until(pilot, lambda: prompt.value == "Read:", "the paste taken back")
+        assert app.is_running
+    run_offline(scenario, size)
+
+
+async def reply_started(app, pilot) -> int:
+    app.chat_screen.query_one(PromptInput).value = "Write a bank account class."
+    await pilot.press("enter")
+    conversation = app.chat_screen.conversation
+    await until(pilot, lambda: conversation.generating, "reply started")
+    reply_id = conversation.last_view("assistant").message_id
+    conversation.post_message(Conversation.RequestSent(reply_id, time.monotonic()))
+    return reply_id
+
+
+# the end of a reply was left below the fold: its Markdown renders in batches after each chunk,
+# and the next chunk took the grown view for one the user had scrolled up
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+def test_the_conversation_follows_a_reply_to_its_last_line(home, size):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Long enough to scroll")
+    for turn in range(12):
+        store.add_message(chat.id, "user", f"Question {turn}?")
+        store.add_message(chat.id, "assistant", f"Answer {turn}.")
+    store.close()
+
+    async def scenario(app, pilot):
+        conversation = app.chat_screen.conversation
+        reply_id = await reply_started(app, pilot)
+        for n, start in enumerate(range(0, len(CLASS_REPLY), 6)):  # a round's text each
+            part = chunk(CLASS_REPLY[start:start + 6], [1], 0, n)
+            conversation.post_message(Conversation.ChunksArrived(reply_id, [part]))
+            await pilot.pause(0.03)
+        conversation.post_message(Conversation.StreamEnded(reply_id, "done", None, None))
+        await until(pilot, lambda: not conversation.generating, "reply ended")
+        await until(pilot, lambda: any("positive" in line for line in screen_lines(app)),
+                    "the reply's last line on screen", timeout=5)
+    run_offline(scenario, size)
