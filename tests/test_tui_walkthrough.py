@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from dflash_chat.screens.presets import PresetScreen
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
@@ -74,3 +75,21 @@ def test_the_conversation_follows_a_reply_to_its_last_line(home, size):
         await until(pilot, lambda: any("positive" in line for line in screen_lines(app)),
                     "the reply's last line on screen", timeout=5)
     run_offline(scenario, size)
+
+
+# Alt+P, Alt+O, Alt+D typed "p", "o", "d" into the prompt: a terminal's Alt+P is ESC p, which
+# arrives as the key alt+p with the character "p", and the prompt took it as text
+def test_alt_keys_reach_their_actions_from_the_prompt(home):
+    async def scenario(app, pilot):
+        prompt = app.chat_screen.query_one(PromptInput)
+        assert prompt.has_focus
+        app.post_message(events.Key("alt+o", "o"))  # as the terminal's parser posts it
+        await until(pilot, lambda: "context is full" in notices(app), "the policy switched")
+        app.post_message(events.Key("alt+p", "p"))
+        await until(pilot, lambda: isinstance(app.screen, PresetScreen), "presets opened")
+        assert prompt.value == ""
+    run_offline(scenario, NARROW)
+
+
+def notices(app) -> str:
+    return "\n".join(str(n.message) for n in app._notifications)

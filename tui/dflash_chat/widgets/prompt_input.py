@@ -105,6 +105,11 @@ class PromptInput(TextArea, inherit_bindings=False):
             event.prevent_default()
             self._send_timer = self.set_timer(ENTER_SETTLE_S, self._send)
             return
+        if event.key.startswith("alt+") and event.key not in NEWLINE_KEYS:
+            # a terminal sends Alt+P as ESC p, which arrives with "p" as its character: left to
+            # TextArea it would type the letter, and the app's Alt keys never reach their action
+            event.prevent_default()
+            return
         if event.key in NEWLINE_KEYS:
             event.stop()
             event.prevent_default()
