@@ -6,7 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from dflash_chat.context_fit import ContextOverflow
+from dflash_chat.screens.chat_send import SendFlow
 from dflash_chat.screens.presets import PresetScreen
+from dflash_chat.settings import Settings
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
@@ -93,3 +96,16 @@ def test_alt_keys_reach_their_actions_from_the_prompt(home):
 
 def notices(app) -> str:
     return "\n".join(str(n.message) for n in app._notifications)
+
+
+# the overflow notices named fixed keys (Ctrl+N, Alt+O) whatever the user's keymap said
+def test_the_overflow_notice_names_the_users_own_keys(home):
+    keymap = {"new_chat": "f12", "toggle_overflow": "ctrl+w"}
+    refused = ContextOverflow(9000, 8192, 64, "refuse")
+    assert "Ctrl+N" in str(refused) or "ctrl+n" in str(refused)  # without a keymap: the defaults
+
+    async def scenario(app, pilot):
+        app.chat_screen.post_message(SendFlow.PromptRefused(refused))
+        await until(pilot, lambda: "f12" in notices(app), "the refusal said")
+        assert "ctrl+w" in notices(app) and "ctrl+n" not in notices(app).lower()
+    run_offline(scenario, NARROW, settings=Settings(keymap=keymap))

@@ -46,9 +46,9 @@ class SendFlow:
             self.text, self.typed, self.fit = text, typed, fit  # fit None: not counted
 
     class PromptRefused(Message):
-        def __init__(self, reason: str):
+        def __init__(self, overflow: ContextOverflow):
             super().__init__()
-            self.reason = reason
+            self.overflow = overflow
 
     async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
         if self.conversation.generating:  # the prompt stays in the field for after
@@ -80,7 +80,7 @@ class SendFlow:
                                     app.loaded_context(), settings.max_tokens, settings.overflow,
                                     settings.keep_turns)
         except ContextOverflow as exc:
-            self.post_message(self.PromptRefused(str(exc)))
+            self.post_message(self.PromptRefused(exc))
             return
         except ServiceError as exc:  # no count (a served engine): the service's check answers
             log.info("the prompt was not counted: %s", exc.message)
@@ -88,8 +88,8 @@ class SendFlow:
         self.post_message(self.PromptFitted(text, typed, fit))
 
     def on_send_flow_prompt_refused(self, message: PromptRefused) -> None:
-        self.notify(message.reason, title="Not sent: it does not fit", severity="error",
-                    timeout=30)
+        self.notify(message.overflow.explain(self.app.keys_of), title="Not sent: it does not fit",
+                    severity="error", timeout=30)
 
     async def on_send_flow_prompt_fitted(self, message: PromptFitted) -> None:
         await self._send(message.text, message.typed, message.fit)
@@ -142,8 +142,8 @@ class SendFlow:
             self._warned_chat = chat_id
             words = policy_words(self.app.settings.overflow, self.app.settings.keep_turns)
             self.notify(f"This chat fills {tokens / context:.0%} of the context; when it is full, "
-                        f"{words}.", title="Context nearly full",
-                        severity="warning", timeout=10)
+                        f"{words} ({self.app.keys_of('toggle_overflow')}: this chat's policy).",
+                        title="Context nearly full", severity="warning", timeout=10)
 
     def _context_of(self, snapshot: SpeedSnapshot) -> int | None:
         """The conversation's tokens once this reply is in it (live: the prompt as counted)."""
