@@ -13,6 +13,7 @@ from dflash_chat.settings import Settings
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.conversation import Conversation
 from dflash_chat.widgets.prompt_input import PromptInput
+from dflash_chat.widgets.status_bar import StatusBar
 from textual import events
 from tui_support import chunk, run_offline, screen_lines, until
 
@@ -109,3 +110,18 @@ def test_the_overflow_notice_names_the_users_own_keys(home):
         await until(pilot, lambda: "f12" in notices(app), "the refusal said")
         assert "ctrl+w" in notices(app) and "ctrl+n" not in notices(app).lower()
     run_offline(scenario, NARROW, settings=Settings(keymap=keymap))
+
+
+# at 80 columns the pair's name pushed the next message's modes (SPEC ON/OFF) off the status bar
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+def test_the_status_bar_keeps_the_modes_in_sight(home, size):
+    async def scenario(app, pilot):
+        bar = app.chat_screen.query_one(StatusBar)
+        bar.model = "embedded (transformers, smollm2-135m-dflash)"
+        bar.speed, bar.context = "4.8 tok/s τ 1.50", (54, 8192)
+        await pilot.press("f2")
+        await pilot.pause()
+        line = screen_lines(app)[-2]
+        assert "SPEC OFF" in line and "4.8 tok/s τ 1.50" in line and "ctx 54/8.2k" in line
+        assert ("smollm2-135m-dflash" in line) == (size == WIDE)
+    run_offline(scenario, size)
