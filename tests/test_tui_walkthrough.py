@@ -8,6 +8,7 @@ import time
 import pytest
 from dflash_chat.context_fit import ContextOverflow
 from dflash_chat.screens.chat_send import SendFlow
+from dflash_chat.screens.dialogs import ConfirmDialog
 from dflash_chat.screens.presets import PresetScreen
 from dflash_chat.settings import Settings
 from dflash_chat.storage import DB_NAME, ChatStore
@@ -125,3 +126,23 @@ def test_the_status_bar_keeps_the_modes_in_sight(home, size):
         assert "SPEC OFF" in line and "4.8 tok/s τ 1.50" in line and "ctx 54/8.2k" in line
         assert ("smollm2-135m-dflash" in line) == (size == WIDE)
     run_offline(scenario, size)
+
+
+# the last reply's delete asked "Delete this message and the 0 that follow it (in every branch)?"
+def test_deleting_the_last_reply_asks_plainly(home):
+    store = ChatStore(home / DB_NAME)
+    chat = store.create_chat("Fruits")
+    store.add_message(chat.id, "user", "List five fruits.")
+    store.add_message(chat.id, "assistant", "Apple, pear, plum, fig, lime.")
+    store.close()
+
+    async def scenario(app, pilot):
+        app.chat_screen.conversation.last_view("assistant").focus()
+        await pilot.press("alt+d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "asked")
+        said = " ".join(" ".join(screen_lines(app)).split())
+        assert "Delete this reply?" in said and " 0 " not in said
+        await pilot.press("y")
+        await until(pilot, lambda: app.chat_screen.conversation.last_view("assistant") is None,
+                    "the reply deleted")
+    run_offline(scenario, NARROW)
