@@ -20,7 +20,14 @@ TRIM_TO = 0.75
 WARN_AT = 0.8  # the meter turns yellow, and the app says once what overflow will do
 POLICY_WORDS = {"drop_oldest": "the oldest turns are left out (the system prompt stays)",
                 "keep_last": "only the system prompt and the last {keep_turns} turns are sent",
-                "refuse": "a message that does not fit is refused"}
+                "refuse": "a message that does not fit is refused",
+                "summarise": "the oldest turns are left out and the model's summary of them is "
+                             "sent in their place"}
+# the summarise policy: room kept for the summary, and what the model is asked
+SUMMARY_TOKENS = 160
+SUMMARY_ASK = ("Summarise the conversation so far in at most 100 words: the facts, names, "
+               "numbers and decisions a reader needs to go on with it. Write only the summary.")
+SUMMARY_HEAD = "Summary of the earlier conversation, which is not shown: "
 
 Count = Callable[[list[dict]], Awaitable[int]]
 
@@ -78,6 +85,8 @@ async def fit_history(count: Count, system: list[dict], history: list[HistoryMes
         return ContextFit(whole, context, None)
     if policy == "refuse":
         raise ContextOverflow(whole, context, max_tokens, policy)
+    if policy == "summarise":  # the summary sent in place of the dropped turns needs room too
+        budget -= SUMMARY_TOKENS
     alone = whole if not history else await tokens_from(len(history))
     if alone > budget:
         raise ContextOverflow(alone, context, max_tokens, "alone")
@@ -106,6 +115,30 @@ def overflow_text(tokens: int, context: int, max_tokens: int, why: str,
                              f"({new_chat})."}
     return (f"{head}; the pair's context of {context} leaves {room} after {max_tokens} max "
             f"tokens for the reply. {advice.get(why, advice['drop_oldest'])}")
+
+
+def with_summary(system: list[dict], summary: str) -> list[dict]:
+    """The system message with the summary of the turns left out after it: one system message
+    at the start (some chat templates take no other), the same on every send until the next
+    summary, so the prefix cache keeps serving the conversation's start."""
+    if not summary:
+        return system
+    prompt = system[0]["content"] + "\n\n" if system else ""
+    return [{"role": "system", "content": prompt + SUMMARY_HEAD + summary}]
+
+
+async def summary_request(count: Count, system: list[dict], dropped: list[HistoryMessage],
+                          context: int) -> list[dict] | None:
+    """What the model summarises: the request as the chat sent it last, up to the turns now
+    left out (its start is in the prefix cache), then the ask; its oldest turns go where that
+    and the summary would not fit the context (None: not even one turn fits)."""
+    turns = [{"role": m.role, "content": m.content} for m in dropped]
+    while turns:
+        request = system + turns + [{"role": "user", "content": SUMMARY_ASK}]
+        if await count(request) <= context - SUMMARY_TOKENS:
+            return request
+        turns = turns[2:] if turns[0]["role"] == "user" and len(turns) > 1 else turns[1:]
+    return None
 
 
 def policy_words(policy: str, keep_turns: int) -> str:

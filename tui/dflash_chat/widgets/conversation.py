@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.reactive import var
 from textual.worker import Worker
 
+from dflash_chat.context_fit import with_summary
 from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
 from dflash_chat.stats import LiveStats, SpeedSnapshot
 from dflash_chat.storage import HEAD, ChatStore, StoreError
@@ -194,7 +195,8 @@ class Conversation(VerticalScroll):
         if self.chat_id is None:
             return []
         chat = self.store.chat(self.chat_id)
-        return [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+        system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+        return with_summary(system, chat.context_summary)
 
     def history(self, before: int | None = None) -> list[StoredMessage]:
         """What a request sends of the chat (`before`: only messages older than that id): its
