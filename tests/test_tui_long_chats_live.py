@@ -102,6 +102,7 @@ def test_summarise_sends_the_models_summary_in_place_of_the_turns_left_out(serve
             await replied(pilot, app, 2 * TURNS + 2)
             chat = app.store.chat(chat_id)
             assert chat.context_from and chat.context_summary and "summary" in said(app)
+            assert len(said(app)) < 300  # a toast, not the summary whole
             system = conversation.request_messages()[0]
             assert system["role"] == "system" and system["content"].endswith(chat.context_summary)
             prompt.value = "Go on."  # the summary stays: the next send's start is cached

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from textwrap import shorten
 
 from textual import work
 from textual.message import Message
@@ -152,7 +153,9 @@ class SendFlow:
     def _say_left_out(self, fit: ContextFit, summary: str) -> None:
         self.conversation.mark_left_out(fit.first_kept)
         policy = self.app.settings.overflow.replace("_", " ")
-        instead = f"; the model's summary of them is sent instead: {summary}" if summary else ""
+        instead = (f"; the model's summary of them is sent instead "
+                   f"({len(summary.split())} words: {shorten(summary, 60, placeholder='…')})"
+                   if summary else "")
         self.notify(f"{fit.dropped} earlier messages are left out of the context to make room "
                     f"(overflow policy: {policy}); they stay in the chat, dimmed{instead}.",
                     title="Context full", severity="warning", timeout=15)
