@@ -22,10 +22,10 @@ from dflash_local.bench.adapt_kinds import (
     reserved,
     sharegpt_kinds,
 )
-from dflash_local.bench.adapt_report import ABSENT, adapt_record
+from dflash_local.bench.adapt_report import ABSENT, write_record
 from dflash_local.bench.adapt_service import ServiceClient
 from dflash_local.bench.adapt_stream import Probes, StreamSettings, catch_up, measure_kind
-from dflash_local.cli.main import main
+from dflash_local.cli.main import build_parser, main
 
 TEXTS = {"coding": "Write a python function that parses a date string.",
          "general": "How should I plan a week of walking in the hills?",
@@ -132,15 +132,15 @@ def tiny_kind(kind: str, count: int, held_out: int) -> KindSet:
     return KindSet(kind, "written for this test", tuple(prompts[:count]), tuple(prompts[count:]))
 
 
-def test_a_kind_is_measured_with_only_its_stream_recorded(embedded):
+def test_a_kind_is_measured_with_only_its_stream_recorded(embedded, tmp_path):
     state, server = embedded
     recorder = state.loaded.recorder
     client = ServiceClient(server.url, API_KEY)
-    settings = StreamSettings(checkpoints=(0, 2, 9), max_tokens=12, ttft_arrivals=2)
+    settings = StreamSettings(checkpoints=(0, 2, 9), max_tokens=8, ttft_arrivals=1)
     before = recorder.recorded
     try:
         kind_set = as_text(tiny_kind("agent", 2, 1))
-        result = measure_kind(client, kind_set, tiny_kind("general", 0, 2).held_out, settings)
+        result = measure_kind(client, kind_set, tiny_kind("general", 0, 1).held_out, settings)
     finally:
         client.close()
     wait_until(lambda: recorder.recorded >= before + 2)
@@ -152,9 +152,11 @@ def test_a_kind_is_measured_with_only_its_stream_recorded(embedded):
         assert point["identical"] and point["tau"] >= 1.0 and point["speedup"] > 0
         assert point["versions"] == [None] and point["general_tau"] >= 1.0
         assert point["caught_up_s"] is None
-    assert result["ttft"]["during_training"] == [] and len(result["ttft"]["idle"]) == 2
-    record = adapt_record([result], {"command": "test", "machine": "m", "engine": "transformers",
-                                     "settings": {}})
+    assert result["ttft"]["during_training"] == [] and len(result["ttft"]["idle"]) == 1
+    args = build_parser().parse_args(["bench", "--adapt-stream", "agent", "--adapt-checkpoints",
+                                      "0,2,9", "--out", str(tmp_path)])
+    record = json.loads(write_record([result], args).read_text(encoding="utf-8"))
+    assert record["settings"]["checkpoints"] == "0, 2, 9" and record["results"] == [result]
     assert record["notes"][0] == ABSENT and "no probe arrived" in record["notes"][1]
     rows = record["rows"]
     assert rows[0]["tau_gain"] == 1.0 and rows[1]["tau"] == second["tau"]

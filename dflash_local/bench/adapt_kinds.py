@@ -164,7 +164,8 @@ def sharegpt_kinds(kinds: tuple[str, ...], stream_size: int, held_out_size: int,
         if all(len(stream[k]) >= stream_size for k in kinds):
             break
     return {kind: _checked(KindSet(kind, f"ShareGPT V3 ({path.name}), {kind} turns",
-                                   tuple(stream[kind]), tuple(held_out[kind])), held_out_size)
+                                   tuple(stream[kind]), tuple(held_out[kind])),
+                           held_out_size, stream_size)
             for kind in kinds}
 
 
@@ -176,8 +177,9 @@ def _usable_turns(kind: str, turns: list[str]) -> list[str]:
     return usable[:1] if turns[0] in usable else []
 
 
-def _checked(kind_set: KindSet, held_out_size: int) -> KindSet:
-    if len(kind_set.held_out) < held_out_size or not kind_set.stream:
+def _checked(kind_set: KindSet, held_out_size: int, stream_size: int) -> KindSet:
+    """Every held-out prompt asked for, and a stream unless none was (the 0 checkpoint)."""
+    if len(kind_set.held_out) < held_out_size or (stream_size and not kind_set.stream):
         raise DatasetUnavailableError(
             f"kind {kind_set.kind}: {len(kind_set.held_out)} held-out and "
             f"{len(kind_set.stream)} stream prompts found; {held_out_size} held out and at "
@@ -214,7 +216,7 @@ def agent_kind(stream_size: int, held_out_size: int) -> KindSet:
               f" held out: {', '.join(HELD_OUT_MODULES)})")
     return _checked(KindSet("agent", source, tuple(_agent_prompts(STREAM_MODULES, stream_size)),
                             tuple(_agent_prompts(HELD_OUT_MODULES, held_out_size))),
-                    held_out_size)
+                    held_out_size, stream_size)
 
 
 def _agent_prompts(modules: tuple[str, ...], count: int) -> Iterator[AdaptPrompt]:

@@ -11,6 +11,7 @@ import json
 import statistics
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 COLUMNS = (("tau", "τ held out", 2), ("tau_gain", "τ / shipped", 2),
            ("speedup", "speedup", 2), ("speedup_gain", "speedup / shipped", 2),
@@ -112,27 +113,34 @@ def run(args: argparse.Namespace) -> int:
     write the record."""
     from dflash_local.bench.adapt_kinds import load_kinds
     from dflash_local.bench.adapt_stream import StreamSettings, run_kinds
-    from dflash_local.method.calibration import machine_info
 
     kinds = tuple(k.strip() for k in args.adapt_stream.split(",") if k.strip())
     settings = StreamSettings(checkpoints=args.adapt_checkpoints, max_tokens=args.max_tokens,
                               ttft_arrivals=args.ttft_arrivals, serve_args=serve_args(args))
     sets = load_kinds(kinds, max(settings.checkpoints), args.held_out, args.sharegpt_file)
     results = run_kinds(sets, kinds, settings, args.out / "adapt-stream-homes")
+    path = write_record(results, args)
+    print(format_rows(json.loads(path.read_text(encoding="utf-8"))))
+    print(f"record: {path}")
+    return 0
+
+
+def write_record(results: list[dict], args: argparse.Namespace) -> Path:
+    from dflash_local.method.calibration import machine_info
+
     machine = machine_info()
+    pair = getattr(args, "pair", None) or args.target or "embedded"
     record = adapt_record(results, {
         "command": "dflash-local bench " + " ".join(sys.argv[2:]),
         "machine": f"{machine['cpu_model']}, {machine['cores']} cores",
         "engine": args.engine, "settings": {
-            "pair": args.pair or args.target or "embedded", "max_tokens": args.max_tokens,
-            "held_out": args.held_out, "checkpoints": ", ".join(map(str, settings.checkpoints)),
+            "pair": pair, "max_tokens": args.max_tokens, "held_out": args.held_out,
+            "checkpoints": ", ".join(map(str, args.adapt_checkpoints)),
             "ttft_arrivals": args.ttft_arrivals, "prefix_cache": "off", "temperature": 0}})
     path = args.record or args.out / "adapt-stream.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(format_rows(record))
-    print(f"record: {path}")
-    return 0
+    return path
 
 
 def serve_args(args: argparse.Namespace) -> tuple[str, ...]:
