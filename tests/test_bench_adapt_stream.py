@@ -93,6 +93,9 @@ def test_kinds_leave_out_the_reserved_bucket_and_split_by_conversation(tmp_path)
         assert all(TEXTS[kind] in p.messages[0]["content"] for p in kind_set.stream)
     # language takes every turn of its conversations: 2 held out fill one conversation's 3 turns
     assert len({p.prompt_id.split("/")[1] for p in sets["language"].held_out}) == 1
+    held_only = sharegpt_kinds(tuple(TEXTS), stream_size=0, held_out_size=3,
+                               path=sharegpt_file(tmp_path, records))  # the 0 checkpoint alone
+    assert all(len(s.held_out) == 3 and not s.stream for s in held_only.values())
 
 
 def test_too_few_prompts_of_a_kind_is_said(tmp_path):

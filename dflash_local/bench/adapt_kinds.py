@@ -161,7 +161,8 @@ def sharegpt_kinds(kinds: tuple[str, ...], stream_size: int, held_out_size: int,
         for index, turn in enumerate(_usable_turns(kind, turns)[:size - len(side)]):
             side.append(AdaptPrompt(f"sharegpt/{conversation_id}/{index}",
                                     ({"role": "user", "content": turn},)))
-        if all(len(stream[k]) >= stream_size for k in kinds):
+        if all(len(held_out[k]) >= held_out_size and len(stream[k]) >= stream_size
+               for k in kinds):
             break
     return {kind: _checked(KindSet(kind, f"ShareGPT V3 ({path.name}), {kind} turns",
                                    tuple(stream[kind]), tuple(held_out[kind])),
