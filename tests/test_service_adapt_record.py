@@ -74,6 +74,21 @@ def test_a_cancelled_reply_is_not_kept(embedded):
     assert recorder.recorded == before + 1
 
 
+def test_store_false_keeps_a_reply_out(embedded):
+    # bench --adapt-stream's held-out prompts: served and measured, never trained on
+    state, server = embedded
+    recorder, worker = state.loaded.recorder, state.loaded.worker
+    before, jobs = recorder.recorded, worker.jobs_done
+    assert chat(server, store=False)["choices"][0]["message"]["content"]
+    wait_until(lambda: worker.jobs_done == jobs + 1)
+    chat(server, store=True)  # recorded in order: once this one is kept, the first was judged
+    wait_until(lambda: recorder.recorded > before)
+    assert recorder.recorded == before + 1
+    bad = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, timeout=30,
+                     json={"model": "embedded", "messages": TALK, "store": "no"})
+    assert bad.status_code == 400 and "store" in bad.json()["error"]["message"]
+
+
 def test_reset_while_serving_is_safe(embedded, capsys):
     state, server = embedded
     recorder = state.loaded.recorder

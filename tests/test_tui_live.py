@@ -149,6 +149,9 @@ def test_prompt_gets_a_streamed_reply_and_the_speed_panel(service, home):
             assert snapshot.tau >= 1.0 and snapshot.drafted > 0
             assert "tau" in view.header and "tok/s" in view.header
             assert sum(rounds for _, rounds in snapshot.per_round) == snapshot.rounds
+            # the service recorded it for the drafter's adaptation, and the app counts it
+            await until(pilot, lambda: app.adapt.replies >= 1, what="reply recorded")
+            assert app.adapt.enabled and app.adapt.recording
     asyncio.run(scenario())
 
 
@@ -298,7 +301,7 @@ def test_app_starts_its_own_service_and_is_usable_before_it_loads(pair, service_
     # dir of its own (the module's service has cached it in the shared one), and the app says so
     app = DFlashChatApp(Options(serve_args=serve_args(pair),
                                 env={**service_env, "DFLASH_LOCAL_HOME": str(home)}),
-                        settings=Settings(max_tokens=16))
+                        settings=Settings(max_tokens=16, adapt_recording=False))
     states = []
 
     async def scenario():
@@ -314,6 +317,12 @@ def test_app_starts_its_own_service_and_is_usable_before_it_loads(pair, service_
             assert app.process is not None and app.process.running
             assert "calibrating target" in states
             assert states.index("calibrating target") < states.index("ready")
+            # recording off in the settings: the child was started with --no-adapt
+            assert "--no-adapt" in app.process.serve_args
+            app.refresh_status()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert app.status.get("loaded") and not app.adapt.enabled
         assert not app.process.running  # the app stops its child on exit
     asyncio.run(scenario())
 

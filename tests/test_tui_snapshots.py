@@ -157,3 +157,33 @@ def test_model_picker(app, snap_compare):
 
 def test_model_picker_at_80x24(app, snap_compare):
     assert snap_compare(app, terminal_size=NARROW, run_before=listed_catalog)
+
+
+ADAPTED = {"enabled": True, "recording": True, "replies": 340, "pending": 0, "training": False,
+           "version": 2, "trained_on": 312, "tau_recent": {"shipped": 1.6, "serving": 2.4},
+           "history": [{"version": 1, "trained_on": 100, "tau_before": 1.62, "tau_after": 2.05,
+                        "at": "2026-12-01T10:00:00Z"},
+                       {"version": 2, "trained_on": 312, "tau_before": 2.05, "tau_after": 2.41,
+                        "at": "2026-12-03T18:30:00Z"}]}
+
+
+async def adapted(pilot) -> None:
+    app = pilot.app
+    app.on_dflash_chat_app_status_fetched(DFlashChatApp.StatusFetched(
+        {"loaded": {"pair": "tiny", "served_name": "tiny", "engine": "transformers",
+                    "drafter": "z/d"}, "adapt": ADAPTED}))
+    await with_speed(pilot)
+
+
+def test_chat_screen_says_what_the_drafter_learnt(app, snap_compare):
+    assert snap_compare(app, terminal_size=SIZE, run_before=adapted)
+
+
+async def drafter_open(pilot) -> None:
+    await adapted(pilot)
+    await pilot.press("alt+a")
+    await pilot.pause()
+
+
+def test_drafter_screen_at_80x24(app, snap_compare):
+    assert snap_compare(app, terminal_size=NARROW, run_before=drafter_open)

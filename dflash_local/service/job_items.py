@@ -31,6 +31,8 @@ class JobRequest:
     tool_choice: str | dict = "auto"
     # legacy completions: the prompt's ids as given, in place of templated `messages`
     raw_prompt: RawPrompt | None = None
+    # False: the reply stays out of the replies recorded for the drafter (chat's `store: false`)
+    record: bool = True
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def job_request(body: ChatCompletionRequest, loaded: LoadedPair) -> JobRequest:
                                     constraint=constraint)
     return JobRequest(messages=[m.as_template_message() for m in body.messages], params=params,
                       max_tokens_given=max_tokens is not None, thinking=thinking,
-                      stop=body.stop_strings(), tools=tools, tool_choice=body.tool_choice_value())
+                      stop=body.stop_strings(), tools=tools, tool_choice=body.tool_choice_value(),
+                      record=body.store is not False)
 
 
 class ChatEncoder:

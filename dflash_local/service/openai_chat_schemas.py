@@ -179,6 +179,9 @@ class ChatCompletionRequest(UnsupportedOpenAIFields, OpenAISampling):
     tools: Annotated[list[Tool], at_most(MAX_TOOLS, "tools per request")] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ChatResponseFormat | None = None
+    # OpenAI's "keep this output for distillation": false keeps the reply out of the drafter's
+    # recorded replies (a benchmark's held-out prompts); absent: the service's setting
+    store: bool | None = None
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:

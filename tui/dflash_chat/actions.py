@@ -50,6 +50,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("edit_in_editor", "ctrl+e", "Edit the prompt in $EDITOR"),
     ActionSpec("toggle_chats", "ctrl+l", "Show or hide the chat list", "Chats"),
     ActionSpec("toggle_speed", "ctrl+backslash", "Show or hide the speed panel"),
+    ActionSpec("drafter", "alt+a", "Drafter: what it learnt of your replies, tau over time"),
     ActionSpec("restart_service", "ctrl+right_square_bracket", "Restart the service", "", APP),
 )
 

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.reactive import var
 
 from dflash_chat.actions import APP, BY_ID, effective_keys, key_label
+from dflash_chat.adapt_view import AdaptState, adapt_state
 from dflash_chat.bindings import bindings_for
 from dflash_chat.command_line import Options, build_parser, options_from_args
 from dflash_chat.commands import DFlashCommands
@@ -44,6 +45,7 @@ class DFlashChatApp(App):
     settings: var[Settings] = var(Settings, init=False)
     service_state: var[str] = var("starting")  # starting | loading ... | ready | error: ...
     model_label: var[str] = var("")
+    adapt: var[AdaptState] = var(AdaptState)  # the drafter's adaptation, from /dflash/status
 
     def __init__(self, options: Options | None = None, *, data_dir: Path | None = None,
                  settings_file: Path | None = None, settings: Settings | None = None):
@@ -115,8 +117,9 @@ class DFlashChatApp(App):
 
     def _start_service(self) -> None:
         if self.options.server is None:
-            self.process = ServiceProcess(list(self.options.serve_args), self.service_log,
-                                          env=self.options.env, on_phase=self._show_phase,
+            serve_args = [*self.options.serve_args, *self.defaults.serve_flags()]
+            self.process = ServiceProcess(serve_args, self.service_log, env=self.options.env,
+                                          on_phase=self._show_phase,
                                           command=self.options.serve_command)
             self.service_state = "loading model"
         self._connect(self.process)
@@ -245,6 +248,7 @@ class DFlashChatApp(App):
         else:
             self.service_state = "ready" if loaded else "no model loaded"
         self.model_label = describe_loaded(loaded)
+        self.adapt = adapt_state(self.status)
 
     @work(group="catalog")
     async def fetch_catalog(self) -> None:
@@ -265,7 +269,6 @@ class DFlashChatApp(App):
 
     def served_model(self) -> str:
         return (self.status.get("loaded") or {}).get("served_name") or ""
-
     def catalog_pair(self, pair_id: str | None) -> dict | None:
         return next((pair for pair in self.catalog if pair["id"] == pair_id), None)
 
@@ -306,8 +309,7 @@ class DFlashChatApp(App):
                         severity="warning")
 
     def update_settings(self, **changes) -> None:
-        """A key's change applies at once. A chat's own value (F2, Ctrl+T) stays with the open
-        chat; an app-wide one (theme, F3) is saved as the user's too."""
+        """A key's change applies now: a chat value (F2) to the open chat, an app-wide one saved."""
         self._use(replace(self.settings, **changes))
         app_wide = {name: value for name, value in changes.items() if name not in CHAT_FIELDS}
         if app_wide:

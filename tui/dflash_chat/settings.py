@@ -40,6 +40,7 @@ class Settings:
     overflow: str = "drop_oldest"  # one of OVERFLOW_POLICIES
     keep_turns: int = 8  # the turns keep_last sends (with the system prompt)
     system_prompt: str = ""  # for new chats
+    adapt_recording: bool = True  # the started service records replies for its drafter to learn
     keymap: dict[str, str] = field(default_factory=dict)  # action id -> keys
 
     def problems(self) -> list[str]:
@@ -78,6 +79,11 @@ class Settings:
         if self.thinking != "auto":
             options["thinking"] = self.thinking == "on"
         return options
+
+
+    def serve_flags(self) -> list[str]:
+        """What these settings add to the `serve` the app starts (a --server is its own)."""
+        return [] if self.adapt_recording else ["--no-adapt"]
 
 
 def settings_path() -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
+from dflash_chat.adapt_view import served_by
 from dflash_chat.protocol import MODE_LOOKUP, MODE_SPECULATIVE, StreamChunk
 
 RATE_WINDOW_S = 1.0  # "tokens/s now" counts the tokens of the last second
@@ -43,6 +44,7 @@ class SpeedSnapshot:
     cached_tokens: int | None = None  # of prompt_tokens, those a prefix cache served
     cached_tier: str | None = None  # the prefix cache's tier that served them: "ram" or "disk"
     finish_reason: str | None = None  # "length": the reply hit max tokens
+    drafter: str = ""  # which drafter served it (adapt_view.served_by); empty: not said
 
     @property
     def waiting(self) -> bool:
@@ -178,7 +180,7 @@ def final_snapshot(totals: dict) -> SpeedSnapshot:
         prefill_s=totals.get("prefill_s"), block_size=totals.get("block_size", 1),
         engine=totals.get("engine", ""), final=True, ttft_s=totals.get("ttft_s"),
         prompt_tokens=prompt, cached_tokens=cached, cached_tier=totals.get("cached_tier"),
-        finish_reason=totals.get("finish_reason"))
+        finish_reason=totals.get("finish_reason"), drafter=served_by(totals))
 
 
 HALF_PRECISION = ("bfloat16", "float16")  # not "server": a served engine's is unknown

@@ -12,6 +12,7 @@ from dflash_chat.actions import BY_ID, CHAT, effective_keys, key_label
 from dflash_chat.bindings import bindings_for
 from dflash_chat.chat_text import distinct_title
 from dflash_chat.context_fit import policy_words
+from dflash_chat.screens.chat_adapt import AdaptWatch
 from dflash_chat.screens.chat_manage import ChatActions
 from dflash_chat.screens.chat_presets import PresetActions
 from dflash_chat.screens.chat_send import SendFlow
@@ -26,7 +27,7 @@ from dflash_chat.widgets.speed_panel import SpeedPanel, compact_speed_text
 from dflash_chat.widgets.status_bar import StatusBar
 
 
-class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
+class ChatScreen(SendFlow, PresetActions, ChatActions, AdaptWatch, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS = bindings_for(CHAT)
     AUTO_FOCUS = "#prompt"
@@ -58,6 +59,7 @@ class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
         self.watch(self.app, "settings", self._show_settings)
         self.watch(self.app, "service_state", self._show_service)
         self.watch(self.app, "model_label", self._show_service)
+        self.watch_adapt_state()
         chats = self.app.store.chats()
         await self.open_chat(chats[0].id if chats else None)
 

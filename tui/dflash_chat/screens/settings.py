@@ -33,6 +33,7 @@ OVERFLOW_LABELS = {"drop_oldest": "drop the oldest turns",
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it for the open chat)"),
     ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),
+    ("adapt_recording", "Record replies so the drafter learns them (kept on this machine)"),
 )
 
 
@@ -129,6 +130,20 @@ class SettingsScreen(Screen):
         if settings == self.app.defaults:
             self.notify("Nothing changed: nothing to save")
         else:
+            recording_changed = settings.adapt_recording != self.app.defaults.adapt_recording
             self.app.save_defaults(settings)
             self.notify("Settings saved")
+            if recording_changed:
+                self.notify(recording_notice(settings.adapt_recording, self.app), timeout=15)
         self.app.pop_screen()
+
+
+def recording_notice(recording: bool, app) -> str:
+    """Recording is the service's setting (serve --no-adapt): it changes when the service the
+    app starts starts again; a service started elsewhere keeps its own."""
+    state = "on" if recording else "off"
+    if app.options.server is not None:
+        return (f"Recording {state} applies to services this app starts; {app.options.server} "
+                f"keeps its own (serve --no-adapt)")
+    return f"Recording {state} from the next service start: {app.restart_keys()} restarts it now"
+

@@ -229,6 +229,8 @@ def describe(message: StoredMessage) -> str:
         if stats.get("cached_tokens"):  # the prefix cache served the prompt's start
             tier = stats.get("cached_tier")
             parts.append(f"{stats['cached_tokens']} cached" + (f" ({tier})" if tier else ""))
+        if isinstance(stats.get("drafter_version"), int):  # an adapted drafter served it
+            parts.append(f"drafter v{stats['drafter_version']}")
     if stats.get("finish_reason") == "length":
         parts.append("max tokens reached")
     if message.status not in ("done", "streaming"):

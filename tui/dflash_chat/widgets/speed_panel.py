@@ -99,6 +99,7 @@ class SpeedPanel(Vertical):
 
     snapshot: reactive[SpeedSnapshot] = reactive(SpeedSnapshot, always_update=True)
     pair: reactive[str] = reactive("")
+    adapt: reactive[str] = reactive("")  # adapt_view.adapt_sentence: empty when it does not adapt
 
     def compose(self) -> ComposeResult:
         yield Static("Speed", classes="title")
@@ -110,9 +111,12 @@ class SpeedPanel(Vertical):
         yield Static(id="histogram")
         yield Static("Engine", classes="title")
         yield Static(id="engine", markup=False)
+        yield Static("Drafter", classes="title adapt")
+        yield Static(id="adapt", classes="adapt", markup=False)
 
     def on_mount(self) -> None:
         self.watch_snapshot(self.snapshot)
+        self._show_adapt()  # hidden until the service says the drafter adapts
 
     def watch_snapshot(self, snap: SpeedSnapshot) -> None:
         if not self.is_mounted:
@@ -127,7 +131,14 @@ class SpeedPanel(Vertical):
         if self.is_mounted:
             self._show_engine()
 
+    def watch_adapt(self) -> None:
+        if self.is_mounted:
+            self._show_adapt()
+
+    def _show_adapt(self) -> None:
+        self.query_one("#adapt", Static).update(self.adapt)
+        self.query(".adapt").set(display=bool(self.adapt))
+
     def _show_engine(self) -> None:
-        engine = self.snapshot.engine
-        self.query_one("#engine", Static).update("\n".join(x for x in (engine, self.pair) if x)
-                                                 or "-")
+        lines = (self.snapshot.engine, self.pair, self.snapshot.drafter)
+        self.query_one("#engine", Static).update("\n".join(x for x in lines if x) or "-")

@@ -27,6 +27,7 @@ class StatusBar(Widget):
     show_accepted: reactive[bool] = reactive(True)
     warning: reactive[str] = reactive("")
     speed: reactive[str] = reactive("")  # compact_speed_text of the reply the panel shows
+    adapt: reactive[str] = reactive("")  # adapt_view.adapt_short: the drafter learning or learnt
     context: reactive[tuple[int, int] | None] = reactive(None)  # (the chat's tokens, the pair's)
     busy_since: reactive[float | None] = reactive(None)  # set while the service is not ready
 
@@ -65,6 +66,8 @@ class StatusBar(Widget):
         text.append(f" {state} ", style=style)
         if self.speed:
             text.append(f" {self.speed} ", style="bold")
+        if self.adapt:
+            text.append(f" {self.adapt} ", style="cyan")
         if self.context is not None:
             tokens, context = self.context
             full = tokens / context
