@@ -190,7 +190,9 @@ def test_catch_up_probes_while_training_and_ends_when_nothing_is_pending(monkeyp
     probes = Probes()
     catch_up(service, probes, StreamSettings(ttft_arrivals=2))
     assert service.probes == 2 and probes.during_training == [0.05, 0.05]
-    assert adapt_stream.adaptation_present({"adapt": {"pending": 0, "training": False}})
+    assert adapt_stream.adaptation_present({"adapt": {"enabled": True, "pending": 0, "training": False}})
+    assert not adapt_stream.adaptation_present({"adapt": {"enabled": False, "pending": 0,
+                                                          "training": False}})
     assert not adapt_stream.adaptation_present({"adapt": {"recording": True}})
 
 

@@ -54,7 +54,9 @@ class Probes:
 
 def adaptation_present(status: dict) -> bool:
     adapt = status.get("adapt")
-    return isinstance(adapt, dict) and "training" in adapt and "pending" in adapt
+    # `enabled` false: the service records (or not) but trains nothing (serve --no-adapt, a served
+    # engine, training while idle off): its checkpoints are the shipped drafter's
+    return isinstance(adapt, dict) and adapt.get("enabled") is True and "pending" in adapt
 
 
 def caught_up(status: dict) -> bool:

@@ -145,5 +145,6 @@ def recording_notice(recording: bool, app) -> str:
     if app.options.server is not None:
         return (f"Recording {state} applies to services this app starts; {app.options.server} "
                 f"keeps its own (serve --no-adapt)")
-    return f"Recording {state} from the next service start: {app.restart_keys()} restarts it now"
+    keys = app.keys_of("restart_service")
+    return f"Recording {state} from the next service start: {keys} restarts it now"
 
