@@ -1,10 +1,12 @@
-"""The generation worker: one thread per loaded engine runs the rounds of the generations in
-flight, one round of each in turn (scheduler.py: up to max_batch of them, round-robin).
+"""The generation worker: one thread per loaded engine runs the generations in flight as
+cooperative lanes (lanes.py: each round's verify batched with the others', prefills in chunks
+between their rounds; scheduler.py: up to max_batch of them, the waiting jobs, admission).
 
 Jobs past the free places wait in a bounded queue (full -> QueueFullError, a 429). The thread
 hands each round's output to the job's asyncio queue through `call_soon_threadsafe`, so the
-event loop never waits on the engine. A job's cancel flag is checked after every round; the
-engine's iterator is then closed, so a disconnected client costs at most the round running.
+event loop never waits on the engine. A job's cancel flag is checked after every round and at
+every prefill chunk; the engine's iterator is then closed, so a disconnected client costs at
+most the round running.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
@@ -31,9 +34,10 @@ from dflash_local.service.job_items import (
     Started,
     ToolCallDelta,
 )
+from dflash_local.service.lanes import Lanes
 from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
-from dflash_local.service.scheduler import Lane, RoundRobin
+from dflash_local.service.scheduler import RoundRobin
 from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import (
     NO_TOOLS,
@@ -165,6 +169,8 @@ class GenerationWorker:
         self.warm_ups_ended = 0  # warm-ups ended: stored, cut by a job, or nothing to do
         self._closed = False
         self._batch = RoundRobin(self.max_batch, max_queue)
+        self._lanes = Lanes()
+        engine.share_rounds(self._lanes)  # its verifies batched, its prefills in chunks
         self._to_warm: deque[Job] = deque(maxlen=self.max_batch)  # finished while others ran
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
         self._thread.start()
@@ -191,6 +197,7 @@ class GenerationWorker:
                 "current": running[0] if running else None,
                 "last": self.last.summary() if self.last else None,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
+                "verify_batches": self._lanes.batches, "verifies": self._lanes.verifies,
                 "warmed": self.warmed}
 
     def retire(self, on_idle: Callable[[], None]) -> None:
@@ -223,19 +230,19 @@ class GenerationWorker:
                 self._warm_finished()
             joining = self._batch.joining(block=idle)
             if joining is None:
+                self.engine.share_rounds(None)
                 return
             for job in joining:
                 if job.cancelled:  # its client left while it waited
                     job.outcome = "cancelled"
                     continue
-                self._batch.add(Lane(job, self._run(job)))
-            for lane in list(self._batch.lanes):  # one round each, in the order they joined
-                if not lane.step():
-                    self._batch.remove(lane)
-                    self.last = lane.job
-                    self.jobs_done += 1
-                    self.on_finished(lane.job)
-                    self._to_warm.append(lane.job)
+                self._batch.add(self._lanes.lane(job, partial(self._run, job)))
+            for lane in self._lanes.tick(list(self._batch.lanes)):  # a round of each, batched
+                self._batch.remove(lane)
+                self.last = lane.job
+                self.jobs_done += 1
+                self.on_finished(lane.job)
+                self._to_warm.append(lane.job)
 
     def _warm_finished(self) -> None:
         """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
@@ -261,11 +268,13 @@ class GenerationWorker:
         finally:
             self.warm_ups_ended += 1
 
-    def _run(self, job: Job) -> Iterator[None]:
-        """The job's steps, one per round; its outcome goes to the job when it ends."""
+    def _run(self, job: Job) -> None:
+        """The job's generation, run in its lane; its outcome goes to the job when it ends."""
         job.outcome = "running"
         try:
-            stats = yield from self._generate(job)
+            stats = None if job.cancelled else self._generate(job)
+        except GenerationCancelled:  # while its prompt was prefilling (lanes.py)
+            stats = None
         except DFlashError as exc:
             job.outcome = "failed"
             job.put(Failed(exc))
@@ -284,9 +293,9 @@ class GenerationWorker:
             job.outcome = "finished"
             job.put(Finished(self._with_server_totals(stats)))
 
-    def _generate(self, job: Job) -> Generator[None, None, GenerationStats | None]:
-        """Yields after each round's chunk; returns the stats, or None when cancelled (at the
-        round's end: a cancel costs at most the round already running)."""
+    def _generate(self, job: Job) -> GenerationStats | None:
+        """The stats, or None when cancelled (at the round's end: a cancel costs at most the
+        round already running); the other lanes run at its verifies and prefill chunks."""
         request = job.request
         stats = GenerationStats()
         stops = StopMatcher(request.stop)
@@ -307,9 +316,6 @@ class GenerationWorker:
                 if finish:
                     stats.finish_reason = finish
                     return stats
-                if job.cancelled:
-                    return None
-                yield  # the other lanes' rounds run here
                 if job.cancelled:
                     return None
         finally:
