@@ -44,7 +44,7 @@ def loop_runner(runner: TargetRunner, sharing: RoundSharing | None
     wall clock alone; shared, its `SharedRunner` and the sharing's clock."""
     if sharing is None:
         return runner, time.perf_counter
-    return SharedRunner(runner, sharing), sharing.clock
+    return SharedRunner(runner, sharing, PREFILL_CHUNK_ROWS), sharing.clock
 
 
 def verify_each(runners: list[TargetRunner], anchor_ids: list[int],
