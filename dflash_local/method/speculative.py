@@ -35,9 +35,8 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
-             params: GenerationParams, planner: Planner | None = None,
-             resume: Resume | None = None, trace: RoundTrace | None = None,
-             grammar: Grammar | None = None,
+             params: GenerationParams, planner: Planner | None = None, resume: Resume | None = None,
+             trace: RoundTrace | None = None, grammar: Grammar | None = None,
              timer: Callable[[], float] = time.perf_counter) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
@@ -46,15 +45,13 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     early (a cancelled request) simply stops: the runner and drafter are per-generation objects.
     Ended between rounds (finished, or closed at a yield), the state is whole and `resume.keep`
     gets it; a prefill or a round cut short by an error leaves nothing to keep.
-    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py). `timer`: the clock
-    a round's steps are timed on for the planner and the trace (where generations share the
-    machine, this one's own time: service/lanes.py)."""
+    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py). `timer`: the
+    rounds' clock (sharing the machine, this generation's own time: method/shared_rounds.py)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
     rng, guide = np.random.default_rng(params.seed), make_guide(grammar, params, drafter)
-    sources = DraftSources(drafter, runner, resume.unseen_taps)
-    start = time.perf_counter()
+    sources, start = DraftSources(drafter, runner, resume.unseen_taps), time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
     last_logits = guide.mask(last_logits[None])  # [1, V]
     rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
