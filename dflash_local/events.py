@@ -192,6 +192,7 @@ class GenerationStats:
     decode_s: float = 0.0
     accepted_per_round: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    drafter_version: int | None = None  # the adapted drafter's version that drafted (None: as loaded)
 
     def add(self, event: StepEvent) -> None:
         self.completion_tokens += len(event.token_ids)

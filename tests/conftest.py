@@ -102,6 +102,17 @@ def _prefix_disk_off_by_default() -> None:
 _prefix_disk_off_by_default()
 
 
+def _training_while_idle_off_by_default() -> None:
+    """A served pair records its replies but does not train on them unless the test turns
+    training on (tests/test_adapt_idle.py): rounds would load every service test's CPU."""
+    from dflash_local.adapt import idle
+
+    idle.TRAIN_WHILE_IDLE = False
+
+
+_training_while_idle_off_by_default()
+
+
 # --- the Python clients (scripts/setup_clients.sh's venv) against the embedded pair ---
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,11 @@ import httpx
 import pytest
 from service_support import make_pair, start_service
 
-from dflash_local.engines.chat_prompt import chat_prompt_ids, check_prompt_length
+from dflash_local.engines.chat_prompt import (
+    chat_prompt_ids,
+    check_prompt_length,
+    message_markup_floors,
+)
 from dflash_local.engines.client_text import special_token_texts
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 
@@ -116,6 +120,56 @@ def test_a_prompt_far_past_the_context_is_refused_early(tokenizer):
     tokens = len(tokenizer.encode(long_words, add_special_tokens=False))
     if tokens * 8 < len(long_words):  # counted in chunks: it fits, so nothing is refused
         check_prompt_length(tokenizer, [{"role": "user", "content": long_words}], tokens)
+
+
+def test_many_short_messages_are_refused_by_their_markup_alone(tokenizer):
+    turns = [{"role": ("user", "assistant")[index % 2], "content": "x"} for index in range(10_000)]
+    with pytest.raises(PromptTooLongError, match=r"10000 messages take at least \d+ tokens of "
+                                                 r"the chat template's markup alone"):
+        check_prompt_length(tokenizer, turns, max_context=8192)
+
+
+@pytest.mark.parametrize("roles", [("user", "assistant") * 3, ("system", "user", "user"),
+                                   ("user", "assistant", "tool", "tool", "tool", "user"),
+                                   ("user", "tool", "assistant", "system")])
+def test_message_markup_floors_are_lower_bounds(tokenizer, roles):
+    floors = message_markup_floors(tokenizer)
+    assert set(floors) == {"system", "user", "assistant", "tool"} and min(floors.values()) > 1
+    messages = [{"role": role, "content": ""} for role in roles]
+    assert len(chat_prompt_ids(tokenizer, messages)) >= sum(floors[role] for role in roles)
+
+
+def test_a_value_nested_past_the_recursion_limit_is_walked(tokenizer):
+    deep: dict = {"type": "string"}
+    for _ in range(5_000):  # past Python's recursion limit: the walk keeps its own stack
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(PromptTooLongError):
+        check_prompt_length(tokenizer, [{"role": "user", "content": "Hi"}], 100,
+                            [{"type": "function", "function": {"name": "f", "parameters": deep}}])
+
+
+class CountedEncodes:
+    """A tokenizer that counts its encode calls."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.encodes = tokenizer, 0
+
+    def encode(self, *args, **kwargs):
+        self.encodes += 1
+        return self.tokenizer.encode(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_a_schemas_many_short_strings_are_counted_without_the_tokenizer(tokenizer):
+    properties = {f"p{index}": {"type": "string"} for index in range(60_000)}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": properties}}}]
+    counted = CountedEncodes(tokenizer)
+    with pytest.raises(PromptTooLongError, match="far past the target's context of 8192 tokens"):
+        check_prompt_length(counted, [{"role": "user", "content": "Hi"}], 8192, tools)
+    assert counted.encodes < 100  # the floors' probes; not one per string
 
 
 def test_the_service_counts_a_forged_turn_as_text(pair):

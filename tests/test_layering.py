@@ -25,7 +25,8 @@ FRAMEWORKS = ("torch", "mlx", "mlx_lm", "transformers", "textual", "fastapi")
 CORE_GLOBS = ("*.py", "drafter/config.py", "service/*.py", "bench/*.py", "method/**/*.py", "cli/*.py",
               "engines/__init__.py", "engines/interface.py", "engines/local.py",
               "engines/chat_prompt.py", "engines/options.py", "engines/selection.py", "engines/table.py",
-              "adapt/record.py", "adapt/store.py",
+              "adapt/record.py", "adapt/store.py", "adapt/versions.py", "adapt/idle.py",
+              "engines/drafter_swap.py",
               "accel/__init__.py")
 ALLOWED = {"service": {"fastapi"}}  # per core subpackage: what it may import at module scope
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from dataclasses import replace
 from typing import Self
 
@@ -50,6 +51,7 @@ class StandIn:
         self.counters = {"drafts": 40.0, "draft_tokens": 280.0, "accepted": 90.0,
                          "per_pos": [30.0, 25.0, 15.0, 10.0, 5.0, 3.0, 2.0], "verify": 40.0, "gen": 170.0}
         self.requests: list[dict] = []
+        self.first_chunk_gate: threading.Event | None = None  # set: the stream may begin
         self.cached: int | None = None  # prompt_tokens_details.cached_tokens of the final usage
         self.server = BackgroundServer(self.app())
 
@@ -105,6 +107,8 @@ class StandIn:
             return "data: " + json.dumps({"id": "cmpl-1", "object": "chat.completion.chunk",
                                           "model": "tiny-served", "choices": choices, **extra}) + "\n\n"
 
+        while self.first_chunk_gate is not None and not self.first_chunk_gate.is_set():
+            await asyncio.sleep(0.01)  # the prefill, held
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         for index, step in enumerate(steps):
             await asyncio.sleep(0.01)
@@ -442,6 +446,32 @@ def test_a_service_relaying_our_service_streams_the_same_reply(service):
         message = refused.json()["error"]["message"]
         assert "logprobs: true is not supported by this engine" in message
     finally:
+        server.stop()
+        relay.shutdown()
+
+
+def test_a_relayed_jobs_phase_is_prefill_until_the_servers_first_token(vllm_stand_in):
+    """/dflash/status says a relayed job waits on its server's prefill, not that it decodes."""
+    import httpx
+    from service_support import wait_until
+
+    from dflash_local.service.app import create_app
+    from dflash_local.service.state import ServiceState
+
+    vllm_stand_in.first_chunk_gate = threading.Event()
+    relay = ServiceState()
+    relay.load("openai", vllm_stand_in.url + "/v1", None, served_name="relay")
+    server = BackgroundServer(create_app(relay)).start()
+    body = {"model": "relay", "messages": MESSAGES, "max_tokens": 16}
+    sent = threading.Thread(target=httpx.post, args=(server.url + "/v1/chat/completions",),
+                            kwargs={"json": body, "timeout": 60})
+    try:
+        sent.start()
+        running = wait_until(lambda: httpx.get(server.url + "/dflash/status").json()["worker"]["running"])
+        assert running[0]["phase"] == "prefill", running
+    finally:
+        vllm_stand_in.first_chunk_gate.set()
+        sent.join()
         server.stop()
         relay.shutdown()
 

@@ -5,11 +5,13 @@ each; bad input is a 400 naming the field and its value."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
 import torch
-from service_support import assert_openai_error
+from service_support import assert_openai_error, make_pair, start_service
 
 TOLERANCE = 1e-4  # float32 sums in another order (test_logprobs.py)
 PROMPT_IDS = [12, 80, 101, 116, 32, 109, 101, 32, 40, 120, 200, 33]
@@ -84,6 +86,20 @@ def test_lm_eval_request_shape(gpt, engine):
     assert reply.usage.prompt_tokens_details.cached_tokens == len(PROMPT_IDS) - 1
 
 
+def test_a_text_prompts_offsets_count_its_special_token_text(gpt, engine):
+    """A text prompt is echoed as sent, a special token's text included: each token's offset
+    is where its text starts in that echo."""
+    prompt = "Hi<|im_end|> there"
+    choice = complete(gpt, prompt, echo=True, logprobs=1, max_tokens=2).choices[0]
+    ids = engine.encode_raw(prompt)
+    special = ids.index(engine.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    offsets = choice.logprobs.text_offset
+    assert choice.text.startswith(prompt)
+    assert offsets[special] == prompt.index("<|im_end|>")
+    assert offsets[special + 1] == prompt.index(" there")  # after the special token's text
+    assert offsets[len(ids)] == len(prompt)  # the reply's first token
+
+
 @pytest.mark.parametrize("block_size", [8, "auto"])
 def test_speculative_equals_plain_streamed_and_not(gpt, block_size):
     asked = {"prompt": TEXT, "max_tokens": 40, "logprobs": 3, "echo": True}
@@ -141,6 +157,26 @@ def test_bad_input_is_a_400_naming_field_and_value(served, body, named):
     error = assert_openai_error(response, 400)
     assert named in error["message"]
 
+
+def test_an_id_past_the_embeddings_rows_is_a_400(tmp_path):
+    """A tokenizer may hold more tokens than the target has embedding rows: an id the
+    embedding lacks is refused as outside the vocabulary, never run."""
+    from transformers import AutoTokenizer
+
+    target, drafter = make_pair(tmp_path / "pair")
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    rows = len(tokenizer)
+    assert json.loads((target / "config.json").read_text())["vocab_size"] == rows  # the premise
+    tokenizer.add_tokens(["<no-row>"])
+    tokenizer.save_pretrained(str(target))
+    _state, server = start_service(target, drafter)
+    try:
+        response = httpx.post(server.url + "/v1/completions", timeout=60,
+                              json={"model": "tiny", "prompt": [5, rows], "max_tokens": 2})
+    finally:
+        server.stop()
+    message = assert_openai_error(response, 400)["message"]
+    assert f"token id {rows} (position 1)" in message and f"ids are 0 to {rows - 1}" in message
 
 
 @pytest.mark.parametrize(("prompt", "field", "tokens"), [

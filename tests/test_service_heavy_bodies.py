@@ -1,7 +1,8 @@
 """Heavy but legal bodies that cannot fit the context are refused before they reach the only
 worker: many empty tool results, many messages, many function_call items, a huge tool schema.
-Each is refused with context_length_exceeded, and the worker never sees the job (before, the
-early check counted message text only, and the worker templated each for seconds)."""
+Each is refused with context_length_exceeded, and the worker never sees the job: the early
+check counts each message's markup at its role's measured floor, and the texts the template
+renders, so the worker never templates thousands of messages only to refuse them."""
 
 from __future__ import annotations
 
@@ -41,6 +42,14 @@ BODIES = {
     "chat: many messages": ("/v1/chat/completions", {"messages": [
         {"role": "user" if index % 2 == 0 else "assistant", "content": "x"}
         for index in range(MANY)]}),
+    # each message's markup is several tokens: as many messages as the context has tokens
+    "chat: a message per context token": ("/v1/chat/completions", {"messages": [
+        {"role": "user" if index % 2 == 0 else "assistant", "content": "x"}
+        for index in range(CONTEXT)]}),
+    "responses: a function_call item per context token": ("/v1/responses", {"input": [
+        item for index in range(CONTEXT // 2) for item in (
+            {"type": "function_call", "call_id": f"c{index}", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{index}", "output": ""})]}),
     "chat: a huge tool schema": ("/v1/chat/completions", {"messages": [USER], "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
          "properties": {"x": {"type": "string", "description": HUGE_DESCRIPTION}}}}}]}),

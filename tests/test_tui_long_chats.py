@@ -8,11 +8,15 @@ import asyncio
 
 import pytest
 from dflash_chat.context_fit import (
+    SUMMARY_HEAD,
+    SUMMARY_TOKENS,
     TRIM_TO,
     ContextOverflow,
     HistoryMessage,
     fit_history,
     meter_text,
+    summary_request,
+    with_summary,
 )
 from dflash_chat.protocol import StreamUsage
 from dflash_chat.storage import DB_NAME, ChatStore
@@ -138,10 +142,10 @@ def test_keep_last_sends_the_last_n_turns_or_fewer_where_those_do_not_fit():
 def test_the_open_chats_policy_cycles_and_keep_turns_is_a_chat_value(home):
     async def scenario(app, pilot):
         seen = []
-        for _ in range(3):
+        for _ in range(4):
             app.chat_screen.action_toggle_overflow()
             seen.append(app.settings.overflow)
-        assert seen == ["refuse", "keep_last", "drop_oldest"]
+        assert seen == ["refuse", "keep_last", "summarise", "drop_oldest"]
         app.chat_screen.action_toggle_overflow()
         app.chat_screen.action_toggle_overflow()
         await pilot.pause()
@@ -149,6 +153,23 @@ def test_the_open_chats_policy_cycles_and_keep_turns_is_a_chat_value(home):
         assert app.chat_settings()["overflow"] == "keep_last"
         assert app.chat_settings()["keep_turns"] == 8 and app.defaults.overflow == "drop_oldest"
     run_offline(scenario, WIDE, toasts=True)
+
+
+def test_summarise_keeps_room_for_the_summary_and_asks_from_the_cached_start():
+    history = history_of(40)
+    dropped, summarised = fit(history), fit(history, policy="summarise")
+    assert summarised.dropped > dropped.dropped  # the summary's room left out one more turn
+    assert summarised.tokens <= 300 - 50 - SUMMARY_TOKENS
+    system = [{"role": "system", "content": "be brief"}]
+    asked = asyncio.run(summary_request(word_count, system, history[:summarised.dropped], 2000))
+    sent_before = system + [{"role": m.role, "content": m.content} for m in history]
+    assert asked[:-1] == sent_before[:len(asked) - 1]  # the last request's start, then the ask
+    short = asyncio.run(summary_request(word_count, system, history[:summarised.dropped], 600))
+    assert short[1]["role"] == "user" and len(short) < len(asked)  # oldest turns out, to fit
+    assert asyncio.run(summary_request(word_count, system, history[:2], 100)) is None
+    assert with_summary(system, "they counted") == [
+        {"role": "system", "content": "be brief\n\n" + SUMMARY_HEAD + "they counted"}]
+    assert with_summary([], "") == []
 
 
 def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():

@@ -87,6 +87,36 @@ def test_a_chat_past_the_context_drops_its_oldest_turns_and_refuse_keeps_the_pro
     asyncio.run(scenario())
 
 
+def test_summarise_sends_the_models_summary_in_place_of_the_turns_left_out(served, home):
+    _, server = served
+
+    async def scenario():
+        settings = Settings(max_tokens=16, overflow="summarise")
+        app = DFlashChatApp(Options(server=server.url), settings=settings)
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(pilot, lambda: app.service_ready.is_set(), "service ready", 120)
+            conversation, prompt = app.chat_screen.conversation, app.chat_screen.query_one(PromptInput)
+            chat_id = conversation.chat_id
+            prompt.value = "And the next one?"
+            await pilot.press("enter")
+            await replied(pilot, app, 2 * TURNS + 2)
+            chat = app.store.chat(chat_id)
+            assert chat.context_from and chat.context_summary and "summary" in said(app)
+            assert len(said(app)) < 300  # a toast, not the summary whole
+            system = conversation.request_messages()[0]
+            assert system["role"] == "system" and system["content"].endswith(chat.context_summary)
+            prompt.value = "Go on."  # the summary stays: the next send's start is cached
+            await pilot.press("enter")
+            await replied(pilot, app, 2 * TURNS + 4)
+            stats = app.store.messages(chat_id)[-1].meta["stats"]
+            probe, model = [{"role": "user", "content": "x"}], app.served_model()
+            summary_tokens = (await app.client.count_tokens(model, [system, *probe])
+                              - await app.client.count_tokens(model, probe))
+            assert app.store.chat(chat_id).context_summary == chat.context_summary
+            assert stats["cached_tokens"] >= summary_tokens
+    asyncio.run(scenario())
+
+
 def test_a_fork_at_an_earlier_prompt_is_served_with_the_shared_prefix_cached(served, home):
     _, server = served
 

@@ -197,6 +197,11 @@ class ReplyStore:
                                f"its replies are not used (dflash-local adapt reset --pair {key})")
         yield from self._rows("WHERE pair_key = ?", (key,))
 
+    def count(self, key: str, after_id: int = 0) -> int:
+        """One pair's replies recorded after row `after_id` (0: all of them)."""
+        return self.connection.execute("SELECT COUNT(*) FROM replies WHERE pair_key = ? AND id > ?",
+                                       (key, after_id)).fetchone()[0]
+
     def all_replies(self, key: str | None = None) -> Iterator[RecordedReply]:
         """Every pair's replies (or one key's), oldest first: for export."""
         yield from self._rows("WHERE pair_key = ?" if key else "", (key,) if key else ())

@@ -15,6 +15,7 @@ from contextlib import closing
 from pathlib import Path
 
 from dflash_local.adapt.store import MIB, ReplyStore, store_path
+from dflash_local.adapt.versions import VersionStore, reset_versions
 from dflash_local.cli.cache import age
 from dflash_local.errors import InvalidRequestError
 
@@ -26,9 +27,13 @@ def add_parser(commands) -> None:
                     "reply token ids, per pair; never sent anywhere) so the drafter can learn "
                     "this machine's traffic. serve --no-adapt turns recording off.")
     actions = adapt.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("status", help="replies, tokens and bytes per pair").set_defaults(
-        handler=run_status)
-    reset = actions.add_parser("reset", help="delete the recorded replies (every pair's, or one)")
+    status = actions.add_parser("status", help="replies, tokens, bytes and the adapted drafter, "
+                                               "per pair")
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object per pair: /dflash/status's adapt fields")
+    status.set_defaults(handler=run_status)
+    reset = actions.add_parser("reset", help="delete the recorded replies and the adapted drafters "
+                                             "(every pair's, or one): the shipped drafter serves")
     reset.add_argument("--pair", metavar="KEY", help="only this pair's (its key from status)")
     reset.set_defaults(handler=run_reset)
     export = actions.add_parser("export", help="write the recorded replies as JSON lines")
@@ -66,12 +71,29 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"{store.path}: {sum(pair['replies'] for pair in pairs)} replies, "
               f"{total / MIB:.1f} MiB of ids, {on_disk / MIB:.1f} MiB on disk "
               f"(budget {store.max_replies} replies, {store.max_bytes / MIB:.0f} MiB)")
+        identities = {pair.key: pair.identity for pair in store.pairs()}
         for pair in pairs:
+            versions = VersionStore(pair["pair"], identities[pair["pair"]]["target"])
+            adapt = versions.offline_status(pair["replies"],
+                                            store.count(pair["pair"], versions.taken_through()))
+            if args.json:
+                print(json.dumps({"pair": pair["pair"], "adapt": adapt}))
+                continue
             print(f"{pair['pair']}  {pair['target']} + {pair['drafter'] or 'no drafter'}  "
                   f"{pair['replies']} replies  {pair['prompt_tokens']} prompt + "
                   f"{pair['reply_tokens']} reply tokens  {pair['bytes'] / MIB:.2f} MiB  "
                   f"newest {age(pair['newest'])} ago")
+            _print_adapted(adapt)
     return 0
+
+
+def _print_adapted(adapt: dict) -> None:
+    serving = f"adapted v{adapt['version']}" if adapt["version"] else "the shipped drafter"
+    print(f"    drafter: {serving} serves; {adapt['trained_on']} replies taken in, "
+          f"{adapt['pending']} pending")
+    for entry in adapt["history"]:
+        print(f"    v{entry['version']}  {entry['at']}  trained on {entry['trained_on']} replies  "
+              f"tau on recent replies {entry['tau_before']:.2f} -> {entry['tau_after']:.2f}")
 
 
 def run_reset(args: argparse.Namespace) -> int:
@@ -81,7 +103,9 @@ def run_reset(args: argparse.Namespace) -> int:
     with closing(store):
         _known_pair(store, args.pair)
         deleted = store.reset(args.pair)
-    print(f"{store.path}: {deleted} replies deleted")
+    versions = reset_versions(args.pair)
+    print(f"{store.path}: {deleted} replies deleted, {versions} adapted drafter versions deleted "
+          f"(the shipped drafter serves)")
     return 0
 
 

@@ -121,13 +121,13 @@ def _downloaded(pair: PairSpec) -> bool:
     return all(find_local(model)[0] == AVAILABLE for model in (pair.target, pair.drafter))
 
 
-def start_service(pair: PairSpec, engine: str) -> Service:
-    """`dflash-local serve` on a free loopback port with a random key, its output in a log
-    file; waits for its serving line, echoing the load phases."""
+def start_service(pair: PairSpec, engine: str, serve_args: tuple[str, ...] = ()) -> Service:
+    """`dflash-local serve` (plus `serve_args`) on a free loopback port with a random key, its
+    output in a log file; waits for its serving line, echoing the load phases."""
     api_key = secrets.token_urlsafe(24)
     log_path = Path(tempfile.mkdtemp(prefix="dflash-launch-")) / "service.log"
     command = [sys.executable, "-m", "dflash_local.cli.main", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--pair", pair.id, "--engine", engine]
+               "--port", "0", "--pair", pair.id, "--engine", engine, *serve_args]
     env = {**os.environ, API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -19,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dflash_local.drafter import batch_torch
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config, to_checkpoint_json
 from dflash_local.drafter.dflash2_torch import CandidateSelector, GroupedCausalConv
 from dflash_local.drafter.rope_torch import RotaryEmbedding, apply_rope
@@ -66,14 +67,21 @@ class Attention(nn.Module):
     def forward(self, x, ctx_keys, ctx_values, block_rope, mask):
         """x: [b, Q, H] block rows; ctx_keys/values: [b, kv, S, d]; mask: [Q, S+Q] bool or None."""
         b, q_len, _ = x.shape
+        queries, keys, values = self.block_qkv(x, block_rope)
+        out = self.attend(queries, torch.cat([ctx_keys, keys], dim=2),
+                          torch.cat([ctx_values, values], dim=2), mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+    def block_qkv(self, x, block_rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [b, heads, Q, d], keys and values [b, kv, Q, d] of the block rows."""
         queries = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), *block_rope)
         keys = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), *block_rope)
-        keys = torch.cat([ctx_keys, keys], dim=2)
-        values = torch.cat([ctx_values, self._heads(self.v_proj(x), self.num_kv_heads)], dim=2)
-        out = F.scaled_dot_product_attention(
+        return queries, keys, self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def attend(self, queries, keys, values, mask) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
         )
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
 class MLP(nn.Module):
@@ -283,6 +291,20 @@ class DraftSession:
         logits, ids = self.model.draft_logits(hidden)
         return tree_from_logits(logits[0].float().cpu().numpy(),
                                 None if ids is None else ids.cpu().numpy(), nodes)
+
+    @staticmethod
+    def propose_batch(sessions: list[DraftSession], anchors: list[int],
+                      new_taps: list[torch.Tensor], widths: list[int]) -> list[list[int]]:
+        """Each session's propose(anchor, taps, width) as one drafter pass: afterwards each
+        session's context cache holds what its own propose leaves, and each proposal is its
+        own (same argmax). Sessions of one drafter, v1 or DFlash 2 (drafter/batch_torch.py)."""
+        return batch_torch.propose_batch(sessions, anchors, new_taps, widths)
+
+    @staticmethod
+    def propose_tree_batch(sessions: list[DraftSession], anchors: list[int],
+                           new_taps: list[torch.Tensor], nodes: list[int]) -> list[DraftTree]:
+        """As `propose_batch`, each session's propose_tree(anchor, taps, nodes)."""
+        return batch_torch.propose_tree_batch(sessions, anchors, new_taps, nodes)
 
     def _selector_inputs(self, anchor_id: int, hidden: torch.Tensor):
         logits, ids = self.model.draft_logits(hidden)

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
-from dflash_local.engines.client_text import client_strings, encode_marked, mark_special_texts
+from dflash_local.engines.client_text import (
+    client_strings,
+    encode_marked,
+    mark_special_texts,
+    strings_in,
+)
 from dflash_local.errors import InvalidRequestError, PromptTooLongError
 
 log = logging.getLogger(__name__)
@@ -22,6 +29,11 @@ log = logging.getLogger(__name__)
 TOO_LONG_MARGIN = 2  # counted in chunks, a prompt refused early is surely too long
 COUNT_WHOLE_UNDER_CHARS_PER_TOKEN = 8  # content shorter than this many characters per context token
 COUNT_CHUNK_CHARS = 16_384
+TOKENIZED_FROM_CHARS = 16  # a shorter text is counted as the one token it is at least
+PROBED_ROLES = ("system", "user", "assistant", "tool")
+PROBE_OPENING = ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"})
+PROBE_CLOSING = {"role": "user", "content": "Bye"}
+_MARKUP_FLOORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # template text, or pieces alternating template text and client text (a forced call's opener
 # around the tool's name): the client's pieces are marked as every client text is
 AssistantPrefix = str | tuple[str, ...]
@@ -128,7 +140,9 @@ def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
     """Refuse text no tokenizer can encode, naming where it is: every string the template may
     render (a tool's schema and a call's arguments are any JSON, unchecked by the request's)."""
     for name, value in (("messages", messages), ("tools", tools or [])):
-        for where, text in client_strings(value, name):
+        if all(unicode_problem(text) is None for text, _ in strings_in(value)):
+            continue
+        for where, text in client_strings(value, name):  # the first problem, by its path
             if (problem := unicode_problem(text)) is not None:
                 raise InvalidRequestError(f"{where}: {problem}")
 
@@ -136,14 +150,16 @@ def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
 def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
                         tools: list[dict] | tuple[dict, ...] | None = None) -> None:
     """Refuse a request far past the context without templating or tokenizing all of it (10 MB
-    of text, or 80,000 empty tool results, would hold the worker for seconds): every message
-    costs at least one token of the template's markup, and the texts the template renders
+    of text, or 10,000 short messages, would hold the worker for seconds): every message costs
+    at least its role's markup (message_markup_floors), and the texts the template renders
     (contents, calls, the tools' schemas) are counted a chunk at a time, stopping once surely
     too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
-    if len(messages) > TOO_LONG_MARGIN * max_context:
+    floors = message_markup_floors(tokenizer)
+    markup = sum(floors.get(message.get("role"), 1) for message in messages)
+    if markup > TOO_LONG_MARGIN * max_context:
         raise PromptTooLongError(
-            f"{len(messages)} messages (each costs at least one token of the chat template's "
-            f"markup): far past the target's context of {max_context} tokens")
+            f"{len(messages)} messages take at least {markup} tokens of the chat template's "
+            f"markup alone: far past the target's context of {max_context} tokens")
     texts = rendered_texts(messages, tools)
     chars = sum(map(len, texts))
     if chars <= max_context * COUNT_WHOLE_UNDER_CHARS_PER_TOKEN:
@@ -152,14 +168,40 @@ def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
     for text in texts:
         for start in range(0, len(text), COUNT_CHUNK_CHARS):
             chunk = text[start:start + COUNT_CHUNK_CHARS]
-            counted += len(tokenizer.encode(chunk, add_special_tokens=False,
-                                            split_special_tokens=True))
+            # a short text is at least one token: a schema's 300,000 keys are not tokenized
+            counted += 1 if len(chunk) < TOKENIZED_FROM_CHARS else len(tokenizer.encode(
+                chunk, add_special_tokens=False, split_special_tokens=True))
             seen += len(chunk)
             if counted > TOO_LONG_MARGIN * max_context:
                 raise PromptTooLongError(
                     f"prompt of {chars} characters has over {counted} tokens in its first "
                     f"{seen} characters alone (messages and tools): far past the target's "
                     f"context of {max_context} tokens")
+
+
+def message_markup_floors(tokenizer) -> dict[str, int]:
+    """role -> the fewest tokens an empty message of that role adds to a conversation under the
+    tokenizer's chat template (a role missing: 1). Measured once per tokenizer with one and two
+    such messages between a conversation's turns and its last user turn, where a template writes
+    a message plainly (it may add to the last message, and group a run of tool results)."""
+    floors = _MARKUP_FLOORS.get(tokenizer)
+    if floors is None:
+        floors = _MARKUP_FLOORS[tokenizer] = {
+            role: max(1, min(costs)) for role in PROBED_ROLES
+            if (costs := _inserted_costs(tokenizer, role))}
+    return floors
+
+
+def _inserted_costs(tokenizer, role: str) -> list[int]:
+    lengths = []
+    for count in range(3):
+        probe = [*PROBE_OPENING, *[{"role": role, "content": ""}] * count, PROBE_CLOSING]
+        try:
+            text = chat_text(tokenizer, probe, generation_prompt=False)
+        except InvalidRequestError:  # the template refuses this order of roles: no floor
+            return []
+        lengths.append(len(tokenizer.encode(text, add_special_tokens=False)))
+    return [later - earlier for earlier, later in pairwise(lengths)]
 
 
 def rendered_texts(messages: list[dict], tools: list[dict] | tuple[dict, ...] | None) -> list[str]:
@@ -171,8 +213,8 @@ def rendered_texts(messages: list[dict], tools: list[dict] | tuple[dict, ...] | 
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             texts.append(str(function.get("name") or ""))
-            texts += [text for _, text in client_strings(function.get("arguments"))]
-    texts += [text for _, text in client_strings(list(tools or ()))]
+            texts += [text for text, _ in strings_in(function.get("arguments"))]
+    texts += [text for text, _ in strings_in(list(tools or ()))]
     return texts
 
 

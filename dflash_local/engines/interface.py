@@ -57,6 +57,11 @@ class Engine(abc.ABC):
     pair: PairInfo
     last_stats = None  # a served engine: its server's totals for the last generation
     sharing: RoundSharing | None = None  # the worker's lanes, where generations share (share_rounds)
+    drafter_version: int | None = None  # an adapted drafter's version (adapt/), None: as loaded
+
+    def torch_target(self):
+        """The target as a torch module where the engine runs one (adaptation's trainer borrows
+        it); None: it has none."""
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,

@@ -108,13 +108,14 @@ class LocalEngine(Engine):
                         target_path, drafter_path, dtype, self.on_accelerator())
         check_draft_window(draft_window, max_context)  # before any weight loads
         disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
-        drafter_config = (load_checked_drafter_config(drafter_path, target_path,
-                                                      load_target_info(target_path, raw_config))
+        target_info = load_target_info(target_path, raw_config)
+        drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
                           if drafter_path else None)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
                      if drafter_config is not None and draft_vocab else None)
         self.warn_precision(dtype, raw_config)
         self.tokenizer = self.load_target(target_path, dtype)
+        self.token_id_limit = min(len(self.tokenizer), target_info.embedding_rows)  # a row and a text
         self.accelerations = self.install_accelerations(drafter_config)
         self.drafter = None
         if drafter_config is not None:

@@ -29,7 +29,7 @@ from dflash_local.accel.torch_linear import (
 )
 from dflash_local.drafter.config import DrafterConfig
 from dflash_local.drafter.model_torch import DraftSession, load_drafter
-from dflash_local.engines import torch_rollback
+from dflash_local.engines import torch_batch, torch_rollback
 from dflash_local.engines.local import LocalEngine
 from dflash_local.engines.table import TRANSFORMERS
 from dflash_local.engines.torch_prefix import TorchPrefixCodec, TorchPrefixStates, row_bytes
@@ -98,7 +98,7 @@ class TorchTargetRunner:
         self.max_context = max_context
         self.supports_tree = supports_tree(model.config)
         self.cache = DynamicCache(config=model.config)
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._length = 0
         self._verified_rows = 0
         self._pending_taps: torch.Tensor | None = None
@@ -111,7 +111,7 @@ class TorchTargetRunner:
         torch_rollback.before_forward(self.cache, rollback_rows)
         input_ids = torch.tensor([ids], device=self.model.device)
         out = self.model(input_ids, use_cache=True, logits_to_keep=logits_to_keep,
-                         **{self._cache_kwarg: self.cache}, **tree_inputs)
+                         **{self.cache_kwarg: self.cache}, **tree_inputs)
         taps = self.taps.take() if self.taps is not None else None
         return out.logits[0].float().cpu().numpy(), taps
 
@@ -136,12 +136,31 @@ class TorchTargetRunner:
             return self.verify_chain([anchor_id, *tree.token_ids])
         return self.verify_tree(anchor_id, tree)
 
+    @staticmethod
+    def verify_batch(runners: list[TorchTargetRunner], anchors: list[int],
+                     trees: list[DraftTree]) -> list[np.ndarray]:
+        """Each runner's verify(anchor, tree) as one batched forward: afterwards each runner is in
+        the state its own verify leaves (cache rows appended, pending taps, rollback records:
+        ready for commit), and each logits [N_i+1, V] is what its verify returns (same argmax).
+        Runners of one model; targets that cannot batch fall back to one verify each
+        (engines/torch_batch.py)."""
+        return torch_batch.verify_batch(runners, anchors, trees)
+
     def verify_chain(self, block_ids: list[int]) -> np.ndarray:
         """The rows as one causal sequence after the cache: the cheaper verify of a chain."""
-        logits, self._pending_taps = self._forward(block_ids, logits_to_keep=0,
-                                                   rollback_rows=len(block_ids))
-        self._verified_rows = len(block_ids)
+        logits, taps = self._forward(block_ids, logits_to_keep=0, rollback_rows=len(block_ids))
+        self.verified(len(block_ids), taps)
         return logits
+
+    @property
+    def context_rows(self) -> int:
+        """Committed rows in the cache: where the next verify's anchor sits."""
+        return self._length
+
+    def verified(self, rows: int, taps: torch.Tensor | None) -> None:
+        """Record a verify of `rows` rows on top of the cache (run here or in a batch) and its
+        taps [1, rows, taps*H], for `commit`."""
+        self._verified_rows, self._pending_taps = rows, taps
 
     def _keep(self, kept_rows: int):
         torch_rollback.keep_rows(self.cache, self._verified_rows - kept_rows)
@@ -161,10 +180,10 @@ class TorchTargetRunner:
         hidden = torch.from_numpy(~tree.ancestor_mask()).to(device)
         mask[0, 0, :, past:].masked_fill_(hidden, torch.finfo(dtype).min)
         positions = torch.tensor([tree.depths], device=device) + past
-        logits, self._pending_taps = self._forward(
+        logits, taps = self._forward(
             [anchor_id, *tree.token_ids], logits_to_keep=0, attention_mask=mask,
             position_ids=positions, cache_position=torch.arange(past, past + rows, device=device))
-        self._verified_rows = rows
+        self.verified(rows, taps)
         return logits
 
     @torch.inference_mode()
@@ -260,8 +279,13 @@ class TorchEngine(LocalEngine):
         if draft_ids:
             wrap = partial(pack_linear, rows_hint=self.rows_hint) if self.pack_cpu_linears else None
             drafter.restrict_draft_vocab(draft_ids, wrap=wrap)
+        if self.taps is not None:  # a swapped drafter (local.swap_drafter): one set of hooks
+            self.taps.remove()
         self.taps = TapCollector(self.model, drafter_config.target_layer_ids)
         return drafter
+
+    def torch_target(self):
+        return self.model
 
     def exact_tree_verify(self) -> bool:
         return supports_tree(self.model.config)

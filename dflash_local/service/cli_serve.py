@@ -69,9 +69,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="compute every prompt whole (no conversation cache)")
     serve.add_argument("--no-adapt", action="store_true",
-                       help="do not record finished replies for the drafter's adaptation (local "
-                            "engines record them under the data dir by default; they never leave "
-                            "this machine: dflash-local adapt status|reset|export)")
+                       help="do not record finished replies nor adapt the drafter to them (local "
+                            "engines record them under the data dir by default and train the "
+                            "drafter on them while idle; nothing leaves this machine: "
+                            "dflash-local adapt status|reset|export)")
     serve.add_argument("--no-load", action="store_true", help="start with no pair loaded")
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])

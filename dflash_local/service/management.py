@@ -15,6 +15,7 @@ import psutil
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from dflash_local.adapt.idle import disabled_status
 from dflash_local.engines.local import LocalEngine
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import parse_block_size
@@ -161,6 +162,7 @@ def _status(state: ServiceState) -> dict:
     memory = psutil.virtual_memory()
     return {
         "loaded": loaded.describe() if loaded else None,
+        "adapt": loaded.adapt_status() if loaded else disabled_status(),
         "loading": state.loading,
         "loading_phase": state.loading_phase,
         "load_error": state.load_error,  # paths redacted when it was recorded

@@ -64,19 +64,19 @@ async def completions(body: CompletionRequest, request: Request, state: ServiceS
 async def raw_prompt(prompt: str | list[int], loaded: LoadedPair, echo: bool,
                      field: str) -> RawPrompt:
     """A prompt's ids: text tokenized as it is (with the counter's tokenizer, off the event
-    loop), ids checked against the vocabulary; either way refused here, before it queues, when
-    it leaves the completion no room."""
+    loop), ids checked against the vocabulary (the tokenizer's and the embedding's); either way
+    refused here, before it queues, when it leaves the completion no room."""
     if isinstance(prompt, str):
         ids = await asyncio.to_thread(loaded.prompt_counter.encode_text, prompt)
         if not ids:
             raise InvalidRequestError(f"{field}: {prompt!r} encodes to no tokens")
     else:
         ids = prompt
-        vocabulary = len(loaded.engine.tokenizer)
+        limit = loaded.engine.token_id_limit
         for position, token_id in enumerate(ids):
-            if token_id >= vocabulary:
+            if token_id >= limit:
                 raise InvalidRequestError(f"{field}: token id {token_id} (position {position}) "
-                                          f"is outside the vocabulary: ids are 0 to {vocabulary - 1}")
+                                          f"is outside the vocabulary: ids are 0 to {limit - 1}")
     check_room(len(ids), loaded.engine.capabilities.max_context, field)
     return RawPrompt(tuple(ids), prompt if isinstance(prompt, str) else None, echo)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dflash_local.adapt.idle import Adaptation, adaptation_for, disabled_status
 from dflash_local.adapt.record import ReplyRecorder, recorded_pair
 from dflash_local.drafter.config import load_checked_drafter_config
 from dflash_local.engines.interface import Engine
@@ -77,6 +78,24 @@ class LoadedPair:
     # template render is too slow for the event loop)
     system_turns: SystemTurns = SystemTurns.ANYWHERE
     recorder: ReplyRecorder | None = None  # its finished replies, kept for adaptation (adapt/)
+    adaptation: Adaptation | None = None  # its drafter learning them while idle (adapt/idle.py)
+    adapt_note: str | None = None  # why a recording pair does not adapt
+
+    def adapt_status(self) -> dict:
+        """/dflash/status's `adapt` (the contract in adapt/idle.py's `Adaptation.status`)."""
+        if self.adaptation is not None:
+            return self.adaptation.status()
+        recording = self.recorder is not None and self.recorder.paused is None
+        return disabled_status(recording=recording,
+                               note=redact_paths(self.adapt_note) if self.adapt_note else None)
+
+    def close(self) -> None:
+        """Once its worker has stopped: the engine, the adaptation, the recorder's store."""
+        self.engine.close()
+        if self.adaptation is not None:
+            self.adaptation.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def answers_to(self, name: str | None) -> bool:
         return name in DEFAULT_NAMES or name == self.served_name or name in self.aliases
@@ -281,17 +300,20 @@ class ServiceState:
             names = names or (public_name(target), public_name(drafter))
             recorder = (ReplyRecorder(recorded_pair(engine_obj.pair, names))
                         if self.adapt and kind_of(engine) == LOCAL else None)
+            adaptation, note = adaptation_for(engine_obj, recorder)
             worker = GenerationWorker(engine_obj, max_queue=self.max_queue, max_batch=max_batch,
-                                      on_finished=recorder.record if recorder else None)
+                                      on_finished=recorder.record if recorder else None,
+                                      idle_work=adaptation)
             loaded = LoadedPair(served_name=served_name, engine=engine_obj, worker=worker,
                                 prompt_counter=PromptCounter.of(engine_obj, worker.tool_support),
                                 system_turns=SystemTurns.of(engine_obj),
                                 pair_id=pair_id, default_block_size=block_size, aliases=aliases,
-                                draft_window=draft_window, names=names, recorder=recorder)
+                                draft_window=draft_window, names=names, recorder=recorder,
+                                adaptation=adaptation, adapt_note=note)
             previous, self.loaded = self.loaded, loaded
             self.load_error, self.load_warning = None, warning
             if previous is not None:
-                previous.worker.retire(on_idle=previous.engine.close)
+                previous.worker.retire(on_idle=previous.close)
             return loaded
         finally:
             self.loading = self.loading_phase = None
@@ -333,9 +355,7 @@ class ServiceState:
         loaded, self.loaded = self.loaded, None
         if loaded is not None:
             loaded.worker.close()
-            loaded.engine.close()
-            if loaded.recorder is not None:
-                loaded.recorder.close()
+            loaded.close()
 
     def shutdown(self) -> None:
         self.downloads.cancel_all()

@@ -57,5 +57,6 @@ def reply_usage(stats: GenerationStats, engine: str, block_size: int, speculativ
             "block_size": block_size,
             "speculative": speculative,
             "block_policy": "auto" if auto else "fixed",  # auto: block_size is the widest allowed
+            "drafter_version": stats.drafter_version,  # an adapted version (adapt/), null: as loaded
         },
     }

@@ -20,12 +20,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import Protocol
 
 from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.api_errors import NoModelLoadedError
-from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.job_items import (
     Chunk,
     Failed,
@@ -43,12 +43,20 @@ from dflash_local.service.tool_calls import (
     NO_TOOLS,
     ToolPlan,
     ToolSupport,
-    new_call_id,
     plan_tools,
+    split_calls,
 )
-from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
+
+
+class IdleWork(Protocol):
+    """Work the worker runs in slices while idle (adapt/idle.py): `has_work` is asked before
+    every slice (cheap); `run_slice` is one bounded piece (the longest a job arriving waits)."""
+
+    def has_work(self) -> bool: ...
+
+    def run_slice(self) -> None: ...
 
 
 class Job:
@@ -107,7 +115,8 @@ class Job:
 
     @property
     def phase(self) -> str:
-        """queued, prefill (its prompt's rows going into the cache: no token yet), or decode."""
+        """queued, prefill (its prompt's rows going into the cache, here or on a served
+        engine's server: no token yet), or decode."""
         if self.prefill_started is None:
             return "queued" if self.outcome == "queued" else "decode"
         return "prefill" if not self.reply_parts else "decode"
@@ -126,24 +135,6 @@ class Job:
                 "rounds": self.rounds, "rounds_at_cancel": self.rounds_at_cancel}
 
 
-def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
-                ) -> tuple[str, str, tuple[ToolCallDelta, ...], str | None]:
-    """A step's text without call markup, its reasoning (harmony's analysis), the calls it
-    completed as OpenAI streams each (its id and name, then its arguments), and the finish
-    reason ("tool_calls" for a reply that called)."""
-    first_index = splitter.calls_made
-    text, calls = splitter.feed(text)
-    if finish:
-        more, last = splitter.finish()
-        text, calls = text + more, calls + last
-    if finish == "stop" and splitter.calls_made:
-        finish = "tool_calls"
-    deltas = []
-    for index, call in enumerate(calls, start=first_index):
-        deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
-    return text, splitter.take_reasoning(), tuple(deltas), finish
-
-
 def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[int]:
     """A local engine's prompt for the request: its template, with the tools and a forced call's
     opener of `tools` (plan_tools). Generation and count_tokens both encode through here."""
@@ -153,11 +144,14 @@ def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[
 
 class GenerationWorker:
     """`max_batch`: generations in flight at once (scheduler.max_batch_for chooses it);
-    `on_finished`: called after each job (adapt/record.py)."""
+    `on_finished`: called after each job (adapt/record.py); `idle_work`: what runs in slices
+    while no job waits or runs (adapt/idle.py: a job arriving waits at most one slice)."""
 
     def __init__(self, engine: Engine, max_queue: int = 8, max_batch: int = 1,
-                 on_finished: Callable[[Job], None] | None = None):
+                 on_finished: Callable[[Job], None] | None = None,
+                 idle_work: IdleWork | None = None):
         self.engine = engine
+        self.idle_work = idle_work
         self.on_finished = on_finished or (lambda job: None)  # after each job: adapt/record.py
         self.max_queue = max_queue
         self.max_batch = max_batch
@@ -228,6 +222,8 @@ class GenerationWorker:
             idle = not self._batch.lanes
             if idle:
                 self._warm_finished()
+                if self._idle_slice():
+                    continue  # then look for jobs again: one arriving waited one slice at most
             joining = self._batch.joining(block=idle)
             if joining is None:
                 self.engine.share_rounds(None)
@@ -248,6 +244,18 @@ class GenerationWorker:
         """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
         while self._to_warm and not self._closed and not self._batch.waiting:
             self._warm_next_turn(self._to_warm.pop())
+
+    def _idle_slice(self) -> bool:
+        """One slice of the idle work, when there is some and no job waits; False: none ran."""
+        work = self.idle_work
+        if work is None or self._closed or self._batch.waiting or not work.has_work():
+            return False
+        try:
+            work.run_slice()
+        except Exception:  # the worker's edge: a failed slice must not stop serving
+            log.exception("idle work failed: it stops until the next load")
+            self.idle_work = None
+        return True
 
     def _warm_next_turn(self, job: Job) -> None:
         """While no job waits, ready the prefix cache for this conversation's next request
@@ -297,7 +305,7 @@ class GenerationWorker:
         """The stats, or None when cancelled (at the round's end: a cancel costs at most the
         round already running); the other lanes run at its verifies and prefill chunks."""
         request = job.request
-        stats = GenerationStats()
+        stats = GenerationStats(drafter_version=self.engine.drafter_version)  # swaps wait for idle
         stops = StopMatcher(request.stop)
         # only local engines declare logprobs (chat.job_request refuses the others): they have a tokenizer
         logprobs = (LogprobEntries(self.engine.tokenizer, completions=request.raw_prompt is not None)
@@ -354,6 +362,7 @@ class GenerationWorker:
     def _open_stream(self, job: Job, tools: ToolPlan, logprobs: LogprobEntries | None):
         request, raw = job.request, job.request.raw_prompt
         if not self.engine.capabilities.tokenizes:  # a served engine: its server templates and caps max_tokens
+            job.prefill_started = time.monotonic()  # the server's prefill, until its first token
             return self.engine.stream_chat(request.messages, request.params, thinking=request.thinking)
         job.prompt_ids = list(raw.ids) if raw is not None else encode_prompt(self.engine, request, tools)
         params = self._fit_max_tokens(job, len(job.prompt_ids))

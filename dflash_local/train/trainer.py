@@ -82,6 +82,13 @@ def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict
     """Weighted cross-entropy over the drafter's draft vocabulary (the whole one if it has none:
     a restricted head is ~6x cheaper here too, and a label outside the set cannot be proposed,
     so it carries no loss, but it still counts as a miss in the metrics)."""
+    loss, predicted = loss_and_predictions(drafter, batch)
+    return loss, _metrics(predicted, batch, drafter.config.block_size)
+
+
+def loss_and_predictions(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_loss's loss, and the token the drafter (DFlash 2: its selector) drafts at each
+    block position, [b, Q]."""
     hidden = drafter.forward_packed(batch.block_ids, batch.taps, batch.block_pos, batch.mask)
     logits, draft_ids = drafter.draft_logits(hidden)
     logits = logits.float()  # [b, Q, V or K]
@@ -96,7 +103,7 @@ def batch_loss(drafter: DFlashDrafter, batch: Batch) -> tuple[torch.Tensor, dict
         selector_loss, predicted = _selector_terms(drafter.candidate_selector, hidden, logits, draft_ids,
                                                    labels, batch)
         loss = loss + selector_loss
-    return loss, _metrics(predicted, batch, drafter.config.block_size)
+    return loss, predicted
 
 
 def _selector_terms(selector, hidden, logits, draft_ids, labels, batch: Batch):
@@ -140,14 +147,27 @@ def _draft_indices(labels: torch.Tensor, draft_ids: torch.Tensor, vocab_size: in
 
 def _metrics(predicted: torch.Tensor, batch: Batch, block_size: int) -> dict:
     """Accuracy at position 1 and the τ greedy verification would give on these blocks."""
-    correct = (predicted == batch.labels).view(predicted.shape[0], -1, block_size)[..., 1:]
-    valid = (batch.labels != -100).view(correct.shape[0], -1, block_size)[..., 1:]
-    leading = (correct & valid).int().cumprod(-1).sum(-1)  # accepted drafts per block
+    correct, valid = _block_hits(predicted, batch, block_size)
     has_block = valid[..., 0]
     return {
         "acc1": float(correct[..., 0][has_block].float().mean()),
-        "tau": float(1 + leading[has_block].float().mean()),
+        "tau": float(1 + accepted_per_block(predicted, batch, block_size).float().mean()),
     }
+
+
+def _block_hits(predicted: torch.Tensor, batch: Batch, block_size: int):
+    """([b, blocks, B-1] draft equals the target's token, [b, blocks, B-1] a label is there)."""
+    correct = (predicted == batch.labels).view(predicted.shape[0], -1, block_size)[..., 1:]
+    valid = (batch.labels != -100).view(correct.shape[0], -1, block_size)[..., 1:]
+    return correct, valid
+
+
+def accepted_per_block(predicted: torch.Tensor, batch: Batch, block_size: int) -> torch.Tensor:
+    """[blocks]: the drafts greedy verification would accept in each block that has one (its
+    leading run of hits); τ is 1 + their mean."""
+    correct, valid = _block_hits(predicted, batch, block_size)
+    leading = (correct & valid).int().cumprod(-1).sum(-1)
+    return leading[valid[..., 0]]
 
 
 # while a time-budgeted run measures its pace (StepBudget) its length is unknown: warm up as if

@@ -154,7 +154,7 @@ class DFlashChatApp(App):
         if not message.status.get("loaded"):
             reason = message.status.get("load_error") or (
                 self.process.last_warning() if self.process else None)
-            self.notify((f"{reason}\n" if reason else "") + "F5 opens the model picker.",
+            self.notify((f"{reason}\n" if reason else "") + f"{self.keys_of('models')} opens the model picker.",
                         title="No model is loaded", severity="warning", timeout=30)
 
     class ServicePhase(Message):
@@ -203,13 +203,14 @@ class DFlashChatApp(App):
             return  # already said, or restarting
         self.service_ready.clear()  # prompts wait for a restart instead of failing
         self.service_state = "service stopped"
-        keys = self.restart_keys()
+        keys = self.keys_of("restart_service")
         tail = f"\n{self.process.log_tail()}" if self.process is not None else ""
         self.notify(f"{message.reason}. {keys} restarts it; its log: {self.service_log}{tail}",
                     title="The service stopped", severity="error", timeout=30)
 
-    def restart_keys(self) -> str:
-        return key_label(effective_keys(BY_ID["restart_service"], self.settings.keymap))
+    def keys_of(self, action_id: str) -> str:
+        """An action's keys as the user's keymap has them, written as people read them."""
+        return key_label(effective_keys(BY_ID[action_id], self.settings.keymap))
 
     async def action_restart_service(self) -> None:
         """Start the service again (or reconnect to --server): for a dead or stuck service."""
@@ -300,7 +301,8 @@ class DFlashChatApp(App):
         pair = stored.get("pair")
         loaded = (self.status.get("loaded") or {}).get("pair")
         if pair and loaded and pair != loaded:
-            self.notify(f"This chat was written with {pair}; {loaded} is loaded (F5: models)",
+            self.notify(f"This chat was written with {pair}; {loaded} is loaded "
+                        f"({self.keys_of('models')}: models)",
                         severity="warning")
 
     def update_settings(self, **changes) -> None:

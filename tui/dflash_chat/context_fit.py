@@ -12,13 +12,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from dflash_chat.actions import BY_ID, key_label
+
 # dropping turns goes this far below the budget, so the next sends keep the same first turn
 # (and the prefix cache its start) instead of dropping one more turn every time
 TRIM_TO = 0.75
 WARN_AT = 0.8  # the meter turns yellow, and the app says once what overflow will do
 POLICY_WORDS = {"drop_oldest": "the oldest turns are left out (the system prompt stays)",
                 "keep_last": "only the system prompt and the last {keep_turns} turns are sent",
-                "refuse": "a message that does not fit is refused"}
+                "refuse": "a message that does not fit is refused",
+                "summarise": "the oldest turns are left out and the model's summary of them is "
+                             "sent in their place"}
+# the summarise policy: room kept for the summary, and what the model is asked
+SUMMARY_TOKENS = 160
+SUMMARY_ASK = ("Summarise the conversation so far in at most 100 words: the facts, names, "
+               "numbers and decisions a reader needs to go on with it. Write only the summary.")
+SUMMARY_HEAD = "Summary of the earlier conversation, which is not shown: "
 
 Count = Callable[[list[dict]], Awaitable[int]]
 
@@ -43,8 +52,15 @@ class ContextFit:
 
 
 class ContextOverflow(Exception):
-    """The message cannot be sent under the chat's policy; the text says by how much and what
-    the user can do."""
+    """The message cannot be sent under the chat's policy: `explain` says by how much and what
+    the user can do, naming the keys of the user's keymap (str: the default keys)."""
+
+    def __init__(self, tokens: int, context: int, max_tokens: int, why: str):
+        self.tokens, self.context, self.max_tokens, self.why = tokens, context, max_tokens, why
+        super().__init__(self.explain(lambda action_id: key_label(BY_ID[action_id].keys)))
+
+    def explain(self, keys_of: Callable[[str], str]) -> str:
+        return overflow_text(self.tokens, self.context, self.max_tokens, self.why, keys_of)
 
 
 async def fit_history(count: Count, system: list[dict], history: list[HistoryMessage],
@@ -68,10 +84,12 @@ async def fit_history(count: Count, system: list[dict], history: list[HistoryMes
     if whole <= budget:
         return ContextFit(whole, context, None)
     if policy == "refuse":
-        raise ContextOverflow(overflow_text(whole, context, max_tokens, policy))
+        raise ContextOverflow(whole, context, max_tokens, policy)
+    if policy == "summarise":  # the summary sent in place of the dropped turns needs room too
+        budget -= SUMMARY_TOKENS
     alone = whole if not history else await tokens_from(len(history))
     if alone > budget:
-        raise ContextOverflow(overflow_text(alone, context, max_tokens, "alone"))
+        raise ContextOverflow(alone, context, max_tokens, "alone")
     low, high, counted = 0, len(cuts) - 1, {len(cuts) - 1: alone}
     if alone <= budget * trim_to:  # the first cut that leaves the trimmed room (counts fall)
         while low < high:
@@ -85,15 +103,42 @@ async def fit_history(count: Count, system: list[dict], history: list[HistoryMes
     return ContextFit(tokens, context, first_kept, dropped=cut)
 
 
-def overflow_text(tokens: int, context: int, max_tokens: int, why: str) -> str:
+def overflow_text(tokens: int, context: int, max_tokens: int, why: str,
+                  keys_of: Callable[[str], str]) -> str:
     room = context - max_tokens
     head = (f"This message alone makes a prompt of {tokens} tokens" if why == "alone" else
             f"With this message the prompt would be {tokens} tokens")
+    new_chat, policy, undo = keys_of("new_chat"), keys_of("toggle_overflow"), "ctrl+z"
     advice = {"refuse": "This chat's overflow policy is refuse: shorten the message, start a new "
-                        "chat (Ctrl+N), or choose another policy (Alt+O).",
-              "drop_oldest": "Shorten it or start a new chat (Ctrl+N)."}
+                        f"chat ({new_chat}), or choose another policy ({policy}).",
+              "drop_oldest": f"Shorten it ({undo} takes a paste back) or start a new chat "
+                             f"({new_chat})."}
     return (f"{head}; the pair's context of {context} leaves {room} after {max_tokens} max "
             f"tokens for the reply. {advice.get(why, advice['drop_oldest'])}")
+
+
+def with_summary(system: list[dict], summary: str) -> list[dict]:
+    """The system message with the summary of the turns left out after it: one system message
+    at the start (some chat templates take no other), the same on every send until the next
+    summary, so the prefix cache keeps serving the conversation's start."""
+    if not summary:
+        return system
+    prompt = system[0]["content"] + "\n\n" if system else ""
+    return [{"role": "system", "content": prompt + SUMMARY_HEAD + summary}]
+
+
+async def summary_request(count: Count, system: list[dict], dropped: list[HistoryMessage],
+                          context: int) -> list[dict] | None:
+    """What the model summarises: the request as the chat sent it last, up to the turns now
+    left out (its start is in the prefix cache), then the ask; its oldest turns go where that
+    and the summary would not fit the context (None: not even one turn fits)."""
+    turns = [{"role": m.role, "content": m.content} for m in dropped]
+    while turns:
+        request = system + turns + [{"role": "user", "content": SUMMARY_ASK}]
+        if await count(request) <= context - SUMMARY_TOKENS:
+            return request
+        turns = turns[2:] if turns[0]["role"] == "user" and len(turns) > 1 else turns[1:]
+    return None
 
 
 def policy_words(policy: str, keep_turns: int) -> str:

@@ -17,7 +17,7 @@ from dflash_chat.actions import check_keymap
 
 THINKING_MODES = ("auto", "on", "off")  # auto: the chat template's default
 # what a send that would overflow the pair's context does (context_fit.py)
-OVERFLOW_POLICIES = ("drop_oldest", "refuse", "keep_last")  # Alt+O cycles in this order
+OVERFLOW_POLICIES = ("drop_oldest", "refuse", "keep_last", "summarise")  # Alt+O cycles in this order
 THEMES_DARK_LIGHT = ("textual-dark", "textual-light")
 FILE_NAME = "settings.toml"
 # what a chat keeps of the settings it was last sent with (storage: chats.settings)

@@ -34,6 +34,7 @@ class Chat:
     settings: dict = field(default_factory=dict)  # the pair and sampling it was last sent with
     context_from: int = 0  # its messages before this id are left out of requests (overflow)
     head_id: int | None = None  # the last message of the branch shown (None: the newest)
+    context_summary: str = ""  # the summarise policy: what the turns before context_from said
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,12 @@ class ChatStore:
             self._db.execute("UPDATE chats SET settings=? WHERE id=?",
                              (json.dumps(settings), chat_id))
 
-    def set_context_from(self, chat_id: int, message_id: int) -> None:
-        """Leave the chat's messages before `message_id` out of its requests (0: none)."""
+    def set_context_from(self, chat_id: int, message_id: int, summary: str = "") -> None:
+        """Leave the chat's messages before `message_id` out of its requests (0: none), with
+        `summary` of them sent in their place."""
         with self._tx():
-            self._db.execute("UPDATE chats SET context_from=? WHERE id=?", (message_id, chat_id))
+            self._db.execute("UPDATE chats SET context_from=?, context_summary=? WHERE id=?",
+                             (message_id, summary, chat_id))
 
     def search(self, query: str, limit: int = SEARCH_LIMIT) -> list[SearchHit]:
         """Chats whose messages hold every word of `query` (as word prefixes), best first."""
@@ -288,7 +291,8 @@ class ChatStore:
                                          (head,)).fetchone()[0]) is not None:
             head = child
         with self._tx():
-            self._db.execute("UPDATE chats SET head_id=?, context_from=0 WHERE id=?",
+            self._db.execute("UPDATE chats SET head_id=?, context_from=0, context_summary='' "
+                             "WHERE id=?",
                              (head, chat_id))
 
     def message(self, message_id: int) -> Message:
@@ -363,7 +367,8 @@ class _Transaction:
 
 def _chat(row: sqlite3.Row) -> Chat:
     return Chat(row["id"], row["title"], row["system_prompt"], row["updated"], row["created"],
-                json.loads(row["settings"]), row["context_from"], row["head_id"])
+                json.loads(row["settings"]), row["context_from"], row["head_id"],
+                row["context_summary"])
 
 
 def _search_hit(row: sqlite3.Row) -> SearchHit:

@@ -73,6 +73,8 @@ def migrate(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE chats ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
     if "context_from" not in chats:
         db.execute("ALTER TABLE chats ADD COLUMN context_from INTEGER NOT NULL DEFAULT 0")
+    if "context_summary" not in chats:  # the model's summary of the turns left out
+        db.execute("ALTER TABLE chats ADD COLUMN context_summary TEXT NOT NULL DEFAULT ''")
     if "head_id" not in chats:  # the last message of the branch shown (NULL: the newest)
         db.execute("ALTER TABLE chats ADD COLUMN head_id INTEGER")
     if "parent_id" not in messages:  # before branches, each message followed the one before

@@ -72,7 +72,7 @@ class ChatScreen(SendFlow, PresetActions, ChatActions, Screen):
         bar = self.query_one(StatusBar)
         state = self.app.service_state
         if state == "service stopped":
-            state += f" ({self.app.restart_keys()} restarts it)"
+            state += f" ({self.app.keys_of('restart_service')} restarts it)"
         bar.service, bar.model = state, self.app.model_label
         bar.warning = self.app.thinking_warning()
         self.query_one(SpeedPanel).pair = self.app.model_label

@@ -97,8 +97,10 @@ class ChatActions:
                 await self.conversation.show_chat(chat_id)
 
         later = following(store.all_messages(chat_id), view.message_id)
-        self.app.push_screen(ConfirmDialog(
-            f"Delete this message and the {later} that follow it (in every branch)?"), delete)
+        what = "reply" if view.role == "assistant" else "prompt"
+        question = (f"Delete this {what} and the {later} that follow it (in every branch)?"
+                    if later else f"Delete this {what}?")
+        self.app.push_screen(ConfirmDialog(question), delete)
 
     def action_restore_chat(self) -> None:
         if self._deleted is None:

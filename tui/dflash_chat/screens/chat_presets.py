@@ -42,7 +42,8 @@ class PresetActions:
             if pair := self.app.chat_settings()["pair"]:
                 values["pair"] = pair
             if self._write(store.save_preset, Preset(name.strip(), system_prompt, values)):
-                self.notify(f"Preset {name.strip()!r} saved (Alt+P applies it to a chat)")
+                self.notify(f"Preset {name.strip()!r} saved "
+                            f"({self.app.keys_of('presets')} applies it to a chat)")
 
         self.app.push_screen(TextDialog("Save this chat's values as the preset", "",
                                         "a name, e.g. precise coder"), save)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from textwrap import shorten
 
 from textual import work
 from textual.message import Message
@@ -18,14 +19,16 @@ from textual.message import Message
 from dflash_chat.attachments import AttachmentError, expand_attachments
 from dflash_chat.chat_text import chat_title
 from dflash_chat.context_fit import (
+    SUMMARY_TOKENS,
     WARN_AT,
     ContextFit,
     ContextOverflow,
     HistoryMessage,
     fit_history,
     policy_words,
+    summary_request,
 )
-from dflash_chat.protocol import ServiceError
+from dflash_chat.protocol import ServiceError, StreamChunk
 from dflash_chat.stats import SpeedSnapshot
 from dflash_chat.storage import HEAD, StoreError
 from dflash_chat.widgets.prompt_input import PromptInput
@@ -41,14 +44,15 @@ class SendFlow:
     _warned_chat: int | None = None  # the chat told that it nears its context
 
     class PromptFitted(Message):
-        def __init__(self, text: str, typed: str, fit: ContextFit | None):
+        def __init__(self, text: str, typed: str, fit: ContextFit | None, summary: str = ""):
             super().__init__()
             self.text, self.typed, self.fit = text, typed, fit  # fit None: not counted
+            self.summary = summary  # the summarise policy: what the turns left out said
 
     class PromptRefused(Message):
-        def __init__(self, reason: str):
+        def __init__(self, overflow: ContextOverflow):
             super().__init__()
-            self.reason = reason
+            self.overflow = overflow
 
     async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
         if self.conversation.generating:  # the prompt stays in the field for after
@@ -80,21 +84,41 @@ class SendFlow:
                                     app.loaded_context(), settings.max_tokens, settings.overflow,
                                     settings.keep_turns)
         except ContextOverflow as exc:
-            self.post_message(self.PromptRefused(str(exc)))
+            self.post_message(self.PromptRefused(exc))
             return
         except ServiceError as exc:  # no count (a served engine): the service's check answers
             log.info("the prompt was not counted: %s", exc.message)
             fit = None
-        self.post_message(self.PromptFitted(text, typed, fit))
+        summary = ""
+        if fit is not None and fit.dropped and settings.overflow == "summarise":
+            summary = await self._summarise(count, history[:fit.dropped])
+        self.post_message(self.PromptFitted(text, typed, fit, summary))
+
+    async def _summarise(self, count, dropped: list[HistoryMessage]) -> str:
+        """The model's summary of the turns left out ("" where it could not write one: they
+        are left out all the same)."""
+        try:
+            request = await summary_request(count, self.conversation.system_messages(), dropped,
+                                            self.app.loaded_context())
+            if request is None:
+                return ""
+            parts = [item.text async for item in self.app.client.stream_chat(
+                request, max_tokens=SUMMARY_TOKENS, temperature=0.0)
+                if isinstance(item, StreamChunk)]
+        except ServiceError as exc:
+            log.warning("no summary of the turns left out: %s", exc.message)
+            return ""
+        return "".join(parts).strip()
 
     def on_send_flow_prompt_refused(self, message: PromptRefused) -> None:
-        self.notify(message.reason, title="Not sent: it does not fit", severity="error",
-                    timeout=30)
+        self.notify(message.overflow.explain(self.app.keys_of), title="Not sent: it does not fit",
+                    severity="error", timeout=30)
 
     async def on_send_flow_prompt_fitted(self, message: PromptFitted) -> None:
-        await self._send(message.text, message.typed, message.fit)
+        await self._send(message.text, message.typed, message.fit, message.summary)
 
-    async def _send(self, text: str, typed: str, fit: ContextFit | None) -> None:
+    async def _send(self, text: str, typed: str, fit: ContextFit | None,
+                    summary: str = "") -> None:
         conversation, store = self.conversation, self.app.store
         try:
             if conversation.chat_id is None:  # stored with the values it is sent with
@@ -105,7 +129,7 @@ class SendFlow:
             if self._editing is not None:  # a new version of that prompt: the old one stays
                 parent = store.message(self._editing).parent_id
             if fit is not None and fit.first_kept is not None:
-                store.set_context_from(conversation.chat_id, fit.first_kept)
+                store.set_context_from(conversation.chat_id, fit.first_kept, summary)
             settings = self.app.settings
             if self._editing is not None:
                 await conversation.forget_from(self._editing)
@@ -124,13 +148,16 @@ class SendFlow:
             self._sent_tokens = fit.tokens
             self._show_context(fit.tokens)
             if fit.first_kept is not None:
-                self._say_left_out(fit)
+                self._say_left_out(fit, summary)
 
-    def _say_left_out(self, fit: ContextFit) -> None:
+    def _say_left_out(self, fit: ContextFit, summary: str) -> None:
         self.conversation.mark_left_out(fit.first_kept)
         policy = self.app.settings.overflow.replace("_", " ")
+        instead = (f"; the model's summary of them is sent instead "
+                   f"({len(summary.split())} words: {shorten(summary, 60, placeholder='…')})"
+                   if summary else "")
         self.notify(f"{fit.dropped} earlier messages are left out of the context to make room "
-                    f"(overflow policy: {policy}); they stay in the chat, dimmed.",
+                    f"(overflow policy: {policy}); they stay in the chat, dimmed{instead}.",
                     title="Context full", severity="warning", timeout=15)
 
     def _show_context(self, tokens: int | None) -> None:
@@ -142,8 +169,8 @@ class SendFlow:
             self._warned_chat = chat_id
             words = policy_words(self.app.settings.overflow, self.app.settings.keep_turns)
             self.notify(f"This chat fills {tokens / context:.0%} of the context; when it is full, "
-                        f"{words}.", title="Context nearly full",
-                        severity="warning", timeout=10)
+                        f"{words} ({self.app.keys_of('toggle_overflow')}: this chat's policy).",
+                        title="Context nearly full", severity="warning", timeout=10)
 
     def _context_of(self, snapshot: SpeedSnapshot) -> int | None:
         """The conversation's tokens once this reply is in it (live: the prompt as counted)."""

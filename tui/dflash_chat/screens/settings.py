@@ -28,7 +28,8 @@ NUMBERS = (  # field, label, type
 )
 OVERFLOW_LABELS = {"drop_oldest": "drop the oldest turns",
                    "keep_last": "keep the system prompt and the last turns",
-                   "refuse": "refuse the message"}
+                   "refuse": "refuse the message",
+                   "summarise": "summarise the oldest turns"}
 SWITCHES = (
     ("speculative", "Speculative decoding (F2 flips it for the open chat)"),
     ("show_accepted", "Colour accepted drafts: the drafter's, copies (F3)"),

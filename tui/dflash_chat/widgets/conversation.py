@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.reactive import var
 from textual.worker import Worker
 
+from dflash_chat.context_fit import with_summary
 from dflash_chat.protocol import ServiceError, StreamChunk, StreamUsage
 from dflash_chat.stats import LiveStats, SpeedSnapshot
 from dflash_chat.storage import HEAD, ChatStore, StoreError
@@ -86,6 +87,13 @@ class Conversation(VerticalScroll):
         self.show_accepted = False
         self._reply: Reply | None = None
         self._worker: Worker | None = None
+        self.following = True  # at the end, or the user scrolled up
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        """Only a scroll moves `following`: a reply's Markdown renders in batches after each
+        chunk, so the end can be below the fold without the user having scrolled up."""
+        super().watch_scroll_y(old_value, new_value)
+        self.following = new_value >= self.max_scroll_y - 1
 
     # --- what is shown ---
 
@@ -187,7 +195,8 @@ class Conversation(VerticalScroll):
         if self.chat_id is None:
             return []
         chat = self.store.chat(self.chat_id)
-        return [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+        system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+        return with_summary(system, chat.context_summary)
 
     def history(self, before: int | None = None) -> list[StoredMessage]:
         """What a request sends of the chat (`before`: only messages older than that id): its
@@ -249,13 +258,12 @@ class Conversation(VerticalScroll):
         rounds = [[len(c.text), c.accepted, len(c.token_ids), c.accepted_chars, c.copied_chars]
                   for c in message.chunks]
         reply.meta["rounds"].extend(rounds)
-        following = self.scroll_y >= self.max_scroll_y - 1  # unless the user scrolled up
         reasoning = "".join(c.reasoning for c in message.chunks)
         if reasoning:  # kept with the message, never sent back (the service wants content)
             reply.meta["reasoning"] = reply.meta.get("reasoning", "") + reasoning
             await reply.view.append_reasoning(reasoning)
         await reply.view.append("".join(c.text for c in message.chunks), rounds)
-        if following:
+        if self.following:
             self.call_after_refresh(self.scroll_end, animate=False)
         self.post_message(self.Speed(reply.stats.snapshot()))
         if time.monotonic() - reply.saved_at >= SAVE_EVERY_S:
@@ -275,14 +283,13 @@ class Conversation(VerticalScroll):
             reply.meta["stats"] = reply.stats.totals()  # finish_reason included
         if message.error:
             reply.meta["error"] = message.error
-        following = self.scroll_y >= self.max_scroll_y - 1
         await reply.view.finish_stream()
         self._save(reply, message.status)
         reply.view.meta = reply.meta
         reply.view.header = describe(self.store.message(reply.message_id))
         self._reply, self._worker = None, None
         self.generating = False
-        if following:  # the final render can add lines below the fold
+        if self.following:  # the final render can add lines below the fold
             self.call_after_refresh(self.scroll_end, animate=False)
         self.post_message(self.Speed(reply.stats.snapshot() if reply.stats.tokens
                                      else SpeedSnapshot()))

@@ -89,6 +89,12 @@ class PromptInput(TextArea, inherit_bindings=False):
         self.value = self._draft if self._position == len(self.prompts) else self.prompts[
             self._position]
 
+    def undo(self) -> None:
+        # TextArea resizes before it moves the cursor back: a cursor left below what the undo
+        # removes (the end of a long paste) would be looked up there, a crash
+        self.move_cursor(self.document.start)
+        super().undo()
+
     async def _on_key(self, event: events.Key) -> None:
         if self._send_timer is not None:  # the Enter before this key was a pasted line break
             self._send_timer.stop()
@@ -98,6 +104,11 @@ class PromptInput(TextArea, inherit_bindings=False):
             event.stop()
             event.prevent_default()
             self._send_timer = self.set_timer(ENTER_SETTLE_S, self._send)
+            return
+        if event.key.startswith("alt+") and event.key not in NEWLINE_KEYS:
+            # a terminal sends Alt+P as ESC p, which arrives with "p" as its character: left to
+            # TextArea it would type the letter, and the app's Alt keys never reach their action
+            event.prevent_default()
             return
         if event.key in NEWLINE_KEYS:
             event.stop()

@@ -43,6 +43,15 @@ class StatusBar(Widget):
         self.busy_since = time.monotonic() if busy else None
 
     def render(self) -> Text:
+        """The model steps aside where the line is too narrow for it: the modes the next
+        message uses (and a warning) stay in sight at 80 columns."""
+        head, modes = self._state_and_figures(), self._modes()
+        model = f" {self.model} " if self.model else ""
+        if head.cell_len + len(model) + modes.cell_len > self.size.width:
+            model = ""
+        return Text.assemble(head, model, modes)
+
+    def _state_and_figures(self) -> Text:
         text = Text()
         ready = self.service == "ready"
         state = self.service
@@ -61,9 +70,10 @@ class StatusBar(Widget):
             full = tokens / context
             style = "bold red" if full >= FULL_AT else "bold yellow" if full >= WARN_AT else ""
             text.append(f" {meter_text(tokens, context)} ", style=style)
-        if self.model:
-            text.append(f" {self.model} ")
-        text.append(" | ")
+        return text
+
+    def _modes(self) -> Text:
+        text = Text(" | ")
         text.append("SPEC ON" if self.speculative else "SPEC OFF",
                     style="bold green" if self.speculative else "bold red")
         text.append(f" | thinking {self.thinking} | colour {'on' if self.show_accepted else 'off'}")
