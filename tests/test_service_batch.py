@@ -16,12 +16,14 @@ from service_support import LONG_PROMPT, make_pair, openai_client, wait_until
 from dflash_local.service.scheduler import DEFAULT_MAX_BATCH, max_batch_for
 
 MAX_BATCH = 3
-# greedy speculative, greedy plain, seeded sampling: each must be the same beside the others
+# greedy speculative, greedy plain, seeded sampling: each must be the same beside the others.
+# The sampled one drafts a fixed width: under auto the planner prices rounds by their measured
+# time, so the widths, and with them the draws a seed gives, follow the machine's load.
 REQUESTS = [
     {"prompt": "Write a poem.", "max_tokens": 40, "extra_body": {"speculative": True}},
     {"prompt": LONG_PROMPT, "max_tokens": 40, "extra_body": {"speculative": False}},
     {"prompt": "Tell me a story.", "max_tokens": 40, "temperature": 0.9, "seed": 7,
-     "extra_body": {"speculative": True}},
+     "extra_body": {"speculative": True, "block_size": 4}},
 ]
 
 

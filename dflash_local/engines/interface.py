@@ -14,6 +14,7 @@ import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_local.errors import InvalidRequestError
 from dflash_local.events import (
@@ -23,6 +24,9 @@ from dflash_local.events import (
     StepEvent,
     TokenLogprob,
 )
+
+if TYPE_CHECKING:
+    from dflash_local.method.shared_rounds import RoundSharing
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Engine(abc.ABC):
     capabilities: EngineCapabilities
     pair: PairInfo
     last_stats = None  # a served engine: its server's totals for the last generation
+    sharing: RoundSharing | None = None  # the worker's lanes, where generations share (share_rounds)
     drafter_version: int | None = None  # an adapted drafter's version (adapt/), None: as loaded
 
     def torch_target(self):
@@ -91,6 +96,13 @@ class Engine(abc.ABC):
                     thinking: bool | None = None) -> Iterator[StepEvent]:
         """Template + generate in one call. A served engine overrides this (it cannot tokenize)."""
         return self.stream(self.encode_chat(messages, thinking), params)
+
+    def share_rounds(self, sharing: RoundSharing | None) -> None:
+        """Hand every generation's verify to `sharing` (the worker's lanes, service/lanes.py:
+        batched with the others') and let it switch between the chunks of a prompt's prefill;
+        None: each generation runs alone. A served engine's server batches its own requests
+        (it never reads `sharing`)."""
+        self.sharing = sharing
 
     def prepare(self, block_size: BlockSize, on_wait: Callable[[str], None] | None = None,
                 recalibrate: bool = False) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import replace
@@ -32,7 +31,7 @@ from dflash_local.drafter.draft_vocab import load_draft_vocab
 from dflash_local.engines import chat_prompt, prompt_scores
 from dflash_local.engines.detokenize import StreamDetokenizer
 from dflash_local.engines.interface import Engine, PairInfo
-from dflash_local.engines.turn_warmup import warm
+from dflash_local.engines.turn_warmup import OpenGenerations, warm
 from dflash_local.errors import CheckpointError
 from dflash_local.events import (
     Auto,
@@ -56,6 +55,7 @@ from dflash_local.method.prefix_cache import (
 )
 from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
+from dflash_local.method.shared_rounds import loop_runner
 from dflash_local.pairs.load_fit import check_load_fits, model_name
 from dflash_local.pairs.precision import resolve_dtype
 
@@ -162,8 +162,7 @@ class LocalEngine(Engine):
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
-        self._warm_guard = threading.Lock()  # held by a warm-up's chunk (turn_warmup.py)
-        self._open_streams = 0
+        self._generations = OpenGenerations()  # a warm-up runs while none is open (turn_warmup.py)
         self.round_trace: RoundTrace | None = None  # opt-in: every round's costs (round_trace.py)
 
     # --- the construction's framework steps, in the order they run ---
@@ -286,15 +285,8 @@ class LocalEngine(Engine):
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
-        # a warm-up's chunk in flight ends first, and none starts while a generation is open:
-        # they share the model's tap hooks (a caller of its own, as the bench, beside the worker)
-        with self._warm_guard:
-            self._open_streams += 1
-        try:
+        with self._generations:  # no warm-up's chunk beside it (a caller of its own, as the bench)
             yield from self._stream(prompt_ids, params)
-        finally:
-            with self._warm_guard:
-                self._open_streams -= 1
 
     def _stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]:
         if not params.stop_token_ids:
@@ -315,9 +307,10 @@ class LocalEngine(Engine):
         if self.round_trace is not None:
             self.round_trace.generation(prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
                                         cached_tokens=resume.cached_rows if resume else 0)
+        shared, timer = loop_runner(runner, self.sharing)  # the worker's lanes: service/lanes.py
         # closing: a client that stops reading ends the loop now, and its state is kept now
-        with closing(speculative.generate(runner, drafter, prompt_ids, params, planner,
-                                          resume, self.round_trace, grammar)) as events:
+        with closing(speculative.generate(shared, drafter, prompt_ids, params, planner,
+                                          resume, self.round_trace, grammar, timer)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a lookup
                 # draft's: a client colours exactly what each wrote
@@ -329,7 +322,7 @@ class LocalEngine(Engine):
 
     def score_prompt(self, prompt_ids: list[int], top: int,
                      params: GenerationParams) -> tuple[TokenLogprob, ...]:
-        with self._warm_guard:  # as a generation, never beside a warm-up's chunk
+        with self._generations:  # as a generation, never beside a warm-up's chunk
             return prompt_scores.score_prompt(self, prompt_ids, top, params)
 
     def _lookup(self, prompt_ids: list[int], needs_taps: bool) -> Hit | None:
@@ -368,7 +361,8 @@ class LocalEngine(Engine):
                        should_stop: Callable[[], bool]) -> bool:
         ids = chat_prompt.next_turn_ids(self.tokenizer, messages, reply, prompt_ids, thinking)
         return ids is not None and warm(
-            self, ids, params, lambda: self._open_streams > 0 or should_stop(), self._warm_guard)
+            self, ids, params, lambda: self._generations.count > 0 or should_stop(),
+            self._generations.guard)
 
     def _resume(self, prompt_ids: list[int], runner: TargetRunner,
                 drafter: Drafter | None) -> Resume | None:

@@ -9,7 +9,8 @@ into its tokens' log-probabilities before the next runs, so memory holds one chu
 the scored state is kept as a prefix-cache entry, as a warm-up's is (turn_warmup.py): the
 prompt extends it by one row, so the generation restores it and prefills one row, on every
 target (a state kept whole, a hybrid's or a sliding window's, serves only a longer prompt). With
-the cache off it prefills the whole prompt again.
+the cache off it prefills the whole prompt again. Among other generations (engine.sharing), the
+others' rounds run between two chunks.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def score_prompt(engine, prompt_ids: list[int], top: int,
     scores: list[TokenLogprob] = []
     unseen_taps = []
     for start in range(0, len(scored_ids), SCORE_CHUNK_ROWS):
+        if start and engine.sharing is not None:
+            engine.sharing.pause()
         end = min(start + SCORE_CHUNK_ROWS, len(scored_ids))
         logits, taps = runner.prefill_scored(scored_ids[:end], start)  # [end - start, V]
         scores += token_logprobs(logits, range(end - start), prompt_ids[start + 1 : end + 1], top)

@@ -15,6 +15,7 @@ the same ids computes, as any entry (prefix_cache.py), so reuse stays lossless.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -22,6 +23,25 @@ from dflash_local.events import GenerationParams, widest_block
 
 WARM_CHUNK_ROWS = 32  # rows per forward: a request that arrives waits for at most one chunk
 NOTHING = None, None, 0, ()
+
+
+class OpenGenerations:
+    """A local engine's generations open now, counted under the lock a warm-up's chunk holds: a
+    chunk in flight ends before one opens, and none starts while one is open (they share the
+    model's tap hooks). Not held while a generation runs: generations sharing the worker's
+    thread (service/lanes.py) never wait on each other."""
+
+    def __init__(self):
+        self.guard = threading.Lock()  # held by a warm-up's chunk
+        self.count = 0
+
+    def __enter__(self) -> None:
+        with self.guard:
+            self.count += 1
+
+    def __exit__(self, *exc_info) -> None:
+        with self.guard:
+            self.count -= 1
 
 
 def warm(engine, ids: list[int], params: GenerationParams, should_stop: Callable[[], bool],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,9 +35,9 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 
 
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
-             params: GenerationParams, planner: Planner | None = None,
-             resume: Resume | None = None, trace: RoundTrace | None = None,
-             grammar: Grammar | None = None) -> Iterator[StepEvent]:
+             params: GenerationParams, planner: Planner | None = None, resume: Resume | None = None,
+             trace: RoundTrace | None = None, grammar: Grammar | None = None,
+             timer: Callable[[], float] = time.perf_counter) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
@@ -45,13 +45,13 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     early (a cancelled request) simply stops: the runner and drafter are per-generation objects.
     Ended between rounds (finished, or closed at a yield), the state is whole and `resume.keep`
     gets it; a prefill or a round cut short by an error leaves nothing to keep.
-    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py)."""
+    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py). `timer`: the
+    rounds' clock (sharing the machine, this generation's own time: method/shared_rounds.py)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
     rng, guide = np.random.default_rng(params.seed), make_guide(grammar, params, drafter)
-    sources = DraftSources(drafter, runner, resume.unseen_taps)
-    start = time.perf_counter()
+    sources, start = DraftSources(drafter, runner, resume.unseen_taps), time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
     last_logits = guide.mask(last_logits[None])  # [1, V]
     rows = list(prompt_ids)  # the ids of the rows in the runner's cache, in order
@@ -72,7 +72,7 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
         while finish is None:
             whole, round_index = False, round_index + 1
             sources.add_taps(taps)
-            clock, context = [time.perf_counter()], len(prompt_ids) + produced  # each step's end
+            clock, context = _Clock(timer), len(prompt_ids) + produced  # each step's end
             proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
             draft = _lap(clock, guide.shape(proposer.propose(sources, anchor_id)))  # propose
             logits = _lap(clock, guide.mask(runner.verify(anchor_id, draft.tree)))  # verify
@@ -105,14 +105,22 @@ def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: l
     return make_planner(params, widest, trees, prompt_ids, costs, prior)
 
 
-def _lap(clock: list[float], value):
+class _Clock(list):
+    """A round's start, then each step's end, on `timer`."""
+
+    def __init__(self, timer: Callable[[], float]):
+        super().__init__([timer()])
+        self.timer = timer
+
+
+def _lap(clock: _Clock, value):
     """`value`, once its step's end is on the clock."""
-    clock.append(time.perf_counter())
+    clock.append(clock.timer())
     return value
 
 
 def _round_record(planner: Planner, draft, path: list[int], committed: list[int], context: int,
-                  clock: list[float]) -> dict:
+                  clock: _Clock) -> dict:
     """A round as round_trace.py writes it; `clock`: the end of each step, from the plan's start
     (the last one, now)."""
     _lap(clock, None)

@@ -1,24 +1,19 @@
-"""The worker's scheduler: which generations are in flight, and whose round runs next.
+"""The worker's scheduler: which generations are in flight, and which jobs wait.
 
-Up to `max_batch` generations are in flight, each a generator that yields once per round (its
-first step templates the prompt and prefills it). The worker thread runs one round of each
-lane in the order they joined, then admits waiting jobs into the free places: round-robin, so
-a short request's rounds come between a long stream's, and a lane waits at most one round of
-every other lane for its next one. A finished or cancelled generation leaves at once.
-
-The rounds run one after another on the one worker thread (no batched forward pass): the
-engine's per-model state (tap hooks, prefix cache, warm-ups) meets one round at a time, and
-each generation's runner, drafter, planner and sampler are its own, so its output is what it
-would be alone. Jobs past the free places wait in a queue of `max_queue`; `submit` refuses (a
-429) only when that queue is full and no place is free. `max_batch_for` chooses max_batch.
+Up to `max_batch` generations are in flight, each a lane (lanes.py) that runs its own loop on
+the worker thread and hands its verify in: every tick, each lane runs up to its next verify
+(or one chunk of its prompt's prefill), then every lane's verify runs as one batch, through the
+runner class's `verify_batch` where it has one. The waiting jobs join the free places between
+ticks, in arrival order; a finished or cancelled generation leaves at once. Each generation's
+runner, drafter, planner and sampler are its own, so its output is what it would be alone.
+Jobs past the free places wait in a queue of `max_queue`; `submit` refuses (a 429) only when
+that queue is full and no place is free. `max_batch_for` chooses max_batch.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dflash_local.errors import MaxBatchError
@@ -26,6 +21,7 @@ from dflash_local.service.api_errors import QueueFullError
 
 if TYPE_CHECKING:
     from dflash_local.engines.interface import Engine
+    from dflash_local.service.lanes import Lane
 
 Job = Any  # worker.Job: the worker imports this module, not the other way round
 
@@ -54,22 +50,6 @@ def max_batch_for(engine: Engine, asked: int | None, memory_bytes: int) -> int:
             f"need {asked * each / GIB:.1f} GiB of caches ({each / GIB:.2f} GiB each), more than "
             f"this machine's memory of {memory_bytes / GIB:.1f} GiB (it holds {holds})")
     return asked
-
-
-@dataclass(eq=False)
-class Lane:
-    """A generation in flight: its job, and its steps (one per round; ends with the job)."""
-
-    job: Job
-    steps: Iterator[None]
-
-    def step(self) -> bool:
-        """Run the lane's next round; False once its generation has ended."""
-        try:
-            next(self.steps)
-        except StopIteration:
-            return False
-        return True
 
 
 class RoundRobin:

@@ -18,6 +18,7 @@ from pathlib import Path
 from dflash_local.engines.detokenize import speaks_harmony
 from dflash_local.errors import InvalidRequestError
 from dflash_local.service.harmony import HarmonySplitter
+from dflash_local.service.job_items import ToolCallDelta
 from dflash_local.service.tool_formats import ToolFormat, format_for_template, template_uses_tools
 from dflash_local.service.tool_stream import ToolCallSplitter
 from dflash_local.service.validation import redact_paths
@@ -107,3 +108,21 @@ def forced_opener(tool_format: ToolFormat, name: str | None) -> str | tuple[str,
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
+                ) -> tuple[str, str, tuple[ToolCallDelta, ...], str | None]:
+    """A step's text without call markup, its reasoning (harmony's analysis), the calls it
+    completed as OpenAI streams each (its id and name, then its arguments), and the finish
+    reason ("tool_calls" for a reply that called)."""
+    first_index = splitter.calls_made
+    text, calls = splitter.feed(text)
+    if finish:
+        more, last = splitter.finish()
+        text, calls = text + more, calls + last
+    if finish == "stop" and splitter.calls_made:
+        finish = "tool_calls"
+    deltas = []
+    for index, call in enumerate(calls, start=first_index):
+        deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
+    return text, splitter.take_reasoning(), tuple(deltas), finish

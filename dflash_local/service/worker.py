@@ -1,10 +1,12 @@
-"""The generation worker: one thread per loaded engine runs the rounds of the generations in
-flight, one round of each in turn (scheduler.py: up to max_batch of them, round-robin).
+"""The generation worker: one thread per loaded engine runs the generations in flight as
+cooperative lanes (lanes.py: each round's verify batched with the others', prefills in chunks
+between their rounds; scheduler.py: up to max_batch of them, the waiting jobs, admission).
 
 Jobs past the free places wait in a bounded queue (full -> QueueFullError, a 429). The thread
 hands each round's output to the job's asyncio queue through `call_soon_threadsafe`, so the
-event loop never waits on the engine. A job's cancel flag is checked after every round; the
-engine's iterator is then closed, so a disconnected client costs at most the round running.
+event loop never waits on the engine. A job's cancel flag is checked after every round and at
+every prefill chunk; the engine's iterator is then closed, so a disconnected client costs at
+most the round running.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.api_errors import NoModelLoadedError
-from dflash_local.service.harmony import HarmonySplitter
 from dflash_local.service.job_items import (
     Chunk,
     Failed,
@@ -32,18 +34,18 @@ from dflash_local.service.job_items import (
     Started,
     ToolCallDelta,
 )
+from dflash_local.service.lanes import Lanes
 from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
-from dflash_local.service.scheduler import Lane, RoundRobin
+from dflash_local.service.scheduler import RoundRobin
 from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import (
     NO_TOOLS,
     ToolPlan,
     ToolSupport,
-    new_call_id,
     plan_tools,
+    split_calls,
 )
-from dflash_local.service.tool_stream import ToolCallSplitter
 
 log = logging.getLogger("dflash_local.service")
 
@@ -133,24 +135,6 @@ class Job:
                 "rounds": self.rounds, "rounds_at_cancel": self.rounds_at_cancel}
 
 
-def split_calls(splitter: ToolCallSplitter | HarmonySplitter, text: str, finish: str | None
-                ) -> tuple[str, str, tuple[ToolCallDelta, ...], str | None]:
-    """A step's text without call markup, its reasoning (harmony's analysis), the calls it
-    completed as OpenAI streams each (its id and name, then its arguments), and the finish
-    reason ("tool_calls" for a reply that called)."""
-    first_index = splitter.calls_made
-    text, calls = splitter.feed(text)
-    if finish:
-        more, last = splitter.finish()
-        text, calls = text + more, calls + last
-    if finish == "stop" and splitter.calls_made:
-        finish = "tool_calls"
-    deltas = []
-    for index, call in enumerate(calls, start=first_index):
-        deltas += [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
-    return text, splitter.take_reasoning(), tuple(deltas), finish
-
-
 def encode_prompt(engine: Engine, request: JobRequest, tools: ToolPlan) -> list[int]:
     """A local engine's prompt for the request: its template, with the tools and a forced call's
     opener of `tools` (plan_tools). Generation and count_tokens both encode through here."""
@@ -179,6 +163,8 @@ class GenerationWorker:
         self.warm_ups_ended = 0  # warm-ups ended: stored, cut by a job, or nothing to do
         self._closed = False
         self._batch = RoundRobin(self.max_batch, max_queue)
+        self._lanes = Lanes()
+        engine.share_rounds(self._lanes)  # its verifies batched, its prefills in chunks
         self._to_warm: deque[Job] = deque(maxlen=self.max_batch)  # finished while others ran
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
         self._thread.start()
@@ -205,6 +191,7 @@ class GenerationWorker:
                 "current": running[0] if running else None,
                 "last": self.last.summary() if self.last else None,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
+                "verify_batches": self._lanes.batches, "verifies": self._lanes.verifies,
                 "warmed": self.warmed}
 
     def retire(self, on_idle: Callable[[], None]) -> None:
@@ -239,19 +226,19 @@ class GenerationWorker:
                     continue  # then look for jobs again: one arriving waited one slice at most
             joining = self._batch.joining(block=idle)
             if joining is None:
+                self.engine.share_rounds(None)
                 return
             for job in joining:
                 if job.cancelled:  # its client left while it waited
                     job.outcome = "cancelled"
                     continue
-                self._batch.add(Lane(job, self._run(job)))
-            for lane in list(self._batch.lanes):  # one round each, in the order they joined
-                if not lane.step():
-                    self._batch.remove(lane)
-                    self.last = lane.job
-                    self.jobs_done += 1
-                    self.on_finished(lane.job)
-                    self._to_warm.append(lane.job)
+                self._batch.add(self._lanes.lane(job, partial(self._run, job)))
+            for lane in self._lanes.tick(list(self._batch.lanes)):  # a round of each, batched
+                self._batch.remove(lane)
+                self.last = lane.job
+                self.jobs_done += 1
+                self.on_finished(lane.job)
+                self._to_warm.append(lane.job)
 
     def _warm_finished(self) -> None:
         """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
@@ -289,11 +276,13 @@ class GenerationWorker:
         finally:
             self.warm_ups_ended += 1
 
-    def _run(self, job: Job) -> Iterator[None]:
-        """The job's steps, one per round; its outcome goes to the job when it ends."""
+    def _run(self, job: Job) -> None:
+        """The job's generation, run in its lane; its outcome goes to the job when it ends."""
         job.outcome = "running"
         try:
-            stats = yield from self._generate(job)
+            stats = None if job.cancelled else self._generate(job)
+        except GenerationCancelled:  # while its prompt was prefilling (lanes.py)
+            stats = None
         except DFlashError as exc:
             job.outcome = "failed"
             job.put(Failed(exc))
@@ -312,9 +301,9 @@ class GenerationWorker:
             job.outcome = "finished"
             job.put(Finished(self._with_server_totals(stats)))
 
-    def _generate(self, job: Job) -> Generator[None, None, GenerationStats | None]:
-        """Yields after each round's chunk; returns the stats, or None when cancelled (at the
-        round's end: a cancel costs at most the round already running)."""
+    def _generate(self, job: Job) -> GenerationStats | None:
+        """The stats, or None when cancelled (at the round's end: a cancel costs at most the
+        round already running); the other lanes run at its verifies and prefill chunks."""
         request = job.request
         stats = GenerationStats(drafter_version=self.engine.drafter_version)  # swaps wait for idle
         stops = StopMatcher(request.stop)
@@ -335,9 +324,6 @@ class GenerationWorker:
                 if finish:
                     stats.finish_reason = finish
                     return stats
-                if job.cancelled:
-                    return None
-                yield  # the other lanes' rounds run here
                 if job.cancelled:
                     return None
         finally:

@@ -1,0 +1,145 @@
+"""The worker's lanes (service/lanes.py) on the real server and a tiny random pair: verifies
+batched through a runner class's `verify_batch` where it has one, one by one where it has none,
+each request's output its output alone either way; a long prompt prefills in chunks with the
+running stream's rounds between them (the observed order of calls, not timing); a request
+cancelled while its prompt prefills leaves before its next chunk, the stream beside it unchanged."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from service_support import make_pair, openai_client, wait_until
+from test_service_batch import REQUESTS, long_stream, start, token_ids
+
+from dflash_local.method import shared_rounds
+
+CHUNK_ROWS = 16  # a prompt of LONG_IDS rows prefills in many chunks
+LONG_IDS = [5 + i % 200 for i in range(160)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    state, server = start(make_pair(tmp_path_factory.mktemp("pair")), max_batch=3)
+    yield state, server
+    server.stop()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every prefill and verify the Transformers runners run, in order: (kind, runner, rows)."""
+    from dflash_local.engines.torch_engine import TorchTargetRunner
+
+    monkeypatch.setattr(shared_rounds, "PREFILL_CHUNK_ROWS", CHUNK_ROWS)
+    log: list[tuple[str, int, int]] = []
+    prefill, verify = TorchTargetRunner.prefill, TorchTargetRunner.verify
+
+    def logged_prefill(self, prompt_ids, start=0):
+        log.append(("prefill", id(self), len(prompt_ids) - start))
+        return prefill(self, prompt_ids, start)
+
+    def logged_verify(self, anchor_id, tree):
+        log.append(("verify", id(self), len(tree.token_ids) + 1))
+        return verify(self, anchor_id, tree)
+
+    monkeypatch.setattr(TorchTargetRunner, "prefill", logged_prefill)
+    monkeypatch.setattr(TorchTargetRunner, "verify", logged_verify)
+    return log
+
+
+def together(server) -> list[list[int]]:
+    start_together = threading.Barrier(len(REQUESTS))
+
+    def beside_the_others(request: dict) -> list[int]:
+        start_together.wait()
+        return token_ids(openai_client(server), **request)
+
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
+        return list(pool.map(beside_the_others, REQUESTS))
+
+
+@pytest.mark.parametrize("runner_batches", [True, False], ids=["verify_batch", "one-by-one"])
+def test_outputs_beside_others_equal_alone_with_or_without_verify_batch(served, monkeypatch,
+                                                                       runner_batches):
+    from dflash_local.engines.torch_engine import TorchTargetRunner
+
+    batch_sizes: list[int] = []
+    if runner_batches:  # the class's own batched verify where it has one, counted
+        own = getattr(TorchTargetRunner, "verify_batch", shared_rounds.verify_each)
+
+        def counted(runners, anchor_ids, trees):
+            batch_sizes.append(len(runners))
+            return own(runners, anchor_ids, trees)
+
+        monkeypatch.setattr(TorchTargetRunner, "verify_batch", staticmethod(counted), raising=False)
+    else:
+        monkeypatch.delattr(TorchTargetRunner, "verify_batch", raising=False)
+    client = openai_client(served[1])
+    alone = [token_ids(client, **request) for request in REQUESTS]
+    assert together(served[1]) == alone
+    if runner_batches:
+        assert max(batch_sizes) == len(REQUESTS), batch_sizes  # every lane's verify in one call
+    worker = served[0].loaded.worker.status()
+    assert worker["verifies"] > worker["verify_batches"]  # some batches held several lanes
+
+
+def _newcomer(server, http: httpx.Client, max_tokens: int = 4):
+    body = {"prompt": LONG_IDS, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    return http.stream("POST", server.url + "/v1/completions", json=body)
+
+
+def test_a_long_prefill_takes_turns_with_a_running_stream(served, calls):
+    state, server = served
+    with httpx.Client(timeout=60) as http, long_stream(server, http) as running:
+        lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+        next(line for line in lines if line.startswith("data: "))
+        stream_runner = wait_until(lambda: next((runner for kind, runner, _ in calls
+                                                 if kind == "verify"), None))
+        joined_at = len(calls)
+        with _newcomer(server, http) as newcomer:
+            assert newcomer.status_code == 200
+            list(newcomer.iter_lines())
+        later = calls[joined_at:]
+    chunks = [i for i, (kind, runner, _) in enumerate(later)
+              if kind == "prefill" and runner != stream_runner]
+    assert len(chunks) == -(-len(LONG_IDS) // CHUNK_ROWS), later
+    assert all(later[i][2] <= CHUNK_ROWS for i in chunks)
+    for before, after in itertools.pairwise(chunks):  # the stream's round between every two chunks
+        assert ("verify", stream_runner) in [(kind, runner) for kind, runner, _ in later[before:after]]
+    wait_until(lambda: not state.loaded.worker.busy, timeout=60)
+
+
+def test_cancel_while_prefilling_leaves_before_the_next_chunk(served, calls, monkeypatch):
+    from dflash_local.engines.torch_engine import TorchTargetRunner
+
+    state, server = served
+    worker = state.loaded.worker
+    request = REQUESTS[2]
+    alone = token_ids(openai_client(server), **request)
+    prefill, cancelled, newcomer_runners = TorchTargetRunner.prefill, [], set()
+
+    def cancel_at_the_third_chunk(self, prompt_ids, start=0):  # the client leaves, mid-prefill
+        logits_taps = prefill(self, prompt_ids, start)
+        if list(prompt_ids) == LONG_IDS[: len(prompt_ids)]:
+            newcomer_runners.add(id(self))
+        if id(self) in newcomer_runners and start == 2 * CHUNK_ROWS:
+            job = next(lane.job for lane in worker._batch.lanes if lane.job.prompt_ids == LONG_IDS)
+            job.cancel()
+            cancelled.append(job)
+        return logits_taps
+
+    monkeypatch.setattr(TorchTargetRunner, "prefill", cancel_at_the_third_chunk)
+    with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=60) as http:
+        beside = pool.submit(token_ids, openai_client(server), **request)
+        with _newcomer(server, http, max_tokens=50) as newcomer:
+            list(newcomer.iter_lines())
+        assert beside.result() == alone
+    [job] = cancelled
+    assert job.outcome == "cancelled" and job.reply_ids == []  # it left before its first token
+    newcomer_chunks = [rows for kind, runner, rows in calls
+                       if kind == "prefill" and runner in newcomer_runners]
+    assert newcomer_chunks == [CHUNK_ROWS] * 3  # the pause before its fourth chunk was its last
+    wait_until(lambda: not worker.busy, timeout=60)
