@@ -17,20 +17,34 @@ by runner, as is a batch of one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from dflash_local.accel import mlx_attention
-from dflash_local.accel.mlx_lanes import LANES, lane_caches
+from dflash_local.accel.mlx_lanes import LANES, Lane, lane_caches
+from dflash_local.engines.mlx_adapters import LayerRun, TargetAdapter
 from dflash_local.method.draft_tree import DraftTree
 
-if TYPE_CHECKING:
-    from dflash_local.engines.mlx_engine import MLXTargetRunner
+
+class LaneRunner(Protocol):
+    """What a batched verify needs of engines/mlx_engine.py's MLXTargetRunner (which imports
+    this module for its `verify_batch`)."""
+
+    model: Any
+    adapter: TargetAdapter
+    tap_ids: tuple[int, ...] | None
+    supports_tree: bool
+
+    def verify(self, anchor_id: int, tree: DraftTree) -> np.ndarray: ...
+
+    def lane(self, anchor_id: int, tree: DraftTree) -> Lane: ...
+
+    def take_lane(self, run: LayerRun, rows: slice) -> mx.array | None: ...
 
 
-def verify_batch(runners: Sequence[MLXTargetRunner], anchors: Sequence[int],
+def verify_batch(runners: Sequence[LaneRunner], anchors: Sequence[int],
                  trees: Sequence[DraftTree]) -> list[np.ndarray]:
     """Each runner's `verify(anchor, tree)`; one forward where they batch (`batches`)."""
     if not len(runners) == len(anchors) == len(trees):
@@ -52,7 +66,7 @@ def verify_batch(runners: Sequence[MLXTargetRunner], anchors: Sequence[int],
     return [joined[start:end] for start, end in bounds]
 
 
-def batches(runners: Sequence[MLXTargetRunner]) -> bool:
+def batches(runners: Sequence[LaneRunner]) -> bool:
     """Whether one forward over these runners' rows is exact (the module's docstring)."""
     if not runners:
         return False
