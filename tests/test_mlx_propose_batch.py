@@ -15,13 +15,12 @@ pytest.importorskip("torch")
 from tiny_models import DFLASH2, VOCAB, make_drafter, make_target
 
 from dflash_local.drafter import batch_mlx, model_mlx
-from dflash_local.drafter.batch_mlx import DraftRequest
 from dflash_local.drafter.model_mlx import DraftSession
 
 HIDDEN = 64
 CONTEXTS = [7, 2, 12]  # each session's prompt rows
-ROUNDS = [[(16, False), (1 + 5, True), (4, False)],  # (block width, tree) per session and round
-          [(3, True), (16, False), (8, True)]]
+# per round: chains (block widths) or trees (nodes), one per session
+ROUNDS = [("chain", [16, 2, 4]), ("tree", [5, 15, 2]), ("chain", [8, 16, 3])]
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +31,13 @@ def target_dir(tmp_path_factory):
 def _drafter(path):
     drafter = model_mlx.load_drafter(path)
     embed = model_mlx.nn.Embedding(VOCAB, HIDDEN)
-    embed.weight = mx.array(np.random.default_rng(0).normal(0, 0.5, (VOCAB, HIDDEN)).astype(np.float32))
+    embed.weight = mx.array(np.random.default_rng(0).normal(0, 0.05, (VOCAB, HIDDEN)).astype(np.float32))
     return drafter.bind(embed, embed.as_linear)
 
 
 def _taps(drafter, rows: int, seed: int) -> mx.array:
     width = len(drafter.config.target_layer_ids) * HIDDEN
     return mx.array(np.random.default_rng(seed).normal(0, 1, (1, rows, width)).astype(np.float32))
-
-
-def _alone(session, request: DraftRequest):
-    if request.tree:
-        return session.propose_tree(request.anchor_id, request.new_taps, request.width - 1)
-    return session.propose(request.anchor_id, request.new_taps, request.width)
 
 
 def _assert_same_draft(got, expected):
@@ -54,19 +47,24 @@ def _assert_same_draft(got, expected):
         assert got == expected
         return
     assert (got.token_ids, got.parents) == (expected.token_ids, expected.parents)
-    np.testing.assert_allclose(got.path_probs, expected.path_probs, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got.path_probs, expected.path_probs, rtol=1e-5, atol=1e-7)
 
 
 def _rounds_equal(drafter, window=None):
     own = [DraftSession(drafter, window) for _ in CONTEXTS]
     batched = [DraftSession(drafter, window) for _ in CONTEXTS]
     new_rows = CONTEXTS
-    for round_index, shapes in enumerate(ROUNDS):
-        requests = [DraftRequest(10 + index, _taps(drafter, rows, 100 * round_index + index), width, tree)
-                    for index, (rows, (width, tree)) in enumerate(zip(new_rows, shapes))]
-        expected = [_alone(session, request) for session, request in zip(own, requests)]
-        for got, want in zip(DraftSession.propose_batch(batched, requests), expected, strict=True):
-            _assert_same_draft(got, want)
+    for round_index, (kind, sizes) in enumerate(ROUNDS):
+        anchors = [10 + index for index in range(len(own))]
+        taps = [_taps(drafter, rows, 100 * round_index + index) for index, rows in enumerate(new_rows)]
+        if kind == "chain":
+            expected = [session.propose(*request) for session, request in zip(own, zip(anchors, taps, sizes))]
+            got = DraftSession.propose_batch(batched, anchors, taps, sizes)
+        else:
+            expected = [session.propose_tree(*request) for session, request in zip(own, zip(anchors, taps, sizes))]
+            got = DraftSession.propose_tree_batch(batched, anchors, taps, sizes)
+        for one, want in zip(got, expected, strict=True):
+            _assert_same_draft(one, want)
         assert [session.cache.end for session in batched] == [session.cache.end for session in own]
         new_rows = [3, 1, 5]  # the rows each round committed
 
@@ -74,7 +72,7 @@ def _rounds_equal(drafter, window=None):
 @pytest.mark.parametrize("window", [None, 6])
 def test_batched_proposals_are_each_sessions_own(tmp_path, target_dir, window):
     drafter = _drafter(make_drafter(tmp_path / "d", target_dir, layers=2))
-    assert batch_mlx.batches([DraftSession(drafter)] * 2, [DraftRequest(1, _taps(drafter, 1, 0), 4)] * 2)
+    assert batch_mlx.batches([DraftSession(drafter)] * 2, [1, 1], [_taps(drafter, 1, 0)] * 2, [4, 4])
     _rounds_equal(drafter, window)
 
 
@@ -86,15 +84,15 @@ def test_sliding_and_causal_drafter_layers_batch(tmp_path, target_dir):
 
 def test_a_dflash2_drafter_drafts_session_by_session(tmp_path, target_dir):
     drafter = _drafter(make_drafter(tmp_path / "d", target_dir, layers=2, dflash2=DFLASH2))
-    assert not batch_mlx.batches([DraftSession(drafter)] * 2, [DraftRequest(1, _taps(drafter, 1, 0), 4)] * 2)
+    assert not batch_mlx.batches([DraftSession(drafter)] * 2, [1, 1], [_taps(drafter, 1, 0)] * 2, [4, 4])
     _rounds_equal(drafter)
 
 
 def test_sessions_of_two_drafters_are_refused(tmp_path, target_dir):
     path = make_drafter(tmp_path / "d", target_dir, layers=2)
     sessions = [DraftSession(_drafter(path)), DraftSession(_drafter(path))]
-    requests = [DraftRequest(1, _taps(sessions[0].model, 2, 0), 4)] * 2
+    taps = [_taps(sessions[0].model, 2, 0)] * 2
     with pytest.raises(ValueError, match="sessions of one drafter, got 2 drafters"):
-        DraftSession.propose_batch(sessions, requests)
-    with pytest.raises(ValueError, match="2 sessions and 1 requests"):
-        DraftSession.propose_batch(sessions, requests[:1])
+        DraftSession.propose_batch(sessions, [1, 1], taps, [4, 4])
+    with pytest.raises(ValueError, match="2 sessions, 1 anchors, 2 taps, 2 widths"):
+        DraftSession.propose_tree_batch(sessions, [1], taps, [3, 3])

@@ -8,14 +8,13 @@ of accel/mlx_rope.py). Afterwards each session's cache holds what its own propos
 
 Which drafters batch: v1 drafters with a RoPE that places rows one by one. DFlash 2 convolves
 along each block (dflash2_mlx.py), which a joined sequence would cross: its sessions, a batch of
-one, and a request with no new context rows, draft one by one.
+one, and a session with no new context rows, draft one by one.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,43 +24,40 @@ import numpy as np
 from dflash_local.method.draft_tree import DraftTree, tree_from_logits
 
 
-@dataclass(frozen=True)
-class DraftRequest:
-    """One session's part of a batched pass: what its `propose` takes (`tree`: `propose_tree`
-    with width - 1 nodes)."""
-
-    anchor_id: int
-    new_taps: mx.array  # [1, rows, taps * H]: the rows the session's context has not seen
-    width: int  # block rows: the anchor and width - 1 proposals
-    tree: bool = False
-
-
-def propose_batch(sessions: Sequence[Any], requests: Sequence[DraftRequest]) -> list[list[int] | DraftTree]:
-    """Each session's draft for its request; one pass where they batch (`batches`). `sessions`:
-    model_mlx.py's DraftSession (which imports this module for its `propose_batch`)."""
-    if len(sessions) != len(requests):
-        raise ValueError(f"propose_batch takes one request per session, got {len(sessions)} "
-                         f"sessions and {len(requests)} requests")
-    if not batches(sessions, requests):
-        return [_alone(session, request) for session, request in zip(sessions, requests)]
-    model = sessions[0].model
-    hidden = _draft_lanes(model, [session.cache for session in sessions], requests)
-    logits, ids = model.draft_logits(hidden)  # [1, proposal rows, V'] over every block
-    best = mx.argmax(logits, axis=-1)[0]
-    best = best if ids is None else mx.take(ids, best)
-    ends = list(itertools.accumulate(request.width - 1 for request in requests))
-    drafts = []
-    for request, start, end in zip(requests, [0, *ends[:-1]], ends, strict=True):
-        if request.tree:
-            rows = np.array(logits[0, start:end].astype(mx.float32))
-            drafts.append(tree_from_logits(rows, None if ids is None else np.array(ids), end - start))
-        else:
-            drafts.append(best[start:end].tolist())
-    return drafts
+def propose_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+                  widths: Sequence[int]) -> list[list[int]]:
+    """Each session's `propose(anchor, taps, width)`; one pass where they batch (`batches`).
+    `sessions`: model_mlx.py's DraftSession (which imports this module for its `propose_batch`)."""
+    if not batches(sessions, anchors, new_taps, widths):
+        return [session.propose(anchor, taps, width)
+                for session, anchor, taps, width in zip(sessions, anchors, new_taps, widths)]
+    hidden = _draft_lanes(sessions, anchors, new_taps, widths)
+    proposals = sessions[0].model.draft_token_ids(hidden)[0].tolist()
+    return [proposals[start:end] for start, end in _bounds([width - 1 for width in widths])]
 
 
-def batches(sessions: Sequence[Any], requests: Sequence[DraftRequest]) -> bool:
-    """Whether one joined pass is exact for these sessions (the module's docstring)."""
+def propose_tree_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+                       nodes: Sequence[int]) -> list[DraftTree]:
+    """Each session's `propose_tree(anchor, taps, nodes)`; one pass where they batch."""
+    widths = [count + 1 for count in nodes]
+    if not batches(sessions, anchors, new_taps, widths):
+        return [session.propose_tree(anchor, taps, count)
+                for session, anchor, taps, count in zip(sessions, anchors, new_taps, nodes)]
+    hidden = _draft_lanes(sessions, anchors, new_taps, widths)
+    logits, ids = sessions[0].model.draft_logits(hidden)  # [1, every block's proposal rows, V']
+    rows, vocab_ids = np.array(logits[0].astype(mx.float32)), None if ids is None else np.array(ids)
+    return [tree_from_logits(rows[start:end], vocab_ids, count)
+            for (start, end), count in zip(_bounds(list(nodes)), nodes, strict=True)]
+
+
+def batches(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+            widths: Sequence[int]) -> bool:
+    """Whether one joined pass is exact for these sessions (the module's docstring); refuses
+    arguments that do not pair up."""
+    if not len(sessions) == len(anchors) == len(new_taps) == len(widths):
+        raise ValueError(f"propose_batch takes one anchor, taps and width per session, got "
+                         f"{len(sessions)} sessions, {len(anchors)} anchors, {len(new_taps)} taps, "
+                         f"{len(widths)} widths")
     if not sessions:
         return False
     model = sessions[0].model
@@ -69,13 +65,7 @@ def batches(sessions: Sequence[Any], requests: Sequence[DraftRequest]) -> bool:
     if models > 1:
         raise ValueError(f"propose_batch takes the sessions of one drafter, got {models} drafters")
     return (len(sessions) > 1 and model.config.dflash2 is None and model.row_rope() is not None
-            and all(request.new_taps.shape[1] > 0 for request in requests))
-
-
-def _alone(session, request: DraftRequest) -> list[int] | DraftTree:
-    if request.tree:
-        return session.propose_tree(request.anchor_id, request.new_taps, request.width - 1)
-    return session.propose(request.anchor_id, request.new_taps, request.width)
+            and all(taps.shape[1] > 0 for taps in new_taps))
 
 
 def _bounds(lengths: list[int]) -> list[tuple[int, int]]:
@@ -83,27 +73,29 @@ def _bounds(lengths: list[int]) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-def _draft_lanes(model, caches: list, requests: Sequence[DraftRequest]) -> mx.array:
-    """`DFlashDrafter.draft` of every request at once: the final-normed hidden states of each
+def _draft_lanes(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+                 widths: Sequence[int]) -> mx.array:
+    """`DFlashDrafter.draft` of every session at once: the final-normed hidden states of each
     block's proposal rows (1..width-1), joined [1, rows, H]."""
+    model, caches = sessions[0].model, [session.cache for session in sessions]
     dtype, rope = model.fc.weight.dtype, model.row_rope()
-    new_rows = [request.new_taps.shape[1] for request in requests]
+    new_rows = [taps.shape[1] for taps in new_taps]
     block_starts = [cache.end + rows for cache, rows in zip(caches, new_rows, strict=True)]
     ctx_positions = mx.concatenate([mx.arange(cache.end, start) for cache, start in zip(caches, block_starts)])
-    block_positions = mx.concatenate([mx.arange(start, start + request.width)
-                                      for start, request in zip(block_starts, requests)])
+    block_positions = mx.concatenate([mx.arange(start, start + width)
+                                      for start, width in zip(block_starts, widths)])
     mask_id = model.config.mask_token_id
-    block_ids = [[request.anchor_id] + [mask_id] * (request.width - 1) for request in requests]
-    x = model.embed(mx.array([[token for block in block_ids for token in block]])).astype(dtype)
-    ctx = model.hidden_norm(model.fc(mx.concatenate([r.new_taps.astype(dtype) for r in requests], axis=1)))
-    ctx_bounds, block_bounds = _bounds(new_rows), _bounds([request.width for request in requests])
+    block_ids = [token for anchor, width in zip(anchors, widths) for token in [anchor] + [mask_id] * (width - 1)]
+    x = model.embed(mx.array([block_ids])).astype(dtype)
+    ctx = model.hidden_norm(model.fc(mx.concatenate([taps.astype(dtype) for taps in new_taps], axis=1)))
+    ctx_bounds, block_bounds = _bounds(new_rows), _bounds(list(widths))
     for index, layer in enumerate(model.layers):
         attn = layer.self_attn
         keys, values = attn.context_kv(ctx, rope, ctx_positions)
         contexts = [cache.append(index, keys[:, :, start:end], values[:, :, start:end])
                     for cache, (start, end) in zip(caches, ctx_bounds, strict=True)]
-        masks = [model.layer_mask(index, start - context[0].shape[2], start, request.width)
-                 for start, context, request in zip(block_starts, contexts, requests, strict=True)]
+        masks = [model.layer_mask(index, start - context[0].shape[2], start, width)
+                 for start, context, width in zip(block_starts, contexts, widths, strict=True)]
         x = layer(x, partial(_lanes_attention, attn, rope, block_positions, block_bounds, contexts, masks))
     for cache, start in zip(caches, block_starts, strict=True):
         cache.end = start

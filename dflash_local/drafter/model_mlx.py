@@ -261,12 +261,18 @@ class DraftSession:
         self.cache = model.new_cache(window)
 
     @staticmethod
-    def propose_batch(sessions: list[DraftSession],
-                      requests: list[batch_mlx.DraftRequest]) -> list[list[int] | DraftTree]:
-        """Each session's propose (a request's `tree`: propose_tree) as one drafter pass:
-        afterwards each session's context cache is as its own call leaves it, and each draft is
-        what that call returns. Sessions of one drafter; batch_mlx.py says which batch."""
-        return batch_mlx.propose_batch(sessions, requests)
+    def propose_batch(sessions: list[DraftSession], anchors: list[int], new_taps: list[mx.array],
+                      widths: list[int]) -> list[list[int]]:
+        """Each session's propose(anchor, taps, width) as one drafter pass: afterwards each
+        session's context cache holds what its own propose leaves, and each proposal is its own.
+        Sessions of one drafter; drafter/batch_mlx.py says which batch."""
+        return batch_mlx.propose_batch(sessions, anchors, new_taps, widths)
+
+    @staticmethod
+    def propose_tree_batch(sessions: list[DraftSession], anchors: list[int],
+                           new_taps: list[mx.array], nodes: list[int]) -> list[DraftTree]:
+        """As `propose_batch`, each session's propose_tree(anchor, taps, nodes)."""
+        return batch_mlx.propose_tree_batch(sessions, anchors, new_taps, nodes)
 
     def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:
         hidden = self._draft(anchor_id, new_taps, width)
