@@ -13,7 +13,9 @@ name they imported; `install(model)` points that name, in every module the loade
 layers come from, at `cpu_attention`, which takes what it handles (float32 on the CPU, no
 quantized cache, no attention sinks) and hands everything else to mlx-lm's function unchanged;
 the last `uninstall()` of a module puts its own function back. On Metal the stock fused kernel
-stays. Our drafter's attention calls `attend`, the same choice.
+stays (`attend` calls it). The name is routed on every device for one more reason: a batched
+verify's `LaneCache` (accel/mlx_lanes.py) is attended lane by lane. Our drafter's attention
+calls `attend`, the same choice.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import mlx.core as mx
 from mlx_lm.models import base
 
 from dflash_local.accel import Installed
+from dflash_local.accel.mlx_lanes import LaneCache
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +70,10 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float, ma
 
 
 def cpu_attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> mx.array:
-    """mlx-lm's `scaled_dot_product_attention`: quantized caches and sinks go to it unchanged."""
+    """mlx-lm's `scaled_dot_product_attention`: quantized caches and sinks go to it unchanged;
+    the lanes of a batched verify attend one by one."""
+    if isinstance(cache, LaneCache):
+        return cache.attend_lanes(queries, scale, attend)
     if sinks is None and not hasattr(cache, "bits"):
         return attend(queries, keys, values, scale, mask)
     return _STOCK(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
@@ -80,6 +86,12 @@ def attention_modules(model) -> list:
     return sorted((module for module in modules if NAME in vars(module)), key=lambda m: m.__name__)
 
 
+def routed(model) -> bool:
+    """Whether `model`'s attention runs through `cpu_attention` (what a batched verify needs)."""
+    modules = attention_modules(model)
+    return bool(modules) and all(getattr(module, NAME) is cpu_attention for module in modules)
+
+
 def set_attention(model, function) -> bool:
     """Point `NAME` in every module of `attention_modules(model)` at `function`; True if any.
     The A/B scripts' switch between kernels: the caller sets back what it changed."""
@@ -90,11 +102,9 @@ def set_attention(model, function) -> bool:
 
 
 def install(model) -> Installed:
-    """Route `model`'s attention through `cpu_attention` when MLX runs on the CPU; falsy if it
-    does not. All models of those modules in the process share it (one name per module), plain
-    decoding and mlx-lm's own generate included: both sides of a comparison run one kernel."""
-    if mx.default_device() != mx.cpu:
-        return Installed("mlx_attention")
+    """Route `model`'s attention through `cpu_attention`; falsy if it calls none by name. All
+    models of those modules in the process share it (one name per module), plain decoding and
+    mlx-lm's own generate included: both sides of a comparison run one kernel."""
     modules = attention_modules(model)
     if not modules:
         logger.info("%s calls no mlx-lm attention by name: its attention stays MLX's own",

@@ -21,7 +21,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_local.accel.mlx_attention import attend
-from dflash_local.drafter import dflash2_mlx, selector
+from dflash_local.accel.mlx_rope import ROW_POSITIONED_ROPES, RowRope
+from dflash_local.drafter import batch_mlx, dflash2_mlx, selector
 from dflash_local.drafter.config import DrafterConfig, load_drafter_config
 from dflash_local.errors import CheckpointError
 from dflash_local.method.draft_tree import DraftTree, tree_from_logits
@@ -50,15 +51,27 @@ class Attention(nn.Module):
         keys = rope(self.k_norm(self._heads(self.k_proj(ctx), self.num_kv_heads)), offset=offset)
         return keys, self._heads(self.v_proj(ctx), self.num_kv_heads)
 
-    def __call__(self, x, ctx_keys, ctx_values, rope, block_offset: int, mask):
-        """x: [b, Q, H] block rows; ctx_keys/values: [b, kv, S, d]; mask: [Q, S+Q] bool or None."""
-        b, q_len, _ = x.shape
+    def block_qkv(self, x: mx.array, rope, block_offset) -> tuple[mx.array, mx.array, mx.array]:
+        """Queries, keys and values [b, heads, Q, d] of block rows x [b, Q, H] placed from
+        `block_offset` (with a per-row RoPE: one position per row)."""
         queries = rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), offset=block_offset)
         keys = rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), offset=block_offset)
+        return queries, keys, self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def attend_block(self, queries, keys, values, ctx_keys, ctx_values, mask) -> mx.array:
+        """One block's attention over its context and itself, [b, heads, Q, d]."""
         keys = mx.concatenate([ctx_keys, keys], axis=2)
-        values = mx.concatenate([ctx_values, self._heads(self.v_proj(x), self.num_kv_heads)], axis=2)
-        out = attend(queries, keys, values, self.scale, mask)
+        values = mx.concatenate([ctx_values, values], axis=2)
+        return attend(queries, keys, values, self.scale, mask)
+
+    def output(self, out: mx.array) -> mx.array:
+        b, _, q_len, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, q_len, -1))
+
+    def __call__(self, x, ctx_keys, ctx_values, rope, block_offset: int, mask):
+        """x: [b, Q, H] block rows; ctx_keys/values: [b, kv, S, d]; mask: [Q, S+Q] bool or None."""
+        queries, keys, values = self.block_qkv(x, rope, block_offset)
+        return self.output(self.attend_block(queries, keys, values, ctx_keys, ctx_values, mask))
 
 
 class MLP(nn.Module):
@@ -195,6 +208,11 @@ class DFlashDrafter(nn.Module):
             logits = mx.tanh(logits / cap) * cap
         return logits
 
+    def row_rope(self) -> RowRope | None:
+        """The RoPE that places each row of a joined batch at its own position (batch_mlx.py);
+        None where this RoPE cannot."""
+        return RowRope(self._rope) if isinstance(self._rope, ROW_POSITIONED_ROPES) else None
+
     def new_cache(self, window: int | None = None) -> ContextCache:
         return ContextCache(len(self.layers), window)
 
@@ -210,13 +228,13 @@ class DFlashDrafter(nn.Module):
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             keys, values = cache.append(index, *attn.context_kv(ctx, self._rope, cache.end))
-            mask = self._layer_mask(index, block_start - keys.shape[2], block_start, width)
+            mask = self.layer_mask(index, block_start - keys.shape[2], block_start, width)
             x = layer(x, partial(attn, ctx_keys=keys, ctx_values=values, rope=self._rope,
                                  block_offset=block_start, mask=mask))
         cache.end = block_start
         return self.norm(x)
 
-    def _layer_mask(self, index: int, ctx_start: int, block_start: int, width: int):
+    def layer_mask(self, index: int, ctx_start: int, block_start: int, width: int):
         """Same rule as model_torch._layer_mask: sliding layers see the last sliding_window
         positions, causal layers are causal inside the block; v1 layers need no mask."""
         sliding, causal = self.config.layer_is_sliding(index), self.config.layer_is_causal(index)
@@ -241,6 +259,20 @@ class DraftSession:
         self.model = model
         self.drafter_block = model.config.block_size
         self.cache = model.new_cache(window)
+
+    @staticmethod
+    def propose_batch(sessions: list[DraftSession], anchors: list[int], new_taps: list[mx.array],
+                      widths: list[int]) -> list[list[int]]:
+        """Each session's propose(anchor, taps, width) as one drafter pass: afterwards each
+        session's context cache holds what its own propose leaves, and each proposal is its own.
+        Sessions of one drafter; drafter/batch_mlx.py says which batch."""
+        return batch_mlx.propose_batch(sessions, anchors, new_taps, widths)
+
+    @staticmethod
+    def propose_tree_batch(sessions: list[DraftSession], anchors: list[int],
+                           new_taps: list[mx.array], nodes: list[int]) -> list[DraftTree]:
+        """As `propose_batch`, each session's propose_tree(anchor, taps, nodes)."""
+        return batch_mlx.propose_tree_batch(sessions, anchors, new_taps, nodes)
 
     def propose(self, anchor_id: int, new_taps: mx.array, width: int) -> list[int]:
         hidden = self._draft(anchor_id, new_taps, width)

@@ -24,10 +24,12 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_local.accel import Installed, blas, mlx_attention, uninstall_all
+from dflash_local.accel.mlx_lanes import Lane
 from dflash_local.drafter.config import DrafterConfig, load_target_info, model_type_of
 from dflash_local.drafter.model_mlx import DraftSession, load_drafter
+from dflash_local.engines import mlx_batch
 from dflash_local.engines.local import LocalEngine
-from dflash_local.engines.mlx_adapters import TargetAdapter, adapter_for
+from dflash_local.engines.mlx_adapters import LayerRun, TargetAdapter, adapter_for
 from dflash_local.engines.mlx_prefix import MLXPrefixCodec, MLXPrefixStates
 from dflash_local.engines.table import MLX
 from dflash_local.errors import InvalidRequestError
@@ -77,10 +79,12 @@ class MLXTargetRunner:
                                frozenset(self.tap_ids or ()), record_recurrent, mask)
         return run, self._taps(run)
 
-    def _taps(self, run):
+    def _taps(self, run, rows: slice | None = None):
+        """This runner's taps of `run` (`rows`: its rows of a batched verify's run)."""
         if self.tap_ids is None:
             return None
-        return mx.concatenate([run.taps[i] for i in self.tap_ids], axis=-1)
+        taps = [run.taps[i] if rows is None else run.taps[i][:, rows] for i in self.tap_ids]
+        return mx.concatenate(taps, axis=-1)
 
     def prefill(self, prompt_ids: list[int], start: int = 0):
         """`start`: rows already in the cache (restored by engines/mlx_prefix.py)."""
@@ -124,16 +128,40 @@ class MLXTargetRunner:
         leaves it the cache and its own ancestors."""
         past = self.cache[0].offset
         rows = len(tree.token_ids) + 1
-        mask = mx.concatenate([mx.ones((rows, past), dtype=mx.bool_), mx.array(tree.ancestor_mask())],
-                              axis=1)
         cache = self.adapter.rows_at_positions(self.cache, mx.array(tree.depths) + past)
         run = self.adapter.run(self.model, mx.array([[anchor_id, *tree.token_ids]]), cache,
-                               frozenset(self.tap_ids or ()), mask=mask)
+                               frozenset(self.tap_ids or ()), mask=_tree_mask(tree, past))
         taps = self._taps(run)
         logits = self.adapter.logits(self.model, run.hidden).astype(mx.float32)
         mx.eval(logits, taps)
         self._verified = _Verified(rows, taps, {}, {})
         return np.array(logits[0])
+
+    @staticmethod
+    def verify_batch(runners: list[MLXTargetRunner], anchors: list[int],
+                     trees: list[DraftTree]) -> list[np.ndarray]:
+        """Each runner's verify(anchor, tree) as one batched forward: afterwards each runner is
+        in the state its own verify leaves (ready for commit), and each logits [N_i+1, V] is what
+        its verify returns. Runners of one model; a target that cannot batch (engines/mlx_batch.py
+        says which) is verified runner by runner."""
+        return mlx_batch.verify_batch(runners, anchors, trees)
+
+    def lane(self, anchor_id: int, tree: DraftTree) -> Lane:
+        """This runner's rows in a batched verify, placed and masked as `verify` runs them."""
+        past = self.cache[0].offset
+        token_ids = [anchor_id, *tree.token_ids]
+        if tree.is_chain:
+            mask = "causal" if len(token_ids) > 1 else None
+        else:
+            mask = _tree_mask(tree, past)
+        return Lane(self.cache, token_ids, mx.array(tree.depths) + past, mask)
+
+    def take_lane(self, run: LayerRun, rows: slice) -> mx.array | None:
+        """Hold this runner's `rows` of a batched verify's run as its own verify's, for commit;
+        their taps."""
+        taps = self._taps(run, rows)
+        self._verified = _Verified(rows.stop - rows.start, taps, {}, {})
+        return taps
 
     def commit(self, rows: list[int]):
         """Move the kept rows' keys and values to the positions after the cache; `_keep`
@@ -173,6 +201,13 @@ class MLXTargetRunner:
             layer_input = verified.recurrent_inputs[index][:, :kept_rows]
             self.adapter.replay_recurrent(self._layers[index], layer_input, layer_cache)
         mx.eval([self.cache[i].state for i in self._recurrent])
+
+
+def _tree_mask(tree: DraftTree, past: int) -> mx.array:
+    """[rows, past + rows] bool: each row sees the cache, itself and its ancestors."""
+    rows = len(tree.token_ids) + 1
+    return mx.concatenate([mx.ones((rows, past), dtype=mx.bool_), mx.array(tree.ancestor_mask())],
+                          axis=1)
 
 
 def verifies_trees(model, adapter: TargetAdapter) -> bool:

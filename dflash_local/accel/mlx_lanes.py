@@ -1,0 +1,77 @@
+"""Lanes: several sequences' rows run through a target's layers as one sequence, ragged.
+
+A batched verify (engines/mlx_batch.py) concatenates every generation's verify rows into one
+[1, rows] input, so each projection, MLP and the head is one matmul over all of them, while
+each generation's rows attend only to its own cache under its own mask. mlx-lm's attention
+takes `cache.offset` for its RoPE, stores the new keys and values with
+`cache.update_and_fetch`, then calls `scaled_dot_product_attention(..., cache=cache)`: a
+`LaneCache` is that cache for one layer of every lane at once. Its `offset` is each row's
+position (the per-row RoPE of accel/mlx_rope.py places them), `update_and_fetch` hands each
+lane's rows to that lane's own cache (no copy into a padded batch), and the attention routed
+by accel/mlx_attention.py sees a `LaneCache` and attends lane by lane (`attend_lanes`).
+
+The layers get `LANES` as their mask: the lanes carry their own, and a kernel that was not
+routed refuses that string instead of attending across lanes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+LANES = "lanes"  # the mask a lane run hands every layer: no kernel but the routed one takes it
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One sequence's rows in a lane run."""
+
+    cache: list  # its own layer caches (mlx-lm KVCache), the rows go after their contents
+    token_ids: list[int]
+    positions: mx.array  # [rows] each row's RoPE position
+    mask: mx.array | str | None  # its rows' attention mask over its cache and its rows, as a
+    # single-sequence verify passes it: None (one row), "causal", or boolean [rows, past + rows]
+
+
+class LaneCache:
+    """One layer's caches of every lane, as mlx-lm's attention uses a cache."""
+
+    def __init__(self, caches: list, bounds: list[tuple[int, int]], positions: mx.array,
+                 masks: list):
+        self.caches = caches
+        self.bounds = bounds  # each lane's rows in the joined sequence: [start, end)
+        self.offset = positions  # [rows]
+        self.masks = masks
+        self._fetched: list[tuple[mx.array, mx.array]] = []
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Append each lane's rows to its own cache; the attention reads them back per lane
+        (`attend_lanes`), so the joined rows return unchanged."""
+        self._fetched = [cache.update_and_fetch(keys[:, :, start:end], values[:, :, start:end])
+                         for cache, (start, end) in zip(self.caches, self.bounds, strict=True)]
+        return keys, values
+
+    def attend_lanes(self, queries: mx.array, scale: float,
+                     attention: Callable[..., mx.array]) -> mx.array:
+        """`attention(queries, keys, values, scale, mask)` of each lane's rows [1, heads, rows, D]
+        over its own keys and values, joined back in row order."""
+        outputs = [attention(queries[:, :, start:end], keys, values, scale, mask)
+                   for (start, end), (keys, values), mask
+                   in zip(self.bounds, self._fetched, self.masks, strict=True)]
+        return mx.concatenate(outputs, axis=2)
+
+
+def lane_caches(lanes: Sequence[Lane]) -> tuple[mx.array, list[LaneCache]]:
+    """(the joined token ids [1, rows], one `LaneCache` per layer) for a run of `lanes`."""
+    ends = list(itertools.accumulate(len(lane.token_ids) for lane in lanes))
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    positions = mx.concatenate([lane.positions for lane in lanes])
+    masks = [lane.mask for lane in lanes]
+    layers = len(lanes[0].cache)
+    caches = [LaneCache([lane.cache[layer] for lane in lanes], bounds, positions, masks)
+              for layer in range(layers)]
+    token_ids = mx.array([[token for lane in lanes for token in lane.token_ids]])
+    return token_ids, caches
