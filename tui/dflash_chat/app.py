@@ -21,7 +21,7 @@ from dflash_chat.adapt_view import AdaptState, adapt_state
 from dflash_chat.bindings import bindings_for
 from dflash_chat.command_line import Options, build_parser, options_from_args
 from dflash_chat.commands import DFlashCommands
-from dflash_chat.protocol import PHASE_EXPLAINED, ServiceError
+from dflash_chat.protocol import PHASE_EXPLAINED, ServiceError, describe_loaded
 from dflash_chat.screens.chat import ChatScreen
 from dflash_chat.service import HEALTH_EVERY_S, ServiceProcess, ServiceStartError, wait_healthy
 from dflash_chat.settings import (
@@ -269,6 +269,7 @@ class DFlashChatApp(App):
 
     def served_model(self) -> str:
         return (self.status.get("loaded") or {}).get("served_name") or ""
+
     def catalog_pair(self, pair_id: str | None) -> dict | None:
         return next((pair for pair in self.catalog if pair["id"] == pair_id), None)
 
@@ -385,13 +386,6 @@ class DFlashChatApp(App):
         while self.screen is not self.chat_screen and len(self.screen_stack) > 2:
             self.pop_screen()
         await self.chat_screen.run_action(action_id)
-
-
-def describe_loaded(loaded: dict | None) -> str:
-    if not loaded:
-        return ""
-    drafter = Path(loaded["drafter"]).name if loaded.get("drafter") else "no drafter"
-    return f"{loaded.get('pair') or loaded['served_name']} ({loaded['engine']}, {drafter})"
 
 
 def main(argv: list[str] | None = None) -> int:

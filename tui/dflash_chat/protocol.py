@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # a round's `mode` as the service streams it (the names of dflash_local/method/planning/modes.py)
 MODE_SPECULATIVE = "speculative"
@@ -63,3 +64,11 @@ class StreamUsage:
     completion_tokens: int
     dflash: dict  # tau, decode/prefill tokens/s, drafted, accepted, accepted_per_round, engine...
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if sent
+
+
+def describe_loaded(loaded: dict | None) -> str:
+    """`/dflash/status`'s loaded pair in a few words: pair (engine, drafter)."""
+    if not loaded:
+        return ""
+    drafter = Path(loaded["drafter"]).name if loaded.get("drafter") else "no drafter"
+    return f"{loaded.get('pair') or loaded['served_name']} ({loaded['engine']}, {drafter})"
