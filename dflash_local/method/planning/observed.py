@@ -45,6 +45,10 @@ class ObservedCosts:
         """The calibrated costs, re-priced where the timed rounds disagree with them."""
         return self.calibrated.scaled(*self.scales())
 
+    def compared(self) -> bool:
+        """Whether enough rounds of both kinds were timed to check the calibration."""
+        return len(self._plain) >= MIN_ROUNDS and len(self._wider) >= MIN_ROUNDS
+
     def wants_plain_step(self) -> bool:
         wider = _median(self._wider)
         return len(self._plain) < MIN_ROUNDS and wider is not None and _off(wider)
