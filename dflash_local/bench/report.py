@@ -26,11 +26,13 @@ def write_outputs(record: dict, out_dir: Path) -> tuple[Path, Path | None]:
     return json_path, png_path if plot(record, png_path) else None
 
 
-def write_record(path: Path, record: dict, *, threads: int | None = None, setting: str = "") -> dict:
+def write_record(path: Path, record: dict, *, threads: int | None = None, setting: str = "",
+                 machine: dict | None = None) -> dict:
     """A docs/records/ record to `path` with its machine named by bench/machine.describe():
     "machine" the line the benchmarks page prints (`setting` says what else ran, as "a virtual
-    machine"), "machine_details" the whole description. Returns the record as written."""
-    machine = describe(threads)
+    machine"), "machine_details" the whole description (`machine`: one the run took itself,
+    else described now). Returns the record as written."""
+    machine = machine or describe(threads)
     load = machine["load_average"]
     words = [machine_words(machine), *([setting] if setting else []),
              *([f"load {load:.1f}"] if load is not None else [])]
