@@ -214,13 +214,31 @@ def _record(args: argparse.Namespace, rows: list[dict], machine: dict) -> dict:
         "tokens_per_s": {side: round(speed, 2) for side, speed in speeds.items()},
         "mean_tau": {side: round(sum(r[side]["tau"] for r in rows) / len(rows), 3) for side in sides},
         "new_over_old": round(speeds["new"] / speeds["old"], 4),
+        "new_over_old_95": ratio_interval(rows), "prompts": rows,
     }
+
+
+def ratio_interval(rows: list[dict], resamples: int = 2000) -> list[float]:
+    """A 95% bootstrap interval of new/old over these prompts (resampled with replacement): on a
+    busy machine one prompt's ratio swings widely, and this says how far the total may."""
+    import random
+
+    chooser = random.Random(0)  # the same interval for the same figures
+    ratios = []
+    for _ in range(resamples):
+        picked = chooser.choices(rows, k=len(rows))
+        speed = {side: sum(r[side]["tokens"] for r in picked) / sum(r[side]["decode_s"] for r in picked)
+                 for side in ("old", "new")}
+        ratios.append(speed["new"] / speed["old"])
+    ratios.sort()
+    return [round(ratios[int(0.025 * resamples)], 3), round(ratios[int(0.975 * resamples) - 1], 3)]
 
 
 ENGINE_LABELS = {"mlx": "MLX", "transformers": "Transformers"}
 DRAFTER_WORDS = {"new": "the newer checkout's drafter", "old": "the older checkout's drafter",
                  "own": "each its own drafter"}
 COLUMNS = [("old", "older (tok/s)", 1), ("new", "newer (tok/s)", 1), ("ratio", "newer / older", 3),
+           ("interval", "95% interval", 0),
            ("tau_old", "τ older", 2), ("tau_new", "τ newer", 2), ("identical", "identical", 0),
            ("load", "load average", 0)]
 
@@ -245,7 +263,9 @@ def add_to_record(path: Path, run: dict, compares: str = "") -> dict:
     drafter = ("plain decoding" if run.get("block_size") == "1" else DRAFTER_WORDS[run["drafter"]])
     label = f"{ENGINE_LABELS[run['engine']]}, {run['dataset']}, {drafter}"
     row = {"label": label, "old": run["tokens_per_s"]["old"], "new": run["tokens_per_s"]["new"],
-           "ratio": round(run["new_over_old"], 3), "tau_old": round(run["mean_tau"]["old"], 2),
+           "ratio": round(run["new_over_old"], 3),
+           "interval": "{:.3f}-{:.3f}".format(*run["new_over_old_95"]) if "new_over_old_95" in run else "",
+           "tau_old": round(run["mean_tau"]["old"], 2),
            "tau_new": round(run["mean_tau"]["new"], 2),
            "identical": f"{run['identical']}/{run['samples']}" if run["identical"] else "not compared",
            "load": f"{loads[0]:.1f}-{loads[1]:.1f}" if loads else ""}

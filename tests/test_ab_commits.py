@@ -26,7 +26,7 @@ def a_run(engine: str, old: float, new: float, drafter: str = "old", block_size:
             "engine": engine, "dataset": "embedded", "drafter": drafter, "block_size": block_size,
             "samples": 4, "max_tokens": 128, "identical": 4 if drafter != "own" else None,
             "tokens_per_s": {"old": old, "new": new}, "mean_tau": {"old": 2.5, "new": 2.5},
-            "new_over_old": new / old}
+            "new_over_old": new / old, "new_over_old_95": [0.9, 1.2]}
 
 
 def test_runs_become_rows_of_a_record_the_page_renders(tmp_path):
@@ -48,4 +48,17 @@ def test_runs_become_rows_of_a_record_the_page_renders(tmp_path):
     assert record["engine"] == "MLX, Transformers" and len(record["command"]) == 3
     assert record["machine_details"]["cpu_model"] in record["machine"]
     table = renderer.table(record)
-    assert "| MLX, embedded, the older checkout's drafter | 10.0 | 10.5 | 1.050 |" in table
+    assert "| MLX, embedded, the older checkout's drafter | 10.0 | 10.5 | 1.050 | 0.900-1.200 |" in table
+
+
+def test_the_interval_holds_the_ratio_and_is_a_point_when_every_prompt_agrees():
+    ab = load_script("ab_commits")
+
+    def prompt(old_s: float, new_s: float) -> dict:
+        return {"old": {"tokens": 100, "decode_s": old_s}, "new": {"tokens": 100, "decode_s": new_s}}
+
+    assert ab.ratio_interval([prompt(2.0, 1.0)] * 5) == [2.0, 2.0]
+    swinging = [prompt(2.0, 1.0), prompt(1.0, 2.0), prompt(1.0, 1.1), prompt(1.5, 1.4)] * 3
+    low, high = ab.ratio_interval(swinging)
+    total = sum(p["old"]["decode_s"] for p in swinging) / sum(p["new"]["decode_s"] for p in swinging)
+    assert low < total < high and high - low > 0.2
