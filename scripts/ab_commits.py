@@ -189,7 +189,8 @@ def _interleave(workers: dict, prompts: list, args: argparse.Namespace) -> list[
         if args.log is not None:
             with args.log.open("a") as log:
                 log.write(json.dumps({"dataset": args.dataset, "engine": args.engine,
-                                      "drafter": args.drafter, **row}) + "\n")
+                                      "drafter": args.drafter, "block_size": args.block_size,
+                                      **row}) + "\n")
         print(f"[{index + 1}/{len(prompts)}] {prompt.prompt_id}: "
               + ", ".join(f"{side} {row[side]['tokens'] / row[side]['decode_s']:.1f} tok/s" for side in order),
               flush=True)
