@@ -132,6 +132,7 @@ def _parse_args() -> argparse.Namespace:
                         help="add the run as a row of this docs/records/ record (made if absent)")
     parser.add_argument("--from-run", type=Path, nargs="+", metavar="RUN",
                         help="no run: add these --out files to --record")
+    parser.add_argument("--analysis", metavar="TEXT", help="what the record's figures say, kept in it")
     parser.add_argument("--log", type=Path, metavar="FILE",
                         help="append each prompt's figures as a JSON line while the run goes on")
     parser.add_argument("--compares", default="", metavar="TEXT",
@@ -244,7 +245,7 @@ COLUMNS = [("old", "older (tok/s)", 1), ("new", "newer (tok/s)", 1), ("ratio", "
            ("load", "load average", 0)]
 
 
-def add_to_record(path: Path, run: dict, compares: str = "") -> dict:
+def add_to_record(path: Path, run: dict, compares: str = "", analysis: str | None = None) -> dict:
     """Put one run (an --out file's figures) into the docs/records/ record at `path` (made if
     absent, saying it `compares` that, else what the run compared) as the row of its engine,
     dataset and drafter, replacing that row if present."""
@@ -276,6 +277,8 @@ def add_to_record(path: Path, run: dict, compares: str = "") -> dict:
     record["engine"] = ", ".join(sorted({r["label"].split(",")[0] for r in record["rows"]}))
     record["dataset"] = ", ".join(sorted({r["label"].split(", ")[1] for r in record["rows"]}))
     record["date"] = max(record["date"], run["date"])
+    if analysis:
+        record["analysis"] = analysis
     machine = {key: value for key, value in run["machine"].items() if key != "load_average_during"}
     return write_record(path, record, machine=machine, setting="load average per row")
 
@@ -284,7 +287,7 @@ def main() -> int:
     args = _parse_args()
     if args.from_run:
         for run in args.from_run:
-            add_to_record(args.record, json.loads(run.read_text()), args.compares)
+            add_to_record(args.record, json.loads(run.read_text()), args.compares, args.analysis)
         return 0
     prompts = _prompts(args)
     if args.trace is not None:
@@ -304,7 +307,7 @@ def main() -> int:
     if args.out is not None:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     if args.record is not None:
-        add_to_record(args.record, record, args.compares)
+        add_to_record(args.record, record, args.compares, args.analysis)
     return 0
 
 
