@@ -92,7 +92,7 @@ COLUMNS = [("taps_per_token", "taps (B/token)", 0), ("ids_per_token", "ids (B/to
 
 
 def _record(args: argparse.Namespace, rows: list[dict]) -> None:
-    from dflash_local.method.calibration import cpu_model
+    from dflash_local.bench.report import write_record
 
     record = {
         "title": "Recording replies for adaptation: ids, not taps",
@@ -100,7 +100,6 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
         "command": (f"nice scripts/adapt_taps_vs_ids.py --lengths "
                     f"{' '.join(map(str, args.lengths))} --record {args.record}"),
         "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()}-core {cpu_model()} (a virtual machine, shared with other work)",
         "engine": "Transformers", "dataset": "generated: one sentence repeated to each length",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
                      "dtype": "float32", "prefix_cache": "off"},
@@ -114,7 +113,7 @@ def _record(args: argparse.Namespace, rows: list[dict]) -> None:
         "notes": [("A z-lab drafter of an 8B target (5 taps of 4096 values, bfloat16) needs 40 KiB "
                   "of taps per token, 10240 times its id: 200 replies of 2K tokens would be 16 GiB "
                   "of taps against 1.6 MiB of ids.")]}
-    args.record.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    write_record(args.record, record, setting="a virtual machine, shared with other work")
 
 
 if __name__ == "__main__":

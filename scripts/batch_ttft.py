@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -46,7 +44,7 @@ def main() -> int:
               f"to each alone: {r['identical']}")
     print(f"streams' replies the same under both settings: {streams_same}")
     if args.record:
-        write_record(args, results, identical and streams_same)
+        record_results(args, results, identical and streams_same)
     return 0 if identical and streams_same else 1
 
 
@@ -120,7 +118,9 @@ def _reply(url: str, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     return ids, ttft
 
 
-def write_record(args, results: dict, identical: bool) -> None:
+def record_results(args, results: dict, identical: bool) -> None:
+    from dflash_local.bench.report import write_record
+
     rows = [{"label": f"--max-batch {batch}", "idle_s": round(r["idle_s"], 3),
              "busy_s": round(r["busy_s"], 3), "ratio": round(r["busy_s"] / r["idle_s"], 2),
              "identical": "yes" if r["identical"] else "no"} for batch, r in results.items()]
@@ -134,7 +134,6 @@ def write_record(args, results: dict, identical: bool) -> None:
         "dataset": f"3 stream prompts ({args.stream_tokens} tokens each) and one title request "
                    f"({args.newcomer_tokens} tokens)",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}",
         "engine": args.engine,
         "settings": {**SETTINGS, "pair": "embedded", "tries": args.tries},
         "command": f"scripts/batch_ttft.py --engine {args.engine} --stream-tokens "
@@ -150,7 +149,7 @@ def write_record(args, results: dict, identical: bool) -> None:
                    f"pass each (no batched pass yet): beside 3 streams a newcomer waits for its "
                    f"own prefill and one round of each stream.")],
     }
-    args.record.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.record, record)
 
 
 if __name__ == "__main__":

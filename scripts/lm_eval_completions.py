@@ -89,7 +89,9 @@ def main() -> int:
                "lm_eval_s": round(eval_s, 1)}
     print(json.dumps(summary, indent=1))
     if args.record is not None:
-        args.record.write_text(json.dumps(record(summary, compared), indent=1) + "\n")
+        from dflash_local.bench.report import write_record
+
+        write_record(args.record, record(summary, compared))
     return 0 if summary["max_abs_difference"] <= TOLERANCE and summary["greedy_agree"] else 1
 
 
@@ -186,10 +188,6 @@ def forward_accuracy(samples: list[dict], compared: list[dict]) -> float:
 
 
 def record(summary: dict, compared: list[dict]) -> dict:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-               "unknown")
     return {
         "title": "lm-eval loglikelihood over /v1/completions against the target's own forward",
         "compares": "lm-eval's local-completions loglikelihoods through /v1/completions (echo + "
@@ -201,7 +199,7 @@ def record(summary: dict, compared: list[dict]) -> dict:
                     "Transformers forward over the same tokens.",
         "command": f"python scripts/lm_eval_completions.py --engine {summary['engine']} "
                    "--record docs/records/lm-eval-completions.json",
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {cpu}",
+        "date": time.strftime("%Y-%m-%d"),
         "engine": summary["engine"], "dataset": f"{len(QUESTIONS)} questions, 4 choices each "
                                                 "(scripts/lm_eval_completions.py)",
         "settings": {"lm_eval": "local-completions, tokenized requests, batch 1",

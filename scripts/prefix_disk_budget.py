@@ -105,7 +105,7 @@ COLUMNS = [("conversations", "conversations", 0), ("budget", "budget (MiB)", 0),
 
 
 def _record(args: argparse.Namespace, row: dict) -> None:
-    from dflash_local.method.calibration import cpu_model
+    from dflash_local.bench.report import write_record
 
     label = {"mlx": "MLX", "transformers": "Transformers"}[args.engine]
     record = {
@@ -114,7 +114,6 @@ def _record(args: argparse.Namespace, row: dict) -> None:
         "command": (f"nice scripts/prefix_disk_budget.py --engine {args.engine} --conversations "
                     f"{args.conversations} --disk-mb {args.disk_mb} --record {args.record}"),
         "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()}-core {cpu_model()} (a virtual machine)",
         "engine": label, "dataset": "generated: a system prompt per conversation, two turns",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
                      "dtype": "float32", "temperature": 0, "block_size": 8,
@@ -124,7 +123,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
                     for key, label, decimals in COLUMNS],
         "rows": [{"label": label, **{key: round(value, 2) if isinstance(value, float) else value
                                      for key, value in row.items()}}]}
-    args.record.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    write_record(args.record, record, setting="a virtual machine")
 
 
 if __name__ == "__main__":

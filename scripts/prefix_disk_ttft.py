@@ -87,7 +87,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
     import datetime
     import json
 
-    from dflash_local.method.calibration import cpu_model
+    from dflash_local.bench.report import write_record
 
     record = json.loads(args.record.read_text()) if args.record.exists() else {
         "title": "The prefix cache's disk tier: the next turn's first token after a restart",
@@ -109,9 +109,7 @@ def _record(args: argparse.Namespace, row: dict) -> None:
     record["command"] = sorted({*record["command"], command})
     record["engine"] = ", ".join(r["label"] for r in record["rows"])
     record["date"] = datetime.date.today().isoformat()
-    load = os.getloadavg()[0]
-    record["machine"] = f"{os.cpu_count()}-core {cpu_model()} (a virtual machine, load {load:.1f})"
-    args.record.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    write_record(args.record, record, setting="a virtual machine")
 
 
 def _embedded_pair() -> tuple[Path, Path]:

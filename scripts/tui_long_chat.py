@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -122,7 +121,6 @@ def record_of(result: dict, command: str) -> dict:
                     f"turn {first}.",
         "dataset": "generated prompts of ~260 tokens each (scripts/tui_long_chat.py)",
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, shared CPU",
         "engine": "auto (the app's default)",
         "settings": {"overflow": result["policy"], "max_tokens": result["max_tokens"],
                      "context": result["context"], "pair": "embedded"},
@@ -145,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.record:
         command = "scripts/tui_long_chat.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.record.write_text(json.dumps(record_of(result, command), indent=1) + "\n")
+        from dflash_local.bench.report import write_record
+
+        write_record(args.record, record_of(result, command), setting="shared CPU")
     print(json.dumps({k: v for k, v in result.items() if k != "turns"}))
     return 0 if result["all_sent"] else 1
 

@@ -3,6 +3,7 @@ BLAS libraries in the process with the kernel OpenBLAS chose, and nothing it can
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -33,3 +34,21 @@ def test_the_blas_numpy_loaded_is_named_with_its_kernel():
 
 def test_a_missing_maps_file_names_no_library(tmp_path):
     assert machine.blas_libraries(tmp_path / "missing") == []
+
+
+def test_a_scripts_record_names_its_machine_in_words_and_in_full(tmp_path, monkeypatch):
+    """report.write_record: the line the benchmarks page prints and the whole description."""
+    from dflash_local.bench import report
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx", "avx2"])
+    monkeypatch.setattr(report, "describe", lambda threads=None: {
+        **machine.describe(threads), "cpu_model": "AMD EPYC 7B13", "cores": 2,
+        "cpu_flags": machine.cpu_flags(), "load_average": 6.5})
+    path = tmp_path / "record.json"
+    written = report.write_record(path, {"title": "a figure"}, threads=2, setting="a virtual machine")
+    assert json.loads(path.read_text()) == written
+    assert written["title"] == "a figure"
+    assert written["machine"].startswith("AMD EPYC 7B13 (2 cores, avx2")
+    assert written["machine"].endswith("; a virtual machine; load 6.5)")
+    details = written["machine_details"]
+    assert details["threads"]["engine"] == 2 and details["cpu_flags"] == ["avx", "avx2"]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,9 +25,10 @@ from dflash_local.method.calibration_noise import (
     warning_line,
 )
 from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.planning.auto import UNCHECKED_PROBE_EVERY
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.modes import FALLBACK, PROBE, SPECULATIVE
-from dflash_local.method.planning.observed import ObservedCosts
+from dflash_local.method.planning.observed import MIN_ROUNDS, ObservedCosts
 from dflash_local.method.planning.planner import make_planner
 
 
@@ -84,6 +86,10 @@ def test_a_calibration_beside_busy_processes_is_measured_again_and_kept_marked(
     assert cached["reliable"] is False and cached["noise"]["reasons"] == measured.noise.reasons
     read_back = calibration.Calibration.from_json(cached)
     assert not read_back.reliable and read_back.noise.reasons == measured.noise.reasons
+    assert not measured.costs.reliable and not read_back.costs.reliable  # what the planner sees
+    auto = make_planner(GenerationParams(block_size=parse_block_size("auto")), 4, False, [1, 2],
+                        read_back.costs, read_back.prior)
+    assert auto.policy.sooner_probe_every == UNCHECKED_PROBE_EVERY
     assert status["reliable"] is False and status["noise"]["reasons"] == measured.noise.reasons
     line = warning_line(status)
     assert "busy" in line and measured.noise.reasons[0] in line and "--recalibrate" in line
@@ -186,3 +192,25 @@ def test_costs_in_no_unit_of_time_are_never_corrected():
     planner = make_planner(GenerationParams(block_size=parse_block_size("auto")), 16,
                                        False, [1, 2], untimed)
     assert planner.observed is None
+
+
+# a noisy calibration's price: every verified row past the anchor as dear as a plain step, so
+# auto falls back to plain (a round of width 2 commits 1.9 tokens for 2 steps at acceptance 0.9)
+DEAR_WIDE = RoundCosts(tuple(float(w) for w in range(1, 17)), timed=True)
+
+
+def test_a_noisy_calibration_that_makes_speculation_look_lost_is_probed_sooner(monkeypatch):
+    """Rows really cost 0.01 plain steps. Trusted, the calibration keeps auto on plain steps for
+    as long as the probe budget says (a probe priced at 2 steps: one per 100 plain steps); marked
+    unreliable, auto probes every few plain steps until enough rounds were timed to compare, then
+    re-prices and speculates."""
+    trusted, _ = auto_rounds(monkeypatch, row_s=0.01, costs=DEAR_WIDE)
+    noisy, planner = auto_rounds(monkeypatch, row_s=0.01, costs=replace(DEAR_WIDE, reliable=False))
+    checking = ([FALLBACK] * (UNCHECKED_PROBE_EVERY - 1) + [PROBE]) * MIN_ROUNDS
+    assert [event.mode for event in noisy[: len(checking)]] == checking
+    assert [event.mode for event in trusted[: 2 * len(checking)]] == [FALLBACK] * (2 * len(checking))
+    assert noisy[len(checking)].mode == SPECULATIVE  # re-priced from the probes it timed
+    wider_scale = planner.observed.scales()[1]  # at most what a timed 2-row round said
+    assert wider_scale <= (1.0 + 0.01) / DEAR_WIDE.at(2) + 1e-9
+    assert planner.policy.sooner_probe_every is None
+    assert len(noisy) < len(trusted)  # the same 120 tokens in fewer rounds

@@ -1,4 +1,5 @@
-"""What a benchmark leaves behind: the JSON record, a PNG plot, and the table on the terminal."""
+"""What a benchmark leaves behind: the JSON record, a PNG plot, and the table on the terminal; and
+for the scripts that measure one thing, a docs/records/ record with its machine named."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from dflash_local.bench.machine import describe
 from dflash_local.bench.noise import NOISY_STEAL_SHARE
 from dflash_local.method.calibration_noise import BUSY_SHARE
 from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE
@@ -22,6 +24,22 @@ def write_outputs(record: dict, out_dir: Path) -> tuple[Path, Path | None]:
     json_path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     png_path = out_dir / f"{stem}.png"
     return json_path, png_path if plot(record, png_path) else None
+
+
+def write_record(path: Path, record: dict, *, threads: int | None = None, setting: str = "",
+                 machine: dict | None = None) -> dict:
+    """A docs/records/ record to `path` with its machine named by bench/machine.describe():
+    "machine" the line the benchmarks page prints (`setting` says what else ran, as "a virtual
+    machine"), "machine_details" the whole description (`machine`: one the run took itself,
+    else described now). Returns the record as written."""
+    machine = machine or describe(threads)
+    load = machine["load_average"]
+    words = [machine_words(machine), *([setting] if setting else []),
+             *([f"load {load:.1f}"] if load is not None else [])]
+    written = {**record, "machine": f"{machine['cpu_model']} ({'; '.join(words)})",
+               "machine_details": machine}
+    path.write_text(json.dumps(written, indent=1, ensure_ascii=False) + "\n")
+    return written
 
 
 def format_table(record: dict) -> str:
@@ -48,12 +66,12 @@ def _title(record: dict) -> str:
     machine = record["machine"]
     repeats = record["settings"].get("repeats", 1)
     return (f"{record['engine']} · {record['target']} + {record['drafter']} · {record['dtype']} · "
-            f"{machine['cpu_model']} ({_machine_words(machine)}) · max_tokens "
+            f"{machine['cpu_model']} ({machine_words(machine)}) · max_tokens "
             f"{record['settings']['max_tokens']} · T={record['settings']['temperature']}"
             + (f" · fastest of {repeats} tries" if repeats > 1 else ""))
 
 
-def _machine_words(machine: dict) -> str:
+def machine_words(machine: dict) -> str:
     """Cores, the widest vector extension, the BLAS kernels: what explains a day's difference
     (records from before bench/machine.py name the cores alone)."""
     words = [f"{machine['cores']} cores"]

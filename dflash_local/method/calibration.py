@@ -31,7 +31,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -109,9 +109,10 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: dict) -> Calibration:
         slopes = raw.get("context_slopes")
-        costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]),
-                           raw.get("base_context", 0), tuple(slopes) if slopes else None, timed=True)
         noise = Noise.from_json(raw["noise"]) if raw.get("noise") else None
+        costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]),
+                           raw.get("base_context", 0), tuple(slopes) if slopes else None, timed=True,
+                           reliable=noise is None or noise.reliable)
         return cls(costs, tuple(raw["acceptance_prior"]),
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0), noise)
 
@@ -133,6 +134,7 @@ def load_or_measure(engine: Measurable, key: dict, force: bool = False,
 def measure(engine: Measurable, key: dict, repetitions: int = REPETITIONS) -> Calibration:
     started = time.perf_counter()
     costs, noise = quietest_costs(engine, repetitions)
+    costs = replace(costs, reliable=noise.reliable)  # the planner checks a noisy one sooner
     prior = measure_prior(engine, costs.max_width)
     return Calibration(costs, prior, key,
                        datetime.now(UTC).isoformat(timespec="seconds"),

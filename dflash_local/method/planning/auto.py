@@ -10,7 +10,8 @@ context the round runs on, and the acceptance seen so far in this generation:
   drafter's best round (lookups.py).
 It owns every estimator and hears each round once, in `observe`; with timed costs it also
 hears what the round took, and re-prices rounds where those times disagree with the
-calibration (observed.py).
+calibration (observed.py). A calibration marked noisy is checked sooner: while too few rounds
+were timed to compare it, a fallback to plain probes every UNCHECKED_PROBE_EVERY plain steps.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from dflash_local.method.proposers import (
     Proposer,
 )
 
+UNCHECKED_PROBE_EVERY = 4  # plain steps between probes while a noisy calibration is unchecked
+
 
 class AutoPlanner:
     mode = SPECULATIVE
@@ -48,6 +51,8 @@ class AutoPlanner:
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
         calibrated = self.policy.calibrated
         self.observed = ObservedCosts(calibrated) if calibrated.timed else None
+        if self.observed is not None and not calibrated.reliable:
+            self.policy.sooner_probe_every = UNCHECKED_PROBE_EVERY
         self._context = 0  # the planned round's
         # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
         self._planned: tuple[int, float | None] = (1, None)
@@ -82,6 +87,8 @@ class AutoPlanner:
             self.observed.observe(not draft.tree.token_ids and not draft.drafter_nodes, seconds,
                                   calibrated)
             self.policy.calibrated = self.observed.corrected()
+            if self.observed.compared():
+                self.policy.sooner_probe_every = None
         if self.index is not None:
             self.index.extend(committed)
         if draft.mode == LOOKUP:

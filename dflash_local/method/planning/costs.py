@@ -33,13 +33,16 @@ class RoundCosts:
 
     `timed`: seconds this machine measured (calibration.py), which the auto planner corrects
     when the rounds it times disagree (observed.py); False: assumed costs in any unit (the
-    uncalibrated defaults, a test's), never compared with a clock."""
+    uncalibrated defaults, a test's), never compared with a clock. `reliable`: False where the
+    calibration that timed them was noisy (calibration_noise.py): auto probes sooner to check
+    them (auto.py)."""
 
     seconds: tuple[float, ...]
     verify_seconds: tuple[float, ...] | None = None
     base_context: int = 0
     context_slopes: tuple[float, ...] | None = None
     timed: bool = False
+    reliable: bool = True
 
     def __post_init__(self):
         if not self.seconds or any(not s > 0 for s in self.seconds):
@@ -59,7 +62,7 @@ class RoundCosts:
         extra = [(tokens - self.base_context) * slope for slope in self.context_slopes]
         return RoundCosts(tuple(s + e for s, e in zip(self.seconds, extra)),
                           tuple(v + e for v, e in zip(self.verify_only, extra)), tokens,
-                          timed=self.timed)
+                          timed=self.timed, reliable=self.reliable)
 
     def scaled(self, plain: float, wider: float) -> RoundCosts:
         """These costs with a plain step's times `plain` times and every wider round's (drafter
@@ -67,7 +70,7 @@ class RoundCosts:
         def scale(values):
             return None if values is None else (values[0] * plain, *(v * wider for v in values[1:]))
         return RoundCosts(scale(self.seconds), scale(self.verify_seconds), self.base_context,
-                          scale(self.context_slopes), self.timed)
+                          scale(self.context_slopes), self.timed, self.reliable)
 
     @property
     def max_width(self) -> int:

@@ -19,9 +19,11 @@ from collections import deque
 
 from dflash_local.method.planning.costs import RoundCosts
 
-MIN_ROUNDS = 2  # of each kind before their ratio is trusted
+MIN_ROUNDS = 4  # of each kind before their ratio is trusted: two swing with a busy machine
 WINDOW = 16  # the latest rounds of each kind: a load that comes or goes is followed
-TOLERANCE = 0.2  # a disagreement smaller than this is the calibration's own noise
+# a smaller disagreement is noise: on a busy machine round times swing by more than 20%, and
+# re-pricing on such swings narrows rounds that paid (docs/records/ab-51ebfe8-main.json)
+TOLERANCE = 0.5
 
 
 class ObservedCosts:
@@ -44,6 +46,10 @@ class ObservedCosts:
     def corrected(self) -> RoundCosts:
         """The calibrated costs, re-priced where the timed rounds disagree with them."""
         return self.calibrated.scaled(*self.scales())
+
+    def compared(self) -> bool:
+        """Whether enough rounds of both kinds were timed to check the calibration."""
+        return len(self._plain) >= MIN_ROUNDS and len(self._wider) >= MIN_ROUNDS
 
     def wants_plain_step(self) -> bool:
         wider = _median(self._wider)

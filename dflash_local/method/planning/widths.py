@@ -5,7 +5,9 @@ each round and reports the round with `observe`. Width 1 is plain decoding. When
 it, the policy falls back to plain and probes (a drafter chain of the best width) once every
 `probe_every` plain rounds, doubling that interval (up to `max_probe_every`) after each probe
 that keeps no draft, and never probing so often that the probes' extra cost exceeds
-`probe_budget` of plain decoding: a useless drafter costs about 1% once it has lost.
+`probe_budget` of plain decoding: a useless drafter costs about 1% once it has lost. While
+`sooner_probe_every` is set (auto.py: a noisy calibration not yet checked against timed rounds,
+whose price of a probe may be what made speculation look lost) it probes that often instead.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class BlockPolicy:
         self._interval = probe_every
         self._plain_rounds = 0
         self._probing = False
+        self.sooner_probe_every: int | None = None
 
     def price_context(self, tokens: int) -> RoundCosts:
         """Price rounds at `tokens` of context from now on (RoundCosts.at_context); returns the
@@ -127,10 +130,16 @@ class BlockPolicy:
         self.mode = FALLBACK
         self._plain_rounds += 1
         probe_width, extra = self._probe(limit)
-        if self._plain_rounds < max(self._interval, extra / self.probe_budget):
+        if self._plain_rounds < self._probe_after(extra):
             return Choice(1, FALLBACK)
         self._plain_rounds, self._probing = 0, True
         return Choice(probe_width, PROBE)
+
+    def _probe_after(self, extra: float) -> float:
+        """Plain rounds before the next probe, whose cost over a plain step is `extra`."""
+        if self.sooner_probe_every is not None:
+            return self.sooner_probe_every
+        return max(self._interval, extra / self.probe_budget)
 
     def _probe(self, limit: int) -> tuple[int, float]:
         """(width, its cost over a plain step) of a probe: the drafter's chain of the width
