@@ -37,7 +37,7 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None, resume: Resume | None = None,
              trace: RoundTrace | None = None, grammar: Grammar | None = None,
-             timer: Callable[[], float] = time.perf_counter) -> Iterator[StepEvent]:
+             timer: Callable[[], float] | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
@@ -72,7 +72,7 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
         while finish is None:
             whole, round_index = False, round_index + 1
             sources.add_taps(taps)
-            clock, context = _Clock(timer), len(prompt_ids) + produced  # each step's end
+            clock, context = _Clock(timer or time.perf_counter), len(prompt_ids) + produced
             proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
             draft = _lap(clock, guide.shape(proposer.propose(sources, anchor_id)))  # propose
             logits = _lap(clock, guide.mask(runner.verify(anchor_id, draft.tree)))  # verify
