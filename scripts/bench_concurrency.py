@@ -127,12 +127,19 @@ def _reply(url: str, prompt: str, max_tokens: int, speculative: bool, sent: floa
 
 
 def _batching(engine, worker: dict) -> str:
-    """How the verifies of the lanes ran: batched by the runner class, or one after another."""
+    """How the lanes' verifies and drafter calls ran: batched by the class, or one after another."""
     runner_class = type(engine.make_runner(collect_taps=False))
+    drafter = engine.make_drafter()
     how = ("one batched forward (the runner's verify_batch)" if hasattr(runner_class, "verify_batch")
            else "one verify after another (no verify_batch on the runner yet)")
-    mean = worker["verifies"] / max(1, worker["verify_batches"])
-    return f"verifies of a tick ran as {how}; {mean:.2f} lanes' verifies per tick on average"
+    drafts = ("one drafter pass (the drafter's propose_batch / propose_tree_batch)"
+              if drafter is not None and hasattr(type(drafter), "propose_batch")
+              else "one drafter call after another")
+    verifies = worker["verifies"] / max(1, worker["verify_batches"])
+    proposals = worker["proposals"] / max(1, worker["proposal_batches"])
+    return (f"verifies of a tick ran as {how}, {verifies:.2f} lanes' verifies per tick on "
+            f"average; drafter calls of a tick as {drafts}, {proposals:.2f} lanes' calls per "
+            f"batch on average")
 
 
 def _write_record(args, rows: list[dict], batching: str, prompt_count: int) -> None:
@@ -164,7 +171,7 @@ def _write_record(args, rows: list[dict], batching: str, prompt_count: int) -> N
                     column("plain_ttft", "plain TTFT (s)", 2),
                     column("identical", "replies identical to alone", None)],
         "rows": rows,
-        "notes": [f"Verifies: {batching}.",
+        "notes": [f"Lanes: {batching}.",
                   ("The 2 cores are shared with other jobs: figures of one run compare with "
                    "each other, not with another run's.")],
     }

@@ -1,6 +1,7 @@
 """The worker's lanes (service/lanes.py) on the real server and a tiny random pair: verifies
-batched through a runner class's `verify_batch` where it has one, one by one where it has none,
-each request's output its output alone either way; a long prompt prefills in chunks with the
+batched through a runner class's `verify_batch` and drafter calls through a drafter class's
+`propose_batch` / `propose_tree_batch` where it has them, one by one where it has none, each
+request's output its output alone either way; a long prompt prefills in chunks with the
 running stream's rounds between them (the observed order of calls, not timing); a request
 cancelled while its prompt prefills leaves before its next chunk, the stream beside it unchanged."""
 
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from service_support import make_pair, openai_client, wait_until
+from service_support import LONG_PROMPT, make_pair, openai_client, wait_until
 from test_service_batch import REQUESTS, long_stream, start, token_ids
 
 from dflash_local.method import shared_rounds
@@ -50,15 +51,15 @@ def calls(monkeypatch):
     return log
 
 
-def together(server) -> list[list[int]]:
-    start_together = threading.Barrier(len(REQUESTS))
+def together(server, requests: list[dict] = REQUESTS) -> list[list[int]]:
+    start_together = threading.Barrier(len(requests))
 
     def beside_the_others(request: dict) -> list[int]:
         start_together.wait()
         return token_ids(openai_client(server), **request)
 
-    with ThreadPoolExecutor(len(REQUESTS)) as pool:
-        return list(pool.map(beside_the_others, REQUESTS))
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(beside_the_others, requests))
 
 
 @pytest.mark.parametrize("runner_batches", [True, False], ids=["verify_batch", "one-by-one"])
@@ -84,6 +85,50 @@ def test_outputs_beside_others_equal_alone_with_or_without_verify_batch(served, 
         assert max(batch_sizes) == len(REQUESTS), batch_sizes  # every lane's verify in one call
     worker = served[0].loaded.worker.status()
     assert worker["verifies"] > worker["verify_batches"]  # some batches held several lanes
+
+
+# fixed widths, so every round drafts: two lanes' trees (one sampled) and one lane's chain
+DRAFTING = [
+    {"prompt": "Write a poem.", "max_tokens": 30, "extra_body": {"block_size": 4}},
+    {"prompt": "Tell me a story.", "max_tokens": 30, "temperature": 0.9, "seed": 7,
+     "extra_body": {"block_size": 5}},
+    {"prompt": LONG_PROMPT, "max_tokens": 30, "extra_body": {"block_size": 3, "tree": False}},
+]
+
+
+@pytest.mark.parametrize("drafter_batches", [True, False], ids=["propose_batch", "one-by-one"])
+def test_outputs_beside_others_equal_alone_with_or_without_propose_batch(served, monkeypatch,
+                                                                         drafter_batches):
+    from dflash_local.drafter.model_torch import DraftSession
+
+    batch_sizes: list[int] = []
+    for name in ("propose_batch", "propose_tree_batch"):
+        if drafter_batches:  # the class's own batched pass, counted
+            monkeypatch.setattr(DraftSession, name, staticmethod(_counted(getattr(DraftSession, name),
+                                                                          batch_sizes)))
+        else:
+            monkeypatch.delattr(DraftSession, name)
+    worker = served[0].loaded.worker
+    before = worker.status()
+    client = openai_client(served[1])
+    alone = [token_ids(client, **request) for request in DRAFTING]
+    assert together(served[1], DRAFTING) == alone
+    status = worker.status()
+    proposals = status["proposals"] - before["proposals"]
+    proposal_batches = status["proposal_batches"] - before["proposal_batches"]
+    assert proposals > proposal_batches > 0  # some ticks gathered several lanes' calls
+    if drafter_batches:  # the trees of two lanes in one pass, and every call went through one
+        assert max(batch_sizes) == 2, batch_sizes
+        assert sum(batch_sizes) == proposals
+    else:
+        assert batch_sizes == []
+
+
+def _counted(batch, batch_sizes: list[int]):
+    def counted(sessions, anchors, new_taps, sizes):
+        batch_sizes.append(len(sessions))
+        return batch(sessions, anchors, new_taps, sizes)
+    return counted
 
 
 def _newcomer(server, http: httpx.Client, max_tokens: int = 4):

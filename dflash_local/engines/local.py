@@ -55,7 +55,7 @@ from dflash_local.method.prefix_cache import (
 )
 from dflash_local.method.prefix_disk_format import LeafCodec
 from dflash_local.method.round_trace import RoundTrace
-from dflash_local.method.shared_rounds import loop_runner
+from dflash_local.method.shared_rounds import shared_loop
 from dflash_local.pairs.load_fit import check_load_fits, model_name
 from dflash_local.pairs.precision import resolve_dtype
 
@@ -307,9 +307,10 @@ class LocalEngine(Engine):
         if self.round_trace is not None:
             self.round_trace.generation(prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
                                         cached_tokens=resume.cached_rows if resume else 0)
-        shared, timer = loop_runner(runner, self.sharing)  # the worker's lanes: service/lanes.py
+        # the worker's lanes (service/lanes.py) batch its proposals and verifies with the others'
+        shared_runner, shared_drafter, timer = shared_loop(runner, drafter, self.sharing)
         # closing: a client that stops reading ends the loop now, and its state is kept now
-        with closing(speculative.generate(shared, drafter, prompt_ids, params, planner,
+        with closing(speculative.generate(shared_runner, shared_drafter, prompt_ids, params, planner,
                                           resume, self.round_trace, grammar, timer)) as events:
             for event in events:
                 # how much of the text the drafter's accepted tokens made, then a lookup

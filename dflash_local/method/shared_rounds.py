@@ -1,8 +1,8 @@
-"""A generation's runner while other generations share the machine: its verify is handed to
-whoever gathers every generation's verify into one batch, and its prefill runs in chunks with
-a switch point between them, so a long prompt never holds the others back for more than one
-chunk. The loop (speculative.py) sees a `TargetRunner` as ever; who shares (the service's
-lanes, service/lanes.py) implements `RoundSharing`.
+"""A generation's runner and drafter while other generations share the machine: its drafter's
+proposal and its verify are each handed to whoever gathers every generation's into one batch,
+and its prefill runs in chunks with a switch point between them, so a long prompt never holds
+the others back for more than one chunk. The loop (speculative.py) sees a `TargetRunner` and a
+`Drafter` as ever; who shares (the service's lanes, service/lanes.py) implements `RoundSharing`.
 
 Boundary: the runner's interface only, framework-neutral; no scheduling here.
 """
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dflash_local.method.draft_tree import DraftTree
-from dflash_local.method.interfaces import TargetRunner
+from dflash_local.method.interfaces import Drafter, TargetRunner
 
 # prompt rows per prefill forward while others share: the longest a newcomer's prefill holds
 # the running streams between two of their rounds
@@ -24,7 +24,13 @@ PREFILL_CHUNK_ROWS = 512
 
 
 class RoundSharing(Protocol):
-    """What a shared generation hands over at its two kinds of switch points."""
+    """What a shared generation hands over at its switch points."""
+
+    def propose(self, drafter: Drafter, anchor_id: int, new_taps: Any, size: int,
+                tree: bool) -> list[int] | DraftTree:
+        """`drafter.propose(anchor_id, new_taps, size)` (`tree`: `propose_tree` with `size`
+        nodes), run beside the other generations' proposals; the drafter's context cache is
+        left as its own call leaves it."""
 
     def verify(self, runner: TargetRunner, anchor_id: int, tree: DraftTree) -> np.ndarray:
         """`runner.verify(anchor_id, tree)`, run beside the other generations' verifies; the
@@ -38,13 +44,15 @@ class RoundSharing(Protocol):
         for timing its rounds: the others' steps between its own are not its cost."""
 
 
-def loop_runner(runner: TargetRunner, sharing: RoundSharing | None
-                ) -> tuple[TargetRunner, Callable[[], float]]:
-    """The runner a generation's loop calls and the clock it times rounds on: `runner` and the
-    wall clock alone; shared, its `SharedRunner` and the sharing's clock."""
+def shared_loop(runner: TargetRunner, drafter: Drafter | None, sharing: RoundSharing | None
+                ) -> tuple[TargetRunner, Drafter | None, Callable[[], float]]:
+    """The runner and drafter a generation's loop calls and the clock it times rounds on: as
+    given and the wall clock alone; shared, their `SharedRunner` and `SharedDrafter` and the
+    sharing's clock."""
     if sharing is None:
-        return runner, time.perf_counter
-    return SharedRunner(runner, sharing, PREFILL_CHUNK_ROWS), sharing.clock
+        return runner, drafter, time.perf_counter
+    shared_drafter = SharedDrafter(drafter, sharing) if drafter is not None else None
+    return SharedRunner(runner, sharing, PREFILL_CHUNK_ROWS), shared_drafter, sharing.clock
 
 
 def verify_each(runners: list[TargetRunner], anchor_ids: list[int],
@@ -53,6 +61,19 @@ def verify_each(runners: list[TargetRunner], anchor_ids: list[int],
     `verify_batch` (one forward over every runner's rows)."""
     return [runner.verify(anchor_id, tree)
             for runner, anchor_id, tree in zip(runners, anchor_ids, trees, strict=True)]
+
+
+def propose_each(tree: bool) -> Callable[..., list]:
+    """A batch of proposals, one drafter after another: for a drafter class without its own
+    `propose_batch` / `propose_tree_batch` (`tree`) (one drafter pass over every session)."""
+
+    def each(drafters: list[Drafter], anchor_ids: list[int], new_taps: list[Any],
+             sizes: list[int]) -> list:
+        return [(drafter.propose_tree if tree else drafter.propose)(anchor_id, taps, size)
+                for drafter, anchor_id, taps, size
+                in zip(drafters, anchor_ids, new_taps, sizes, strict=True)]
+
+    return each
 
 
 class SharedRunner:
@@ -89,3 +110,19 @@ class SharedRunner:
 
     def join_taps(self, chunks: list[Any]) -> Any:
         return self.runner.join_taps(chunks)
+
+
+class SharedDrafter:
+    """`drafter` (one generation's `Drafter`) with its proposals handed to `sharing`."""
+
+    def __init__(self, drafter: Drafter, sharing: RoundSharing):
+        self.drafter = drafter
+        self.sharing = sharing
+        self.drafter_block = drafter.drafter_block
+        self.tree_drafts = drafter.tree_drafts
+
+    def propose(self, anchor_id: int, new_taps: Any, width: int) -> list[int]:
+        return self.sharing.propose(self.drafter, anchor_id, new_taps, width, tree=False)
+
+    def propose_tree(self, anchor_id: int, new_taps: Any, nodes: int) -> DraftTree:
+        return self.sharing.propose(self.drafter, anchor_id, new_taps, nodes, tree=True)

@@ -1,15 +1,20 @@
 """Cooperative lanes: the generations in flight share the worker thread, each a greenlet that
 runs its own loop (method/speculative.py, unchanged) until it needs the scheduler: at its
-verify, which it hands in to be batched, and between two chunks of its prompt's prefill or of
-an echo's scoring (method/shared_rounds.py is the runner that makes those calls).
+drafter's proposal and at its verify, which it hands in to be batched, and between two chunks
+of its prompt's prefill or of an echo's scoring (method/shared_rounds.py is the runner and the
+drafter that make those calls).
 
 One tick (`Lanes.tick`):
 1. each lane runs until it parks, in the order they joined: a lane whose verify was answered
-   accepts and commits it, sends its round's chunk, then plans and proposes its next round up
-   to that round's verify; a lane that ends leaves. Of the lanes still prefilling, one runs one
-   chunk a tick (the one with the fewest chunks run, the older on a tie), so the streams already
-   running wait at most one chunk a tick, however many prompts join.
-2. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
+   accepts and commits it, sends its round's chunk, then plans its next round up to that
+   round's drafter call (a plain step or a lookup draft has none: up to its verify); a lane
+   that ends leaves. Of the lanes still prefilling, one runs one chunk a tick (the one with the
+   fewest chunks run, the older on a tie), so the streams already running wait at most one
+   chunk a tick, however many prompts join.
+2. the proposals handed in run as one batch per drafter class and kind: its `propose_batch` /
+   `propose_tree_batch` (one drafter pass over every session), else one after another
+   (shared_rounds.propose_each); each of those lanes then runs on to its verify.
+3. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
    every generation's rows) where it has one, else one after another (shared_rounds.verify_each).
 Between ticks the worker admits the waiting jobs into free places (scheduler.py).
 
@@ -35,22 +40,52 @@ import numpy as np
 
 from dflash_local.errors import GenerationCancelled
 from dflash_local.method.draft_tree import DraftTree
-from dflash_local.method.interfaces import TargetRunner
-from dflash_local.method.shared_rounds import verify_each
+from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.shared_rounds import propose_each, verify_each
 
 Job = Any  # worker.Job: the worker imports this module, not the other way round
 
 
 @dataclass
 class VerifyAsk:
-    """A verify a lane handed in; `logits`: its answer (or the batch's error), once run;
+    """A verify a lane handed in; `answer`: its logits (or the batch's error), once run;
     `seconds`: its part of the batch's time, by its rows."""
 
     runner: TargetRunner
     anchor_id: int
     tree: DraftTree
-    logits: np.ndarray | BaseException | None = None
+    answer: np.ndarray | BaseException | None = None
     seconds: float = 0.0
+
+    @property
+    def args(self) -> tuple:
+        return self.runner, self.anchor_id, self.tree
+
+    @property
+    def rows(self) -> int:
+        return len(self.tree.token_ids) + 1
+
+
+@dataclass
+class ProposeAsk:
+    """A drafter call a lane handed in: a chain of `size` (its width) or, `tree`, a tree of
+    `size` nodes; `answer` and `seconds` as VerifyAsk's."""
+
+    drafter: Drafter
+    anchor_id: int
+    new_taps: Any
+    size: int
+    tree: bool
+    answer: list[int] | DraftTree | BaseException | None = None
+    seconds: float = 0.0
+
+    @property
+    def args(self) -> tuple:
+        return self.drafter, self.anchor_id, self.new_taps, self.size
+
+    @property
+    def rows(self) -> int:
+        return self.size + 1 if self.tree else self.size
 
 
 @dataclass(eq=False)
@@ -60,6 +95,7 @@ class Lane:
     job: Job
     greenlet: greenlet.greenlet
     asked: VerifyAsk | None = None  # its verify, handed in (answered or not)
+    proposal: ProposeAsk | None = None  # its drafter call, handed in (until it resumes)
     prefilling: bool = True  # until its first verify
     chunks: int = 0  # prefill chunks run: the prefilling lanes' turns
     started: bool = False
@@ -72,13 +108,16 @@ class Lane:
 
 
 class Lanes:
-    """The worker's lanes and their verify batcher (method/shared_rounds.RoundSharing); runs on
-    the worker thread only. Called outside a lane (a caller of its own), a verify runs alone."""
+    """The worker's lanes and their batcher (method/shared_rounds.RoundSharing); runs on the
+    worker thread only. Called outside a lane (a caller of its own), a proposal or a verify
+    runs alone."""
 
     def __init__(self):
         self._running: Lane | None = None
         self.batches = 0  # verify batches run
         self.verifies = 0  # verifies in them
+        self.proposal_batches = 0  # drafter batches run
+        self.proposals = 0  # drafter calls in them
 
     def lane(self, job: Job, run: Callable[[], None]) -> Lane:
         """A lane that runs `run` (the job's generation; it reports its own outcome). Made on the
@@ -86,26 +125,35 @@ class Lanes:
         return Lane(job, greenlet.greenlet(run))
 
     def tick(self, lanes: list[Lane]) -> list[Lane]:
-        """One step of every lane, then one batch of their verifies; returns the lanes that ended."""
+        """One step of every lane, then one batch of their proposals and one of their verifies;
+        returns the lanes that ended."""
         prefilling = [lane for lane in lanes if lane.prefilling]
         turn = min(prefilling, key=lambda lane: lane.chunks, default=None)
         for lane in lanes:
             if lane is turn or not lane.prefilling or lane.job.cancelled:
                 self._resume(lane)
+        while proposing := [lane for lane in lanes if lane.proposal is not None]:
+            self._run_proposals([lane.proposal for lane in proposing])
+            for lane in proposing:
+                self._resume(lane)  # on to its verify
         asking = [lane for lane in lanes if not lane.ended and lane.asked is not None]
         self._run_batch([lane.asked for lane in asking])
         return [lane for lane in lanes if lane.ended]
+
+    def propose(self, drafter: Drafter, anchor_id: int, new_taps: Any, size: int,
+                tree: bool) -> list[int] | DraftTree:
+        lane = self._lane_here()
+        if lane is None:
+            return propose_each(tree)([drafter], [anchor_id], [new_taps], [size])[0]
+        lane.proposal, lane.prefilling = ProposeAsk(drafter, anchor_id, new_taps, size, tree), False
+        return self._answered(lane, "proposal")
 
     def verify(self, runner: TargetRunner, anchor_id: int, tree: DraftTree) -> np.ndarray:
         lane = self._lane_here()
         if lane is None:
             return runner.verify(anchor_id, tree)
         lane.asked, lane.prefilling = VerifyAsk(runner, anchor_id, tree), False
-        self._park(lane)
-        logits, lane.own_s, lane.asked = lane.asked.logits, lane.own_s + lane.asked.seconds, None
-        if isinstance(logits, BaseException):
-            raise logits
-        return logits
+        return self._answered(lane, "asked")
 
     def pause(self) -> None:
         lane = self._lane_here()
@@ -118,6 +166,17 @@ class Lanes:
         if lane is None:
             return time.perf_counter()
         return lane.own_s + time.perf_counter() - lane.resumed_at
+
+    def _answered(self, lane: Lane, field: str) -> Any:
+        """Park `lane` with its ask in `field`; once resumed, the ask's answer (its error raised),
+        its part of the batch's time counted as the lane's own."""
+        self._park(lane)
+        ask = getattr(lane, field)
+        setattr(lane, field, None)
+        lane.own_s += ask.seconds
+        if isinstance(ask.answer, BaseException):
+            raise ask.answer
+        return ask.answer
 
     def _lane_here(self) -> Lane | None:
         lane = self._running
@@ -155,16 +214,29 @@ class Lanes:
             self.batches += 1
             self.verifies += len(group)
 
+    def _run_proposals(self, asks: list[ProposeAsk]) -> None:
+        """Each drafter class's chains, and its trees, as one call of its `propose_batch` /
+        `propose_tree_batch` where the class declares one by having it; else one by one."""
+        by_kind: dict[tuple[type, bool], list[ProposeAsk]] = {}
+        for ask in asks:
+            by_kind.setdefault((type(ask.drafter), ask.tree), []).append(ask)
+        for (drafter_class, tree), group in by_kind.items():
+            batched = getattr(drafter_class, "propose_tree_batch" if tree else "propose_batch", None)
+            for part in [group] if batched else [[ask] for ask in group]:
+                _answer(part, batched or propose_each(tree))
+            self.proposal_batches += 1
+            self.proposals += len(group)
 
-def _answer(asks: list[VerifyAsk], batch: Callable[..., list[np.ndarray]]) -> None:
-    """Run `asks` as one call of `batch`; each gets its logits and its rows' part of the time."""
+
+def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list]) -> None:
+    """Run `asks` as one call of `batch` (one list per argument, an item per ask); each gets its
+    answer and its rows' part of the time."""
     start = time.perf_counter()
     try:
-        answers = batch([ask.runner for ask in asks], [ask.anchor_id for ask in asks],
-                        [ask.tree for ask in asks])
-    except Exception as exc:  # noqa: BLE001 - the worker's edge: a failed forward leaves every
-        answers = [exc] * len(asks)  # runner's state unknown, so each lane of it fails with it
+        answers = batch(*[list(column) for column in zip(*(ask.args for ask in asks))])
+    except Exception as exc:  # noqa: BLE001 - the worker's edge: a failed pass leaves every
+        answers = [exc] * len(asks)  # session's state unknown, so each lane of it fails with it
     elapsed = time.perf_counter() - start
-    rows = [len(ask.tree.token_ids) + 1 for ask in asks]
-    for ask, logits, ask_rows in zip(asks, answers, rows, strict=True):
-        ask.logits, ask.seconds = logits, elapsed * ask_rows / sum(rows)
+    rows = [ask.rows for ask in asks]
+    for ask, answer, ask_rows in zip(asks, answers, rows, strict=True):
+        ask.answer, ask.seconds = answer, elapsed * ask_rows / sum(rows)

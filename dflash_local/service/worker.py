@@ -192,6 +192,8 @@ class GenerationWorker:
                 "last": self.last.summary() if self.last else None,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
                 "verify_batches": self._lanes.batches, "verifies": self._lanes.verifies,
+                "proposal_batches": self._lanes.proposal_batches,
+                "proposals": self._lanes.proposals,
                 "warmed": self.warmed}
 
     def retire(self, on_idle: Callable[[], None]) -> None:
