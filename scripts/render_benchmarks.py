@@ -28,9 +28,11 @@ BLOCK = re.compile(r"(<!-- benchmark:(?P<name>[\w.-]+) -->\n).*?(<!-- /benchmark
 REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "dataset", "settings",
             "row_header", "columns", "rows", "source")
 # The newest record of each kind for the shipped pair, in the order a reader asks: per engine on
-# held-out prompts, chat, against the Mac peers, multi-turn, the prefix cache's disk tier, structured output
+# held-out prompts, chat, against the Mac peers, multi-turn, the prefix cache's disk tier, structured
+# output, many clients at once
 CURRENT = ("held-out-30-prompts", "chat-set-four-tries", "mac-peers-shipped", "prefix-cache-multiturn",
-           "prefix-cache-memory", "prefix-disk-ttft", "prefix-disk-budget", "json-extraction")
+           "prefix-cache-memory", "prefix-disk-ttft", "prefix-disk-budget", "json-extraction",
+           "concurrency-transformers-batched", "concurrency-mlx")
 
 
 def load_records(root: Path = ROOT) -> dict[str, dict]:
