@@ -27,12 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # (label, AdaptSettings fields, steps per new reply, blocks per step, trained layers: None = all)
 SETTINGS = {
     "shipped": None,
+    "lr3e-5 s4": ({"lr": 3e-5}, 4, 4, None),
+    "lr3e-5 s16": ({"lr": 3e-5}, 16, 4, None),
     "lr1e-4 s4": ({"lr": 1e-4}, 4, 4, None),
+    "lr1e-4 s4 replay0.8": ({"lr": 1e-4, "replay_share": 0.8}, 4, 4, None),
     "lr3e-4 s4": ({"lr": 3e-4}, 4, 4, None),
     "lr1e-3 s4": ({"lr": 1e-3}, 4, 4, None),
-    "lr3e-4 s16": ({"lr": 3e-4}, 16, 4, None),
-    "lr3e-4 s4 b16": ({"lr": 3e-4}, 4, 16, None),
-    "lr1e-3 s4 replay0.2": ({"lr": 1e-3, "replay_share": 0.2}, 4, 4, None),
+    "lr1e-4 s16": ({"lr": 1e-4}, 16, 4, None),
     "lr1e-3 s4 last-layer": ({"lr": 1e-3}, 4, 4, "last"),
 }
 
@@ -176,7 +177,7 @@ def write_record(args, rows: list[dict]) -> None:
                      "stream": args.stream, "held_out": args.held_out, "max_tokens": args.max_tokens,
                      "grid": {label: None if s is None else {"trainer": s[0], "steps_per_new_reply": s[1],
                                                              "blocks_per_step": s[2], "layers": s[3] or "all"}
-                              for label, s in SETTINGS.items()}},
+                              for label, s in SETTINGS.items() if label in {row["label"] for row in rows}}},
         "row_header": "setting", "source": "scripts/adapt_tune.py",
         "compares": "teacher-forced τ of the shipped drafter and of candidates trained with each setting",
         "columns": [{"key": "tau_kind", "label": f"τ forced, held-out {args.kind}", "decimals": 2},
