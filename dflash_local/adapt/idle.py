@@ -43,7 +43,8 @@ class RoundSettings:
     min_new_replies: int = 4  # a round starts once this many replies are new
     held_out: int = 8  # at most this many of the newest replies judge, never train
     min_held_out: int = 2
-    steps_per_new_reply: int = 4
+    # with AdaptSettings.lr: held-out τ of the kind 1.17x, general 0.96x (4 steps: 1.09x, 0.98x)
+    steps_per_new_reply: int = 16
     max_steps: int = 64
     max_tapped: int = 64  # sequences kept with their taps, newest first (~2 MiB each here)
     score_anchors: int = 32  # blocks judged per held-out reply

@@ -35,7 +35,9 @@ log = logging.getLogger("dflash_local.adapt")
 
 @dataclass(frozen=True)
 class AdaptSettings:
-    lr: float = 1e-4  # a sixth of the recipe's peak: small steps on few, similar replies
+    # of those tried, the one that gains on the user's kind and keeps the general τ (>= 0.95x):
+    # docs/records/adapt-tune-embedded.json
+    lr: float = 3e-5
     gamma: float = 7.0
     max_prompt_tokens: int = 256  # a reply's context is cut to the prompt's last tokens
     max_reply_tokens: int = 256
