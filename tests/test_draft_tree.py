@@ -211,14 +211,16 @@ def test_mlx_tree_verify_changes_no_module_of_the_shared_model(monkeypatch):
     layers = runner.adapter.text_model(runner.model).layers
     ropes = [layer.self_attn.rope for layer in layers]
     seen = []
-    real_run = runner.adapter.run
+    real_run = type(runner.adapter).run
 
-    def recording_run(model, token_ids, cache, *args, **kwargs):
+    def recording_run(adapter, model, token_ids, cache, *args, **kwargs):
         seen.append([type(layer_cache) for layer_cache in cache])
         assert all(layer.self_attn.rope is rope for layer, rope in zip(layers, ropes, strict=True))
-        return real_run(model, token_ids, cache, *args, **kwargs)
+        return real_run(adapter, model, token_ids, cache, *args, **kwargs)
 
-    monkeypatch.setattr(runner.adapter, "run", recording_run)
+    # on the class: patched on the shared adapter instance, the undo would leave it a bound
+    # method of its own that later class-level patches cannot reach
+    monkeypatch.setattr(type(runner.adapter), "run", recording_run)
     runner.prefill(PROMPT)
     runner.verify_tree(ANCHOR, TREE)
     assert seen[-1] == [CacheAtPositions] * len(layers)
