@@ -273,7 +273,8 @@ class Adaptation:
         for sequence in held:
             anchors = evenly_spaced(sequence, self.settings.score_anchors)
             while anchors:
-                chunk, anchors = anchors[: self.sizer.size("score")], anchors[self.sizer.size("score"):]
+                size = self.sizer.size("score")
+                chunk, anchors = anchors[:size], anchors[size:]
                 for name, state in states.items():
                     scores[name] += self.trainer.accepted(state, sequence, chunk)
                 yield "score"
@@ -326,18 +327,21 @@ class Adaptation:
         self.taken_through = taken_through
         self.versions.save_taken_through(taken_through)
 
-    def trained_on(self) -> int:
-        """Replies the rounds have taken in (trained on, the last round's held-out scored on)."""
+    def _counts(self) -> tuple[int, int]:
+        """(the pair's recorded replies, those no round has taken in yet)."""
         with self._lock:
             key = self.recorder.pair.key
-            return self._store.count(key) - self._store.count(key, self.taken_through)
+            return self._store.count(key), self._store.count(key, self.taken_through)
+
+    def trained_on(self) -> int:
+        """Replies the rounds have taken in (trained on, the last round's held-out scored on)."""
+        replies, pending = self._counts()
+        return replies - pending
 
     # --- the event loop's side ---
 
     def status(self) -> dict:
-        with self._lock:
-            key = self.recorder.pair.key
-            replies, pending = self._store.count(key), self._store.count(key, self.taken_through)
+        replies, pending = self._counts()
         return {"enabled": True, "recording": self.recorder.paused is None, "replies": replies,
                 "pending": pending, "training": self._round is not None,
                 "version": self.engine.drafter_version, "trained_on": replies - pending,
