@@ -1,7 +1,9 @@
-"""Where things live: the app's data and config dirs, and the repo's shipped models/ folder."""
+"""Where things live: the app's data and config dirs, and the repo's shipped models/ folder; and
+the one way a file's checksum is taken (`file_sha256`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -37,3 +39,9 @@ def config_dir_path() -> Path:
 def shipped_models_dir() -> Path:
     """The repo's models/ folder (catalog, embedded drafter), found beside the package."""
     return Path(__file__).resolve().parent.parent / "models"
+
+
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256, hex, read in blocks (model weights do not fit a single read)."""
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()

@@ -17,7 +17,6 @@ only ever read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -57,14 +56,6 @@ class Version:
         return {"version": self.number, "trained_on": record["trained_on"],
                 "tau_before": record["tau_before"], "tau_after": record["tau_after"],
                 "at": record["at"]}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -111,7 +102,7 @@ class VersionStore:
         partial = self.dir / f"{PARTIAL_PREFIX}v{number:04d}.{os.getpid()}"
         partial.mkdir()
         write_drafter(partial)
-        files = {path.name: _sha256(path) for path in sorted(partial.iterdir())}
+        files = {path.name: paths.file_sha256(path) for path in sorted(partial.iterdir())}
         full = {**record, "version": number, "pair": self.pair_key, "target": self.target,
                 "files": files}
         _write_atomically(partial / RECORD, json.dumps(full, indent=2, default=str) + "\n")
@@ -153,7 +144,7 @@ class VersionStore:
             raise CheckpointError(f"adapted drafter {path}: files {sorted(present)} are not the "
                                   f"ones recorded ({sorted(record.get('files', {}))})")
         for name, digest in record["files"].items():
-            if _sha256(path / name) != digest:
+            if paths.file_sha256(path / name) != digest:
                 raise CheckpointError(f"adapted drafter {path}: {name} fails its checksum (corrupt)")
         return Version(number, path, record)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -307,7 +306,7 @@ def _write_checkpoint(gguf_path: Path, out_dir: Path, dtype: str) -> None:
         "dflash_import": 1,
         "source_gguf": str(gguf_path),
         "source_size": gguf_path.stat().st_size,
-        "source_sha256": _sha256(gguf_path),
+        "source_sha256": paths.file_sha256(gguf_path),
         "dtype": dtype,
         "transformers_version": transformers.__version__,
         "gguf_version": importlib.metadata.version("gguf"),
@@ -387,11 +386,3 @@ def _verify_saved(out_dir: Path, stop_ids: list[int]) -> None:
     if tokenizer.eos_token_id != stop_ids[0]:
         raise CheckpointError(f"saved tokenizer eos {tokenizer.eos_token_id} != <|im_end|> "
                               f"{stop_ids[0]}")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
