@@ -22,11 +22,11 @@ def speaks_harmony(tokenizer) -> bool:
 class StreamDetokenizer:
     """Decodes only a short window per step (prefix/read offsets), so a step costs O(window).
     Special tokens are dropped, except a harmony tokenizer's (speaks_harmony): its text is the
-    markup the service parses."""
+    markup the service parses; `keep_special`: kept for any tokenizer (a text's own pieces)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep_special: bool = False):
         self._tokenizer = tokenizer
-        self._skip_special = not speaks_harmony(tokenizer)
+        self._skip_special = not (keep_special or speaks_harmony(tokenizer))
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0

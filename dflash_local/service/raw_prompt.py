@@ -3,8 +3,8 @@ template, and the prompt echoed back when the request asks, with each of its tok
 
 The echo's entries are the ones a reply's tokens get (logprob_entries.py), plus `text_offset`:
 where the token's text starts in the echoed prompt. A text prompt is echoed as the client sent
-it, special tokens' text included, so its offsets are the tokenizer's own character spans; ids
-are echoed decoded, and their offsets follow the same decoding. The first token has no logprob (nothing
+it, special tokens' text included, and each token's offset follows its decoded piece; ids are
+echoed decoded, and their offsets follow the same decoding. The first token has no logprob (nothing
 comes before it); the others are the target's own, scored over the prompt
 (engines/prompt_scores.py) on the worker's thread before the generation begins.
 """
@@ -43,23 +43,24 @@ def prompt_echo(engine: Engine, prompt: RawPrompt, params: GenerationParams,
         return PromptEcho(text)
     ids = list(prompt.ids)
     scores = (None, *engine.score_prompt(ids, params.logprobs, params))
-    offsets = (text_offsets(engine.tokenizer, prompt.text) if prompt.text is not None
-               else decoded_offsets(engine.tokenizer, ids))
+    offsets = token_offsets(engine.tokenizer, ids, prompt.text)
     return PromptEcho(text, tuple({**entries.entry(token_id, score), "text_offset": offset}
                                   for token_id, score, offset in zip(ids, scores, offsets, strict=True)))
 
 
-def text_offsets(tokenizer, text: str) -> list[int]:
-    """Where each of text's tokens (as the engine's encode_raw makes them) starts in it: where
-    the one before it ended (a span's start may skip the space a token begins with)."""
-    spans = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
-    return [0, *(end for _start, end in spans[:-1])]
-
-
-def decoded_offsets(tokenizer, ids: list[int]) -> list[int]:
-    """Where each id's text starts in the ids decoded as a reply is."""
-    detokenizer, offsets, offset = StreamDetokenizer(tokenizer), [], 0
+def token_offsets(tokenizer, ids: list[int], text: str | None = None) -> list[int]:
+    """Where each id's text starts in the echo, from the ids' pieces decoded once, so no
+    tokenizer runs over the text again. `text`: the prompt as sent, whose tokens `ids` are
+    (the engine's encode_raw): pieces keep special tokens' text, as the text has it, and a
+    token the tokenizer added that the text lacks (a BOS) takes none of its characters.
+    None: the ids decoded as a reply is."""
+    special_ids = set(tokenizer.all_special_ids) if text is not None else set()
+    detokenizer = StreamDetokenizer(tokenizer, keep_special=text is not None)
+    offsets, offset = [], 0
     for token_id in ids:
         offsets.append(offset)
-        offset += len(detokenizer.add([token_id]))
+        piece = detokenizer.add([token_id])
+        if token_id in special_ids and not text.startswith(piece, offset):
+            continue
+        offset += len(piece)
     return offsets
