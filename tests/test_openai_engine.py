@@ -385,10 +385,14 @@ def test_a_vllm_servers_usage_without_details_is_no_cache_hit(vllm_stand_in):
         engine.close()
 
 
-def test_own_service_capabilities(remote):
+def test_own_service_capabilities(service, remote):
     assert remote.main.kind == "dflash-local" and remote.pair.drafter_block == 8
     assert remote.capabilities.speculative_toggle and remote.capabilities.block_size_per_request
     assert remote.pair.drafter is not None
+    # the server's vocabulary is its own: unknown here, known to the local engine it relays
+    assert remote.token_id_limit is None
+    local = service[0].loaded.engine
+    assert local.token_id_limit == min(len(local.tokenizer), local.model.get_input_embeddings().num_embeddings)
 
 
 def test_closing_the_stream_cancels_the_servers_job(service, remote):

@@ -58,6 +58,9 @@ class Engine(abc.ABC):
     last_stats = None  # a served engine: its server's totals for the last generation
     sharing: RoundSharing | None = None  # the worker's lanes, where generations share (share_rounds)
     drafter_version: int | None = None  # an adapted drafter's version (adapt/), None: as loaded
+    # ids below this have both an embedding row and a text (a local engine's tokenizer and
+    # target); None: unknown here (a served engine's vocabulary is its server's)
+    token_id_limit: int | None = None
 
     def torch_target(self):
         """The target as a torch module where the engine runs one (adaptation's trainer borrows
