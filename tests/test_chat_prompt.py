@@ -35,6 +35,11 @@ def tokenizer(request, pair):
     return AutoTokenizer.from_pretrained(str(directory))
 
 
+@pytest.fixture(scope="module")
+def floors(tokenizer):
+    return message_markup_floors(tokenizer)
+
+
 def rendered(tokenizer, messages) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -109,24 +114,24 @@ def test_a_lone_surrogate_is_refused_by_name(tokenizer):
         chat_prompt_ids(tokenizer, [CONVERSATION[0], {"role": "user", "content": "a\ud800b"}])
 
 
-def test_a_prompt_far_past_the_context_is_refused_early(tokenizer):
+def test_a_prompt_far_past_the_context_is_refused_early(tokenizer, floors):
     words = ("the quick brown fox jumps over the lazy dog " * 250_000)[:10_000_000]
     with pytest.raises(PromptTooLongError, match=r"prompt of 10000000 characters has over \d+ "
                                                  r"tokens in its first \d+ characters"):
-        check_prompt_length(tokenizer, [{"role": "user", "content": words}], max_context=8192)
+        check_prompt_length(tokenizer, [{"role": "user", "content": words}], 8192, floors)
     short = [{"role": "user", "content": words[:60_000]}]
-    check_prompt_length(tokenizer, short, max_context=8192)  # short enough to count exactly later
+    check_prompt_length(tokenizer, short, 8192, floors)  # short enough to count exactly later
     long_words = " information" * 10_000
     tokens = len(tokenizer.encode(long_words, add_special_tokens=False))
     if tokens * 8 < len(long_words):  # counted in chunks: it fits, so nothing is refused
-        check_prompt_length(tokenizer, [{"role": "user", "content": long_words}], tokens)
+        check_prompt_length(tokenizer, [{"role": "user", "content": long_words}], tokens, floors)
 
 
-def test_many_short_messages_are_refused_by_their_markup_alone(tokenizer):
+def test_many_short_messages_are_refused_by_their_markup_alone(tokenizer, floors):
     turns = [{"role": ("user", "assistant")[index % 2], "content": "x"} for index in range(10_000)]
     with pytest.raises(PromptTooLongError, match=r"10000 messages take at least \d+ tokens of "
                                                  r"the chat template's markup alone"):
-        check_prompt_length(tokenizer, turns, max_context=8192)
+        check_prompt_length(tokenizer, turns, 8192, floors)
 
 
 @pytest.mark.parametrize("roles", [("user", "assistant") * 3, ("system", "user", "user"),
@@ -139,12 +144,12 @@ def test_message_markup_floors_are_lower_bounds(tokenizer, roles):
     assert len(chat_prompt_ids(tokenizer, messages)) >= sum(floors[role] for role in roles)
 
 
-def test_a_value_nested_past_the_recursion_limit_is_walked(tokenizer):
+def test_a_value_nested_past_the_recursion_limit_is_walked(tokenizer, floors):
     deep: dict = {"type": "string"}
     for _ in range(5_000):  # past Python's recursion limit: the walk keeps its own stack
         deep = {"type": "object", "properties": {"a": deep}}
     with pytest.raises(PromptTooLongError):
-        check_prompt_length(tokenizer, [{"role": "user", "content": "Hi"}], 100,
+        check_prompt_length(tokenizer, [{"role": "user", "content": "Hi"}], 100, floors,
                             [{"type": "function", "function": {"name": "f", "parameters": deep}}])
 
 
@@ -162,14 +167,14 @@ class CountedEncodes:
         return getattr(self.tokenizer, name)
 
 
-def test_a_schemas_many_short_strings_are_counted_without_the_tokenizer(tokenizer):
+def test_a_schemas_many_short_strings_are_counted_without_the_tokenizer(tokenizer, floors):
     properties = {f"p{index}": {"type": "string"} for index in range(60_000)}
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": properties}}}]
     counted = CountedEncodes(tokenizer)
     with pytest.raises(PromptTooLongError, match="far past the target's context of 8192 tokens"):
-        check_prompt_length(counted, [{"role": "user", "content": "Hi"}], 8192, tools)
-    assert counted.encodes < 100  # the floors' probes; not one per string
+        check_prompt_length(counted, [{"role": "user", "content": "Hi"}], 8192, floors, tools)
+    assert counted.encodes < 100  # not one per string
 
 
 def test_the_service_counts_a_forged_turn_as_text(pair):
@@ -182,5 +187,23 @@ def test_the_service_counts_a_forged_turn_as_text(pair):
         injected = state.loaded.engine.tokenizer.encode(
             rendered(state.loaded.engine.tokenizer, body["messages"]), add_special_tokens=False)
         assert usage["prompt_tokens"] != len(injected)  # what the forged markup used to become
+    finally:
+        server.stop()
+
+
+def test_the_first_request_does_not_measure_the_markup_floors(pair, monkeypatch):
+    """The floors are measured when the pair loads: the first request's templating (the early
+    size check, then the prompt) reads them."""
+    from dflash_local.engines import chat_prompt
+
+    state, server = start_service(*pair)
+    measured = []
+    monkeypatch.setattr(chat_prompt, "message_markup_floors", measured.append)
+    try:
+        body = {"messages": CONVERSATION, "max_tokens": 1}
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert measured == []
+        assert state.loaded.engine.markup_floors == message_markup_floors(state.loaded.engine.tokenizer)
     finally:
         server.stop()

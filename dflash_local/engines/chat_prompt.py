@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import weakref
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -33,7 +32,6 @@ TOKENIZED_FROM_CHARS = 16  # a shorter text is counted as the one token it is at
 PROBED_ROLES = ("system", "user", "assistant", "tool")
 PROBE_OPENING = ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"})
 PROBE_CLOSING = {"role": "user", "content": "Bye"}
-_MARKUP_FLOORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # template text, or pieces alternating template text and client text (a forced call's opener
 # around the tool's name): the client's pieces are marked as every client text is
 AssistantPrefix = str | tuple[str, ...]
@@ -60,13 +58,13 @@ def chat_prompt_ids(tokenizer, messages: list[dict], thinking: bool | None = Non
 
 
 def request_prompt_ids(tokenizer, messages: list[dict], max_context: int,
-                       thinking: bool | None = None, tools: list[dict] | None = None,
-                       assistant_prefix: AssistantPrefix = "") -> list[int]:
+                       thinking: bool | None, tools: list[dict] | None,
+                       assistant_prefix: AssistantPrefix, floors: dict[str, int]) -> list[int]:
     """A request's prompt (what an engine's encode_chat returns): chat_prompt_ids, its texts
     checked once before any tokenizer sees them, a prompt far past `max_context` refused
-    before it is tokenized whole."""
+    before it is tokenized whole (`floors`: message_markup_floors, measured at load)."""
     check_texts(messages, tools)
-    check_prompt_length(tokenizer, messages, max_context, tools)
+    check_prompt_length(tokenizer, messages, max_context, floors, tools)
     return _prompt_ids_of_checked(tokenizer, messages, thinking, tools, assistant_prefix)
 
 
@@ -148,13 +146,14 @@ def check_texts(messages: list[dict], tools: list[dict] | None = None) -> None:
 
 
 def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
+                        floors: dict[str, int],
                         tools: list[dict] | tuple[dict, ...] | None = None) -> None:
     """Refuse a request far past the context without templating or tokenizing all of it (10 MB
     of text, or 10,000 short messages, would hold the worker for seconds): every message costs
-    at least its role's markup (message_markup_floors), and the texts the template renders
+    at least its role's markup (`floors`: message_markup_floors, measured once when the pair
+    loads, so no request pays for the probes), and the texts the template renders
     (contents, calls, the tools' schemas) are counted a chunk at a time, stopping once surely
     too long. Chunks counted apart miss at most a merge or two at each cut, hence the margin."""
-    floors = message_markup_floors(tokenizer)
     markup = sum(floors.get(message.get("role"), 1) for message in messages)
     if markup > TOO_LONG_MARGIN * max_context:
         raise PromptTooLongError(
@@ -181,15 +180,12 @@ def check_prompt_length(tokenizer, messages: list[dict], max_context: int,
 
 def message_markup_floors(tokenizer) -> dict[str, int]:
     """role -> the fewest tokens an empty message of that role adds to a conversation under the
-    tokenizer's chat template (a role missing: 1). Measured once per tokenizer with one and two
-    such messages between a conversation's turns and its last user turn, where a template writes
-    a message plainly (it may add to the last message, and group a run of tool results)."""
-    floors = _MARKUP_FLOORS.get(tokenizer)
-    if floors is None:
-        floors = _MARKUP_FLOORS[tokenizer] = {
-            role: max(1, min(costs)) for role in PROBED_ROLES
+    tokenizer's chat template (a role missing: 1). Measured with one and two such messages
+    between a conversation's turns and its last user turn, where a template writes a message
+    plainly (it may add to the last message, and group a run of tool results): a dozen
+    templatings, which an engine runs once, at load."""
+    return {role: max(1, min(costs)) for role in PROBED_ROLES
             if (costs := _inserted_costs(tokenizer, role))}
-    return floors
 
 
 def _inserted_costs(tokenizer, role: str) -> list[int]:

@@ -115,7 +115,7 @@ class LocalEngine(Engine):
                      if drafter_config is not None and draft_vocab else None)
         self.warn_precision(dtype, raw_config)
         self.tokenizer = self.load_target(target_path, dtype)
-        self.token_id_limit = min(len(self.tokenizer), target_info.embedding_rows)  # a row and a text
+        self.token_id_limit = min(len(self.tokenizer), target_info.embedding_rows)
         self.accelerations = self.install_accelerations(drafter_config)
         self.drafter = None
         if drafter_config is not None:
@@ -159,6 +159,7 @@ class LocalEngine(Engine):
         self.eos_token_ids = chat_prompt.end_of_turn_ids(
             self.tokenizer, chat_prompt.generation_config_eos(self.pair.target_path))
         self.constraints = ConstraintCompiler(self.tokenizer)  # each schema compiled once
+        self.markup_floors = chat_prompt.message_markup_floors(self.tokenizer)  # no request's cost
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
@@ -272,11 +273,11 @@ class LocalEngine(Engine):
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
                     tools: list[dict] | None = None, assistant_prefix: str | tuple[str, ...] = "") -> list[int]:
         return chat_prompt.request_prompt_ids(self.tokenizer, messages, self.capabilities.max_context,
-                                              thinking, tools, assistant_prefix)
+                                              thinking, tools, assistant_prefix, self.markup_floors)
 
     def check_request_size(self, messages: list[dict], tools: list[dict] | None = None) -> None:
         chat_prompt.check_prompt_length(self.tokenizer, messages, self.capabilities.max_context,
-                                        tools)
+                                        self.markup_floors, tools)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
