@@ -172,6 +172,39 @@ def test_summarise_keeps_room_for_the_summary_and_asks_from_the_cached_start():
     assert with_summary([], "") == []
 
 
+def test_a_summary_request_bisects_the_turns_it_keeps():
+    """The first turn kept is bisected: log2(turns) counts, not one for each turn left out."""
+    system, history, counts = [{"role": "system", "content": "be brief"}], history_of(40), []
+
+    async def counted(messages: list[dict]) -> int:
+        counts.append(messages)
+        return await word_count(messages)
+
+    asked = asyncio.run(summary_request(counted, system, history, 400))
+    kept = len(asked) - 2  # less the system message and the ask
+    assert asked[1]["role"] == "user" and 0 < kept < len(history) - 2
+    longer = system + [{"role": m.role, "content": m.content} for m in history[-kept - 2:]]
+    assert asyncio.run(word_count(asked)) <= 400 - SUMMARY_TOKENS  # it fits...
+    assert asyncio.run(word_count(longer + asked[-1:])) > 400 - SUMMARY_TOKENS  # ...one more not
+    assert len(counts) <= 7  # ceil(log2(40 turns)) + 1
+
+
+def test_an_existing_summary_is_replaced_not_kept_beside_the_new_ones_room():
+    """A cut sends a new summary in place of the old: the old one is counted only where the
+    history is sent whole, and the room kept for a summary is kept once."""
+    history, system = history_of(40), [{"role": "system", "content": "be brief"}]
+    old = "earlier they counted " * 20
+
+    def fit_with(summary: str, turns=history):
+        return asyncio.run(fit_history(word_count, system, turns, "next question", 300, 50,
+                                       "summarise", summary=summary))
+
+    assert fit_with(old).dropped == fit_with("").dropped
+    assert fit_with(old).tokens <= 300 - 50 - SUMMARY_TOKENS
+    whole = fit_with("", history_of(4))  # fits whole without the old summary, not with it
+    assert whole.first_kept is None and fit_with(old * 3, history_of(4)).first_kept is not None
+
+
 def test_refuse_and_a_prompt_too_long_alone_say_by_how_much():
     with pytest.raises(ContextOverflow, match=r"would be \d+ tokens.*policy is refuse"):
         fit(history_of(40), policy="refuse")

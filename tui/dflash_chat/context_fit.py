@@ -65,10 +65,12 @@ class ContextOverflow(Exception):
 
 async def fit_history(count: Count, system: list[dict], history: list[HistoryMessage],
                       prompt: str, context: int, max_tokens: int, policy: str,
-                      keep_turns: int = 0) -> ContextFit:
+                      keep_turns: int = 0, summary: str = "") -> ContextFit:
     """The shortest cut of `history` (whole turns from the oldest, none if it fits) that leaves
     room for the prompt and a reply of `max_tokens`, under `policy` (OVERFLOW_POLICIES).
-    keep_last cuts to the last `keep_turns` turns, or fewer where those do not fit either."""
+    keep_last cuts to the last `keep_turns` turns, or fewer where those do not fit either.
+    `summary`: the one sent after `system` now (with_summary); a cut replaces it (summarise:
+    with a new one, whose room is kept; other policies: with none), so cuts count without it."""
     budget = context - max_tokens
     # where a cut may fall: before a later turn's prompt, or after the whole history
     cuts = [i for i, message in enumerate(history) if message.role == "user" and i] + [len(history)]
@@ -76,11 +78,11 @@ async def fit_history(count: Count, system: list[dict], history: list[HistoryMes
     if policy == "keep_last":  # the window itself keeps the first turn sent stable
         cuts, trim_to = cuts[max(0, len(cuts) - 1 - keep_turns):], 1.0
 
-    async def tokens_from(cut: int) -> int:
+    async def tokens_from(cut: int, start: list[dict] = system) -> int:
         kept = [{"role": m.role, "content": m.content} for m in history[cut:]]
-        return await count(system + kept + [{"role": "user", "content": prompt}])
+        return await count(start + kept + [{"role": "user", "content": prompt}])
 
-    whole = await tokens_from(0)
+    whole = await tokens_from(0, with_summary(system, summary))
     if whole <= budget:
         return ContextFit(whole, context, None)
     if policy == "refuse":
@@ -131,14 +133,20 @@ async def summary_request(count: Count, system: list[dict], dropped: list[Histor
                           context: int) -> list[dict] | None:
     """What the model summarises: the request as the chat sent it last, up to the turns now
     left out (its start is in the prefix cache), then the ask; its oldest turns go where that
-    and the summary would not fit the context (None: not even one turn fits)."""
+    and the summary would not fit the context (None: not even the last turn fits). The first
+    turn kept is bisected: counts fall as turns go, so log2(turns) counts, not one a turn."""
     turns = [{"role": m.role, "content": m.content} for m in dropped]
-    while turns:
-        request = system + turns + [{"role": "user", "content": SUMMARY_ASK}]
-        if await count(request) <= context - SUMMARY_TOKENS:
-            return request
-        turns = turns[2:] if turns[0]["role"] == "user" and len(turns) > 1 else turns[1:]
-    return None
+    starts = [i for i, turn in enumerate(turns) if i == 0 or turn["role"] == "user"]
+
+    def request_from(start: int) -> list[dict]:
+        return system + turns[start:] + [{"role": "user", "content": SUMMARY_ASK}]
+
+    low, high, fits = 0, len(starts), context - SUMMARY_TOKENS  # starts[high]: the first that fits
+    while low < high:
+        middle = (low + high) // 2
+        low, high = ((low, middle) if await count(request_from(starts[middle])) <= fits
+                     else (middle + 1, high))
+    return request_from(starts[high]) if high < len(starts) else None
 
 
 def policy_words(policy: str, keep_turns: int) -> str:
