@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 from dflash_chat.app import DFlashChatApp, Options
+from dflash_chat.context_fit import SUMMARY_ASK
 from dflash_chat.settings import Settings
 from dflash_chat.storage import DB_NAME, ChatStore
 from dflash_chat.widgets.prompt_input import PromptInput
@@ -88,6 +89,7 @@ def test_a_chat_past_the_context_drops_its_oldest_turns_and_refuse_keeps_the_pro
 
 
 def test_summarise_sends_the_models_summary_in_place_of_the_turns_left_out(served, home):
+    """The prompt shows, with a notice, while the summary is written; then the reply."""
     _, server = served
 
     async def scenario():
@@ -96,12 +98,25 @@ def test_summarise_sends_the_models_summary_in_place_of_the_turns_left_out(serve
         async with app.run_test(size=(150, 45)) as pilot:
             await until(pilot, lambda: app.service_ready.is_set(), "service ready", 120)
             conversation, prompt = app.chat_screen.conversation, app.chat_screen.query_one(PromptInput)
-            chat_id = conversation.chat_id
+            chat_id, stream_chat, asked = conversation.chat_id, app.client.stream_chat, []
+
+            def seen_when_asked(messages: list[dict], **options):
+                if messages[-1]["content"] == SUMMARY_ASK:  # what the screen shows meanwhile
+                    last = conversation.views()[-1]
+                    asked.append((last.role, app.store.message(last.message_id).content, said(app)))
+                return stream_chat(messages, **options)
+
+            app.client.stream_chat = seen_when_asked
             prompt.value = "And the next one?"
             await pilot.press("enter")
             await replied(pilot, app, 2 * TURNS + 2)
+            [(role, content, notices)] = asked
             chat = app.store.chat(chat_id)
             assert chat.context_from and chat.context_summary and "summary" in said(app)
+            turns = sum(m.role == "user" and m.id < chat.context_from
+                        for m in app.store.messages(chat_id))
+            assert role == "user" and content == "And the next one?"
+            assert f"Summarising {turns} earlier turns" in notices and "left out" not in notices
             assert len(said(app)) < 300  # a toast, not the summary whole
             system = conversation.request_messages()[0]
             assert system["role"] == "system" and system["content"].endswith(chat.context_summary)

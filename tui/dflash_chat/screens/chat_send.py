@@ -4,7 +4,9 @@ overflow policy (context_fit.py), then stored and streamed; and the context mete
 A worker asks the service to count the request (the service's own template and tokenizer) and
 posts the fit or the refusal; the handlers store and send, or keep the prompt in its field and
 say why. Without a service that counts (not ready yet, or a served engine without a tokenizer)
-the prompt is sent as it is and the service's own check answers.
+the prompt is sent as it is and the service's own check answers. Under the summarise policy the
+prompt shows first, with a notice, while a worker has the model summarise the turns left out;
+the reply starts once the summary is written.
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ class SendFlow:
 
     _sent_tokens: int | None = None  # the prompt's tokens of the reply streaming now
     _warned_chat: int | None = None  # the chat told that it nears its context
+    _summarising: int | None = None  # the chat whose left-out turns are being summarised
 
     class PromptFitted(Message):
-        def __init__(self, text: str, typed: str, fit: ContextFit | None, summary: str = ""):
+        def __init__(self, text: str, typed: str, fit: ContextFit | None,
+                     dropped: tuple[HistoryMessage, ...] = ()):
             super().__init__()
             self.text, self.typed, self.fit = text, typed, fit  # fit None: not counted
-            self.summary = summary  # the summarise policy: what the turns left out said
+            self.dropped = dropped  # the summarise policy: the turns to summarise first
+
+    class SummaryWritten(Message):
+        def __init__(self, chat_id: int, fit: ContextFit, summary: str):
+            super().__init__()
+            self.chat_id, self.fit = chat_id, fit
+            self.summary = summary  # what the turns left out said ("": none could be written)
 
     class PromptRefused(Message):
         def __init__(self, overflow: ContextOverflow):
@@ -57,6 +67,10 @@ class SendFlow:
     async def on_prompt_input_send(self, message: PromptInput.Send) -> None:
         if self.conversation.generating:  # the prompt stays in the field for after
             self.notify("A reply is streaming: Esc stops it, then Enter sends this",
+                        severity="warning")
+            return
+        if self._summarising is not None:
+            self.notify("The earlier turns are being summarised: send this after the reply",
                         severity="warning")
             return
         try:
@@ -69,36 +83,51 @@ class SendFlow:
         else:
             await self._send(text, message.text, None)
 
+    async def _count(self, messages: list[dict]) -> int:
+        """The service's count of a request as this chat would send it."""
+        app = self.app
+        return await app.client.count_tokens(app.served_model(), messages,
+                                             app.settings.sampling().get("thinking"))
+
     @work(exclusive=True, group="fit")
     async def _fit_prompt(self, text: str, typed: str) -> None:
         app, conversation, settings = self.app, self.conversation, self.app.settings
         history = [HistoryMessage(m.id, m.role, m.content)
                    for m in conversation.history(before=self._editing)]
-        thinking = settings.sampling().get("thinking")
-
-        async def count(messages: list[dict]) -> int:
-            return await app.client.count_tokens(app.served_model(), messages, thinking)
-
+        system, summary = conversation.system_and_summary()
         try:
-            fit = await fit_history(count, conversation.system_messages(), history, text,
-                                    app.loaded_context(), settings.max_tokens, settings.overflow,
-                                    settings.keep_turns)
+            fit = await fit_history(self._count, system, history, text, app.loaded_context(),
+                                    settings.max_tokens, settings.overflow, settings.keep_turns,
+                                    summary)
         except ContextOverflow as exc:
             self.post_message(self.PromptRefused(exc))
             return
         except ServiceError as exc:  # no count (a served engine): the service's check answers
             log.info("the prompt was not counted: %s", exc.message)
             fit = None
-        summary = ""
-        if fit is not None and fit.dropped and settings.overflow == "summarise":
-            summary = await self._summarise(count, history[:fit.dropped])
-        self.post_message(self.PromptFitted(text, typed, fit, summary))
+        summarise = fit is not None and settings.overflow == "summarise"
+        self.post_message(self.PromptFitted(text, typed, fit,
+                                            tuple(history[:fit.dropped]) if summarise else ()))
 
-    async def _summarise(self, count, dropped: list[HistoryMessage]) -> str:
-        """The model's summary of the turns left out ("" where it could not write one: they
-        are left out all the same)."""
+    def _start_summary(self, fit: ContextFit, dropped: tuple[HistoryMessage, ...]) -> None:
+        """Say what the wait is for, then summarise: the reply starts once it is written."""
+        chat_id, turns = self.conversation.chat_id, sum(m.role == "user" for m in dropped)
+        self._summarising = chat_id
+        self.notify(f"Summarising {turns} earlier turns to make room in the context; the "
+                    f"reply follows.", title="Context full", timeout=10)
+        self._write_summary(chat_id, fit, dropped, self.conversation.system_messages())
+
+    @work(exclusive=True, group="summary")
+    async def _write_summary(self, chat_id: int, fit: ContextFit,
+                             dropped: tuple[HistoryMessage, ...], system: list[dict]) -> None:
+        summary = await self._summarise(system, list(dropped))
+        self.post_message(self.SummaryWritten(chat_id, fit, summary))
+
+    async def _summarise(self, system: list[dict], dropped: list[HistoryMessage]) -> str:
+        """The model's summary of the turns left out, asked after `system` as last sent (""
+        where it could not write one: they are left out all the same)."""
         try:
-            request = await summary_request(count, self.conversation.system_messages(), dropped,
+            request = await summary_request(self._count, system, dropped,
                                             self.app.loaded_context())
             if request is None:
                 return ""
@@ -115,10 +144,11 @@ class SendFlow:
                     severity="error", timeout=30)
 
     async def on_send_flow_prompt_fitted(self, message: PromptFitted) -> None:
-        await self._send(message.text, message.typed, message.fit, message.summary)
+        await self._send(message.text, message.typed, message.fit, message.dropped)
 
     async def _send(self, text: str, typed: str, fit: ContextFit | None,
-                    summary: str = "") -> None:
+                    dropped: tuple[HistoryMessage, ...] = ()) -> None:
+        """Store and show the prompt, then stream its reply (`dropped`: after their summary)."""
         conversation, store = self.conversation, self.app.store
         try:
             if conversation.chat_id is None:  # stored with the values it is sent with
@@ -128,12 +158,15 @@ class SendFlow:
             parent = HEAD
             if self._editing is not None:  # a new version of that prompt: the old one stays
                 parent = store.message(self._editing).parent_id
-            if fit is not None and fit.first_kept is not None:
-                store.set_context_from(conversation.chat_id, fit.first_kept, summary)
+            if fit is not None and fit.first_kept is not None and not dropped:
+                store.set_context_from(conversation.chat_id, fit.first_kept)
             settings = self.app.settings
             if self._editing is not None:
                 await conversation.forget_from(self._editing)
-            await conversation.send(text, settings.sampling(), settings.speculative, parent)
+            if dropped:  # the prompt shows now, its reply after the summary
+                await conversation.add_prompt(text, parent)
+            else:
+                await conversation.send(text, settings.sampling(), settings.speculative, parent)
         except StoreError as exc:  # a full disk: what was typed stays, to send again
             self.notify(f"The chat history could not be written: {exc}. Your prompt is kept.",
                         title="Not sent", severity="error", timeout=30)
@@ -144,11 +177,34 @@ class SendFlow:
         self._editing = None
         self.query_one(PromptInput).accept()
         self.refresh_chat_list()
-        if fit is not None:
-            self._sent_tokens = fit.tokens
-            self._show_context(fit.tokens)
-            if fit.first_kept is not None:
-                self._say_left_out(fit, summary)
+        if dropped:
+            self._start_summary(fit, dropped)
+        elif fit is not None:
+            self._show_sent(fit)
+
+    async def on_send_flow_summary_written(self, message: SummaryWritten) -> None:
+        """The summary goes in place of the turns left out; the reply starts where its chat is
+        still shown (elsewhere its prompt waits for a regenerate)."""
+        self._summarising = None
+        conversation, settings, shown = self.conversation, self.app.settings, False
+        try:
+            self.app.store.set_context_from(message.chat_id, message.fit.first_kept,
+                                            message.summary)
+            shown = conversation.chat_id == message.chat_id and not conversation.generating
+            if shown:
+                await conversation.start_reply(settings.sampling(), settings.speculative)
+        except StoreError as exc:
+            self.notify(f"The chat history could not be written: {exc}.", title="Not sent",
+                        severity="error", timeout=30)
+            return
+        if shown:
+            self._show_sent(message.fit, message.summary)
+
+    def _show_sent(self, fit: ContextFit, summary: str = "") -> None:
+        self._sent_tokens = fit.tokens
+        self._show_context(fit.tokens)
+        if fit.first_kept is not None:
+            self._say_left_out(fit, summary)
 
     def _say_left_out(self, fit: ContextFit, summary: str) -> None:
         self.conversation.mark_left_out(fit.first_kept)

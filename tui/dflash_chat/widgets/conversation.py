@@ -164,6 +164,13 @@ class Conversation(VerticalScroll):
         await self.mount(MessageView(user))
         await self._stream_into(reply, options, speculative)
 
+    async def add_prompt(self, prompt: str, parent: int | None = HEAD) -> None:
+        """Store the prompt (after `parent`) and show it; its reply comes later (start_reply),
+        once what must precede it is done (a summary of the turns left out)."""
+        assert self.chat_id is not None and not self.generating
+        await self.mount(MessageView(self.store.add_message(self.chat_id, "user", prompt,
+                                                            parent=parent)))
+
     async def start_reply(self, options: dict, speculative: bool,
                           parent: int | None = HEAD) -> None:
         assert self.chat_id is not None and not self.generating
@@ -192,11 +199,15 @@ class Conversation(VerticalScroll):
                                          for m in self.history()]
 
     def system_messages(self) -> list[dict]:
+        return with_summary(*self.system_and_summary())
+
+    def system_and_summary(self) -> tuple[list[dict], str]:
+        """The chat's system prompt as messages, and the summary sent after it (summarise)."""
         if self.chat_id is None:
-            return []
+            return [], ""
         chat = self.store.chat(self.chat_id)
         system = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-        return with_summary(system, chat.context_summary)
+        return system, chat.context_summary
 
     def history(self, before: int | None = None) -> list[StoredMessage]:
         """What a request sends of the chat (`before`: only messages older than that id): its
