@@ -37,16 +37,16 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None, resume: Resume | None = None,
              trace: RoundTrace | None = None, grammar: Grammar | None = None,
-             timer: Callable[[], float] | None = None) -> Iterator[StepEvent]:
+             timer: Callable[[], float] = time.perf_counter) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
     prefix_cache.py), and who keeps the state when the generation ends. Closing the iterator
     early (a cancelled request) simply stops: the runner and drafter are per-generation objects.
     Ended between rounds (finished, or closed at a yield), the state is whole and `resume.keep`
-    gets it; a prefill or a round cut short by an error leaves nothing to keep.
-    `trace`: round_trace.py. `grammar`: the reply follows it (constraint.py). `timer`: the
-    rounds' clock (sharing the machine, this generation's own time: method/shared_rounds.py)."""
+    gets it; a prefill or a round cut short by an error leaves nothing to keep. `trace`:
+    round_trace.py; `grammar`: constraint.py. prefill_s and elapsed_s are wall time (the client
+    waited); round costs are on `timer` (this generation's own time: method/shared_rounds.py)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
     resume = resume or Resume()
@@ -72,7 +72,7 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
         while finish is None:
             whole, round_index = False, round_index + 1
             sources.add_taps(taps)
-            clock, context = _Clock(timer or time.perf_counter), len(prompt_ids) + produced
+            clock, context = _Clock(timer), len(prompt_ids) + produced
             proposer = _lap(clock, planner.plan(context, params.max_tokens - produced))  # plan
             draft = _lap(clock, guide.shape(proposer.propose(sources, anchor_id)))  # propose
             logits = _lap(clock, guide.mask(runner.verify(anchor_id, draft.tree)))  # verify
