@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from dflash_local import machine_load
-from dflash_local.bench.machine import describe
+from dflash_local.bench.machine import describe_engine
 
 PINS = ("DFLASH_BLAS_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # recorded in the command
 DRAFTER = Path("models") / "smollm2-135m-dflash"  # a checkout's shipped drafter
@@ -296,9 +296,7 @@ def main() -> int:
     workers = {side: Worker(path.resolve(), args.engine, drafters[side],
                             args.trace / f"{side}.jsonl" if args.trace else None)
                for side, path in (("old", args.old), ("new", args.new))}
-    if args.engine == "transformers":
-        import torch  # noqa: F401  (describe() names the kernel of a framework this process loaded)
-    machine = describe()  # at the start: the end's load average would include the last prompt only
+    machine = describe_engine(args.engine)  # at the start: the end's load average would include the last prompt only
     rows = _interleave(workers, prompts, args)
     for worker in workers.values():
         worker.close()

@@ -4,6 +4,7 @@ BLAS libraries in the process with the kernel OpenBLAS chose, and nothing it can
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -52,3 +53,14 @@ def test_a_scripts_record_names_its_machine_in_words_and_in_full(tmp_path, monke
     assert written["machine"].endswith("; a virtual machine; load 6.5)")
     details = written["machine_details"]
     assert details["threads"]["engine"] == 2 and details["cpu_flags"] == ["avx", "avx2"]
+
+
+def test_a_script_whose_engine_runs_in_a_child_names_that_engines_kernel():
+    """describe_engine imports the framework first: a service's script has not loaded it itself."""
+    pytest.importorskip("torch")
+    code = ("import json; from dflash_local.bench.machine import describe, describe_engine; "
+            "print(json.dumps([describe()['torch'], describe_engine('transformers')['torch']]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = json.loads(result.stdout)
+    assert before is None
+    assert after["cpu_capability"]
