@@ -32,6 +32,7 @@ from dflash_local.engines.torch_engine import TorchEngine
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.pairs.embedded import embedded_target_dir
 
+ARCHITECTURES = {"DFlashDraftModel": "v1", "DFlash2DraftModel": "DFlash 2"}
 NEW_ROWS = 4  # context rows each proposal brings, as a round that committed 3 drafts and a bonus
 
 
@@ -109,10 +110,26 @@ def measure(engines: dict[str, TorchEngine], widths: list[int], repeats: int, co
             for (name, width), steps in samples.items()]
 
 
+def make_record(args, names: list[str], rows: list[dict]) -> dict:
+    """The docs/records/ record of a run (write_record adds the machine)."""
+    times = dict.fromkeys(key for row in rows for key in row if key.endswith("_ms"))
+    return {
+        "title": "A round's parts per drafter: pass, pick, proposal, verify (Transformers)",
+        "compares": " against ".join(names), "measured": " ".join(__doc__.split("\n\n")[0].split()),
+        "command": " ".join(["scripts/experiments/drafter_pass_cost.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"), "engine": "transformers",
+        "dataset": f"one embedded held-out prompt, {args.context} tokens of context",
+        "settings": {"widths": args.widths, "repeats": args.repeats, "context": args.context,
+                     "dtype": args.dtype, "new rows per proposal": NEW_ROWS},
+        "row_header": "drafter, width", "rows": rows, "source": "scripts/experiments/drafter_pass_cost.py",
+        "columns": [{"key": key, "label": key.removesuffix("_ms").replace("_", " ") + " (ms)", "decimals": 1}
+                    for key in times]}
+
+
 def drafter_name(path: Path) -> str:
-    """The checkpoint's architecture (DFlashDraftModel: v1; DFlash2DraftModel) and its folder."""
+    """The checkpoint's kind (v1 or DFlash 2, from its architecture) and its checkout's folder."""
     architecture = json.loads((path / "config.json").read_text())["architectures"][0]
-    return f"{architecture} ({path.parent.parent.name})"
+    return f"{ARCHITECTURES.get(architecture, architecture)} ({path.parent.parent.name})"
 
 
 def main() -> int:
@@ -132,12 +149,7 @@ def main() -> int:
     if args.record is not None:
         from dflash_local.bench.report import write_record
 
-        write_record(args.record, {
-            "title": "A round's parts per drafter: pass, pick, proposal, verify (Transformers)",
-            "measured": " ".join(__doc__.split("\n\n")[0].split()),
-            "command": " ".join(["scripts/experiments/drafter_pass_cost.py", *sys.argv[1:]]),
-            "date": time.strftime("%Y-%m-%d"), "engine": "transformers", "rows": rows,
-            "source": "scripts/experiments/drafter_pass_cost.py"}, threads=torch.get_num_threads())
+        write_record(args.record, make_record(args, list(engines), rows), threads=torch.get_num_threads())
     return 0
 
 
