@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from dflash_local import machine_load
-from dflash_local.bench.machine import describe
+from dflash_local.bench.machine import describe_engine
 
 PINS = ("DFLASH_BLAS_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # recorded in the command
 DRAFTER = Path("models") / "smollm2-135m-dflash"  # a checkout's shipped drafter
@@ -64,9 +64,12 @@ else:  # before them: the CLI's int-or-"auto" form
 target, _ = pair_names(None, None, speculative=True)
 engine = load_engine(sys.argv[1], target, sys.argv[2], **options)
 engine.prepare(auto)
-if len(sys.argv) > 3:  # a round trace, where the checkout has one
-    import importlib
+if len(sys.argv) > 3 and (checkout.parent / (trace_module.replace(".", "/") + ".py")).is_file():
+    import importlib  # a round trace, where the checkout has one
     engine.round_trace = importlib.import_module(trace_module).RoundTrace(sys.argv[3])
+def round_fields(event):  # what every checkout's events say of a round, under either's names
+    return [event.mode, getattr(event, "width", getattr(event, "block_size", 1)), event.drafted,
+            event.draft_depth, event.accepted, getattr(event, "lookup_accepted", getattr(event, "copied", 0))]
 def check_origin():  # an old checkout lacking a module must fail, not borrow another checkout's
     strays = sorted(name for name, module in sys.modules.items() if name.startswith("dflash_local")
                     and getattr(module, "__file__", None) and not module.__file__.startswith(str(checkout)))
@@ -81,12 +84,15 @@ for line in sys.stdin:
     ids = engine.encode_chat([{"role": "user", "content": request["prompt"]}])
     params = events.GenerationParams(max_tokens=request["max_tokens"],
                                      block_size=block_size(request["block_size"]))
-    stats, tokens = events.GenerationStats(), []
+    stats, tokens, rounds = events.GenerationStats(), [], []
     for event in engine.stream(ids, params):
         stats.add(event)
         tokens.extend(event.token_ids)
+        if event.round_index > 0:
+            rounds.append(round_fields(event))
     check_origin()
-    print(json.dumps({"tokens": tokens, "decode_s": stats.decode_s, "tau": stats.tau}), flush=True)
+    print(json.dumps({"tokens": tokens, "decode_s": stats.decode_s, "tau": stats.tau, "rounds": rounds}),
+          flush=True)
 """
 
 
@@ -140,8 +146,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--only", metavar="ID[,ID]", help="only these prompts of the dataset")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each prompt (each recorded)")
     parser.add_argument("--trace", type=Path, metavar="DIR",
-                        help="a round trace per side, DIR/old.jsonl and DIR/new.jsonl "
-                             "(checkouts with round_trace.py; `dflash-local trace` sums each up)")
+                        help="each side's rounds as its events say (DIR/old-rounds.jsonl, "
+                             "new-rounds.jsonl, summed up at the end) and, in checkouts with "
+                             "round_trace.py, a round trace (DIR/old.jsonl: `dflash-local trace`)")
     args = parser.parse_args()
     if args.repeats < 1:  # before two checkouts load: 0 would end in a division by zero
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
@@ -187,6 +194,8 @@ def _interleave(workers: dict, prompts: list, args: argparse.Namespace) -> list[
                **{side: {"tokens": len(run["tokens"]) - 1, "decode_s": round(run["decode_s"], 4),
                          "tau": run["tau"]} for side, run in runs.items()}}
         rows.append(row)
+        if args.trace is not None:
+            _keep_rounds(args.trace, prompt.prompt_id, runs)
         if args.log is not None:
             with args.log.open("a") as log:
                 log.write(json.dumps({"dataset": args.dataset, "engine": args.engine,
@@ -196,6 +205,29 @@ def _interleave(workers: dict, prompts: list, args: argparse.Namespace) -> list[
               + ", ".join(f"{side} {row[side]['tokens'] / row[side]['decode_s']:.1f} tok/s" for side in order),
               flush=True)
     return rows
+
+
+ROUND_FIELDS = ("mode", "width", "drafted", "draft_depth", "accepted", "lookup_accepted")
+
+
+def _keep_rounds(trace: Path, prompt_id: str, runs: dict) -> None:
+    """Each side's rounds as its events told them (any checkout's): DIR/<side>-rounds.jsonl."""
+    for side, run in runs.items():
+        with (trace / f"{side}-rounds.jsonl").open("a") as out:
+            out.write(json.dumps({"prompt": prompt_id, "rounds": run["rounds"]}) + "\n")
+
+
+def round_kinds(lines: list[dict]) -> dict[str, dict]:
+    """Rounds by kind, "mode xWIDTH" (+ " tree" where more was drafted than one path holds): how
+    many, and the drafts kept per round, over a side's -rounds.jsonl lines."""
+    kinds: dict[str, list[int]] = {}
+    for line in lines:
+        for fields in line["rounds"]:
+            event = dict(zip(ROUND_FIELDS, fields))
+            tree = " tree" if event["drafted"] > event["draft_depth"] else ""
+            kinds.setdefault(f"{event['mode']} x{event['width']}{tree}", []).append(event["accepted"])
+    return {kind: {"rounds": len(kept), "kept": round(sum(kept) / len(kept), 2)}
+            for kind, kept in sorted(kinds.items())}
 
 
 def _record(args: argparse.Namespace, rows: list[dict], machine: dict) -> dict:
@@ -296,14 +328,16 @@ def main() -> int:
     workers = {side: Worker(path.resolve(), args.engine, drafters[side],
                             args.trace / f"{side}.jsonl" if args.trace else None)
                for side, path in (("old", args.old), ("new", args.new))}
-    if args.engine == "transformers":
-        import torch  # noqa: F401  (describe() names the kernel of a framework this process loaded)
-    machine = describe()  # at the start: the end's load average would include the last prompt only
+    machine = describe_engine(args.engine)  # at the start: the end's load average would include the last prompt only
     rows = _interleave(workers, prompts, args)
     for worker in workers.values():
         worker.close()
     record = _record(args, rows, machine)
     print(json.dumps(record, indent=1))
+    if args.trace is not None:
+        for side in ("old", "new"):
+            lines = [json.loads(line) for line in (args.trace / f"{side}-rounds.jsonl").open()]
+            print(side, json.dumps(round_kinds(lines)))
     if args.out is not None:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     if args.record is not None:

@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+from dflash_local.bench.report import write_record
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = {"transformers": "Transformers", "mlx": "MLX"}
 COMMAND = ("dflash-local bench --multi-turn --engine {engine} --max-samples 4 --max-tokens 128 "
@@ -87,7 +89,6 @@ def _reused_own(memory: dict) -> str:
 
 def common(raws: list[dict], extra: list[dict] = ()) -> dict:
     first = raws[0]
-    machine = first["machine"]
     return {
         "command": [COMMAND.format(engine=raw["engine"],
                                    conversations=(raw.get("memory") or {}).get("conversations", 0))
@@ -95,7 +96,6 @@ def common(raws: list[dict], extra: list[dict] = ()) -> dict:
         + [MEMORY_COMMAND.format(engine=raw["engine"], budget=round(raw["settings"]["budget_mib"]))
            for raw in extra],
         "date": first["created"][:10],
-        "machine": f"{machine['cores']}-core {machine['cpu_model']} (a virtual machine)",
         "engine": ", ".join(raw["engine"] for raw in raws),
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
                      "dtype": first["dtype"], "temperature": 0,
@@ -175,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         "notes": [MEMORY_NOTE],
     }
     out = ROOT / "docs" / "records"
-    (out / "prefix-cache-multiturn.json").write_text(json.dumps(turns, indent=1, ensure_ascii=False) + "\n")
+    machine = raws[0]["machine"]  # the bench runs described it as they started
+    write_record(out / "prefix-cache-multiturn.json", turns, machine=machine, setting="a virtual machine")
     if memory["rows"]:  # runs with --conversations 0 leave the memory record as it is
-        (out / "prefix-cache-memory.json").write_text(json.dumps(memory, indent=1, ensure_ascii=False) + "\n")
+        write_record(out / "prefix-cache-memory.json", memory, machine=machine, setting="a virtual machine")
     return 0
 
 

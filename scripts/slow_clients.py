@@ -12,9 +12,6 @@ The server's headers deadline (service/server.py, 10 s) should close every one o
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import selectors
 import socket
 import statistics
@@ -130,11 +127,14 @@ def main() -> int:
               f"{row['answered_408']}, after {row['first_s']}-{row['last_s']} s")
     print(f"GET /health meanwhile: {len(health)} answers, slowest {max(health, default=0):.3f} s")
     if args.record:
-        write_record(args, rows, health)
+        record_results(args, rows, health)
     return 0 if all(row["closed"] == row["clients"] for row in rows) else 1
 
 
-def write_record(args, rows: list[dict], health: list[float]) -> None:
+def record_results(args, rows: list[dict], health: list[float]) -> None:
+    from dflash_local.bench.machine import describe_engine
+    from dflash_local.bench.report import write_record
+
     record = {
         "title": "Slow clients are closed by the headers deadline",
         "compares": "connections that send nothing or trickle their headers: when the server "
@@ -144,7 +144,6 @@ def write_record(args, rows: list[dict], health: list[float]) -> None:
                     "got a 408, and the wall time of a GET /health sent once a second meanwhile.",
         "dataset": f"{args.idle} idle and {args.trickling} header-trickling connections",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}",
         "engine": args.engine,
         "settings": {"pair": "embedded", "headers_timeout_s": 10.0, "trickle_s": args.trickle_s,
                      "give_up_s": GIVE_UP_S, "health_answers": len(health),
@@ -161,7 +160,7 @@ def write_record(args, rows: list[dict], health: list[float]) -> None:
                     {"key": "last_s", "label": "last closed (s)", "decimals": 2}],
         "rows": rows,
     }
-    args.record.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.record, record, machine=describe_engine(args.engine))
 
 
 if __name__ == "__main__":

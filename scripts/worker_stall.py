@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -145,11 +144,14 @@ def main() -> int:
     worst = max(row["gap_s"] for row in result["rows"][1:])
     print(f"longest stall beside a heavy body: {worst:.2f} s (bar {BAR_S} s)")
     if args.record:
-        write_record(args, result)
+        record_results(args, result)
     return 0 if worst <= BAR_S else 1
 
 
-def write_record(args, result: dict) -> None:
+def record_results(args, result: dict) -> None:
+    from dflash_local.bench.machine import describe_engine
+    from dflash_local.bench.report import write_record
+
     rows = [{**row, "gap_s": round(row["gap_s"], 3), "mb": round(row.pop("bytes") / MiB, 2),
              "answer_s": None if row["answer_s"] is None else round(row["answer_s"], 3)}
             for row in result["rows"]]
@@ -164,7 +166,6 @@ def write_record(args, result: dict) -> None:
                     "longest gap over a stretch with no body sent, first.",
         "dataset": "item 6 of issue 52's heavy bodies, each under the 4 MiB body limit",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}",
         "engine": args.engine,
         "settings": {"pair": "embedded", "temperature": 0, "stream_max_tokens": args.stream_tokens,
                      "rest_s": args.rest_s, "repeats": args.repeats, "alone_s": args.alone_s,
@@ -184,7 +185,7 @@ def write_record(args, result: dict) -> None:
                    f"run's end: the stream alone paused up to {rows[0]['gap_s']:.2f} s, so a gap "
                    f"beside a body is the body's stall only past that.")],
     }
-    args.record.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.record, record, machine=describe_engine(args.engine))
 
 
 if __name__ == "__main__":

@@ -62,3 +62,16 @@ def test_the_interval_holds_the_ratio_and_is_a_point_when_every_prompt_agrees():
     low, high = ab.ratio_interval(swinging)
     total = sum(p["old"]["decode_s"] for p in swinging) / sum(p["new"]["decode_s"] for p in swinging)
     assert low < total < high and high - low > 0.2
+
+
+def test_rounds_are_told_apart_by_mode_width_and_tree():
+    """A tree drafts more than its longest path holds; the kept drafts are a mean per kind."""
+    ab = load_script("ab_commits")
+    fields = ab.ROUND_FIELDS
+    rounds = [dict(zip(fields, ("speculative", 8, 12, 7, 3, 0))), dict(zip(fields, ("speculative", 8, 7, 7, 5, 0))),
+              dict(zip(fields, ("speculative", 8, 7, 7, 2, 0))), dict(zip(fields, ("plain", 1, 0, 0, 0, 0)))]
+    lines = [{"prompt": "a", "rounds": [[r[name] for name in fields] for r in rounds[:2]]},
+             {"prompt": "b", "rounds": [[r[name] for name in fields] for r in rounds[2:]]}]
+    assert ab.round_kinds(lines) == {"plain x1": {"rounds": 1, "kept": 0.0},
+                                     "speculative x8": {"rounds": 2, "kept": 3.5},
+                                     "speculative x8 tree": {"rounds": 1, "kept": 3.0}}

@@ -260,6 +260,10 @@ def test_auto_with_the_real_calibration_is_lossless_and_cached(tmp_path_factory,
                                                                         block_size=parse_block_size("auto"))))
     assert tokens == plain
     assert {event.mode for event in events} <= {SPECULATIVE, FALLBACK, PROBE, LOOKUP}
+    times = engine.round_times  # the rounds it timed, kept for the engine's next generations
+    assert 0 < len(times.plain) + len(times.wider) <= len(events) - 1
+    engine.calibrate()  # read back from its cache: timed afresh from now on
+    assert engine.round_times is not times and not engine.round_times.wider
 
 
 @pytest.mark.parametrize("tree", [True, False])

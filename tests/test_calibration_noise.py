@@ -28,7 +28,7 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.planning.auto import UNCHECKED_PROBE_EVERY
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.modes import FALLBACK, PROBE, SPECULATIVE
-from dflash_local.method.planning.observed import MIN_ROUNDS, ObservedCosts
+from dflash_local.method.planning.observed import MIN_ROUNDS, ObservedCosts, RoundTimes
 from dflash_local.method.planning.planner import make_planner
 
 
@@ -152,15 +152,18 @@ class _RightDrafter:
 CHEAP_WIDE = RoundCosts(tuple(1.0 + 0.01 * (w - 1) for w in range(1, 17)), timed=True)
 
 
-def auto_rounds(monkeypatch, row_s: float, costs: RoundCosts = CHEAP_WIDE):
+def auto_rounds(monkeypatch, row_s: float, costs: RoundCosts = CHEAP_WIDE, plain_s: float = 1.0,
+                times: RoundTimes | None = None):
     """The events of an auto generation over the clocked toy pair: the planner's calibration
-    `costs`, each verified row past the anchor really costing `row_s` plain steps."""
+    `costs`, a plain step really taking `plain_s` and each verified row past the anchor `row_s`;
+    `times`: rounds earlier generations timed (an engine's)."""
     clock = _Clock()
     monkeypatch.setattr(speculative.time, "perf_counter", clock)
-    runner, drafter = _ClockedRunner(clock, 1.0, row_s), _RightDrafter()
+    runner, drafter = _ClockedRunner(clock, plain_s, row_s), _RightDrafter()
     params = GenerationParams(max_tokens=120, block_size=parse_block_size("auto"),
                               stop_token_ids=(-1,), prompt_lookup=False)
-    planner = speculative.default_planner(runner, drafter, [5, 6, 7], params, costs, [0.9] * 15)
+    planner = speculative.default_planner(runner, drafter, [5, 6, 7], params, costs, [0.9] * 15,
+                                          times)
     _, events = collect(speculative.generate(runner, drafter, [5, 6, 7], params, planner))
     return events[1:], planner
 
@@ -184,6 +187,33 @@ def test_rounds_that_agree_with_the_calibration_keep_it(monkeypatch):
     assert {event.mode for event in rounds} == {SPECULATIVE}
     assert all(event.width == 16 for event in rounds[:-1])
     assert planner.observed.scales() == (1.0, 1.0)
+
+
+def test_a_slower_machine_is_checked_with_plain_steps_once_not_in_every_generation(monkeypatch):
+    """Every round twice its calibrated price (a busy machine): the first generation times plain
+    steps to tell that from a dear verify, then speculates again; the next generations of the
+    same engine (its RoundTimes) know already and never leave the whole block."""
+    times = RoundTimes()
+    first, _ = auto_rounds(monkeypatch, row_s=0.02, plain_s=2.0, times=times)
+    assert [event.mode for event in first].count(FALLBACK) == MIN_ROUNDS
+    for _ in range(2):
+        later, planner = auto_rounds(monkeypatch, row_s=0.02, plain_s=2.0, times=times)
+        assert {event.mode for event in later} == {SPECULATIVE}
+        assert all(event.width == 16 for event in later[:-1])
+        assert planner.observed.scales() == (1.0, 1.0)  # slower alike: no choice changes
+    alone, _ = auto_rounds(monkeypatch, row_s=0.02, plain_s=2.0)  # without the engine's times
+    assert [event.mode for event in alone].count(FALLBACK) == MIN_ROUNDS
+
+
+def test_a_generation_starts_re_priced_from_the_rounds_an_earlier_one_timed(monkeypatch):
+    """Rows really cost 3 plain steps: the first generation finds out after its first rounds;
+    the next one, sharing the engine's RoundTimes, never drafts a whole block."""
+    times = RoundTimes()
+    first, _ = auto_rounds(monkeypatch, row_s=3.0, times=times)
+    assert first[0].mode == SPECULATIVE and first[0].width == 16
+    later, planner = auto_rounds(monkeypatch, row_s=3.0, times=times)
+    assert SPECULATIVE not in {event.mode for event in later}
+    assert planner.observed.scales()[1] > 10
 
 
 def test_costs_in_no_unit_of_time_are_never_corrected():

@@ -3,12 +3,14 @@
 The CPU model and the vector extensions matmul kernels are chosen by (a wider verify costs
 relatively more without AVX-512), the BLAS libraries loaded in this process with the kernel
 OpenBLAS picked for this CPU and the one PyTorch dispatches to, the thread counts, and the load
-when it was described. Nothing is imported to find out: a framework not loaded is not described.
+when it was described. Nothing is imported to find out: a framework not loaded is not described,
+unless a script whose engine runs in a child process asks (describe_engine).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -30,6 +32,16 @@ def describe(threads: int | None = None) -> dict:
             "torch": _torch_kernel(),
             "threads": {"engine": threads, **{name: os.environ.get(name) for name in THREAD_VARIABLES}},
             "load_average": machine_load.load_average()}
+
+
+ENGINE_FRAMEWORKS = {"transformers": "torch", "mlx": "mlx.core"}
+
+
+def describe_engine(engine: str, threads: int | None = None) -> dict:
+    """describe() for a run whose engine works in a child process (a service, a worker): its
+    framework is imported here first, so the record names the kernels that child dispatches to."""
+    importlib.import_module(ENGINE_FRAMEWORKS[engine])
+    return describe(threads)
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:

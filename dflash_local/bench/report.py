@@ -33,7 +33,7 @@ def write_record(path: Path, record: dict, *, threads: int | None = None, settin
     machine"), "machine_details" the whole description (`machine`: one the run took itself,
     else described now). Returns the record as written."""
     machine = machine or describe(threads)
-    load = machine["load_average"]
+    load = machine.get("load_average")
     words = [machine_words(machine), *([setting] if setting else []),
              *([f"load {load:.1f}"] if load is not None else [])]
     written = {**record, "machine": f"{machine['cpu_model']} ({'; '.join(words)})",

@@ -45,6 +45,7 @@ from dflash_local.events import (
 )
 from dflash_local.method import calibration, prefix_disk, speculative
 from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.planning.observed import RoundTimes
 from dflash_local.method.prefix_cache import (
     Hit,
     PrefixStates,
@@ -162,6 +163,7 @@ class LocalEngine(Engine):
         self.markup_floors = chat_prompt.message_markup_floors(self.tokenizer)  # no request's cost
         # this machine's round costs for the pair (`calibrate`); None: auto plans uncalibrated
         self.calibration: calibration.Calibration | None = None
+        self.round_times = RoundTimes()  # its generations' timed rounds (planning/observed.py)
         self.prefix_cache_note: str | None = None  # why this engine's states are not kept
         self._generations = OpenGenerations()  # a warm-up runs while none is open (turn_warmup.py)
         self.round_trace: RoundTrace | None = None  # opt-in: every round's costs (round_trace.py)
@@ -268,6 +270,7 @@ class LocalEngine(Engine):
             self.calibration = calibration.load_or_measure(self, key, force, on_measure)
         finally:
             self.round_trace = trace
+        self.round_times = RoundTimes()  # rounds timed against this calibration, from now on
         return self.calibration
 
     def encode_chat(self, messages: list[dict], thinking: bool | None = None,
@@ -302,7 +305,7 @@ class LocalEngine(Engine):
         measured = self.calibration
         planner = speculative.default_planner(
             runner, drafter, prompt_ids, params, measured.costs if measured else None,
-            measured.prior if measured else ())
+            measured.prior if measured else (), self.round_times)
         resume = self._resume(prompt_ids, runner, drafter)
         detokenizer = StreamDetokenizer(self.tokenizer)
         if self.round_trace is not None:

@@ -28,6 +28,7 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
 from dflash_local.method.logprobs import token_logprobs
 from dflash_local.method.planning.costs import RoundCosts
+from dflash_local.method.planning.observed import RoundTimes
 from dflash_local.method.planning.planner import Planner, make_planner
 from dflash_local.method.prefix_cache import Resume
 from dflash_local.method.proposers import Draft, DraftSources
@@ -98,11 +99,12 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
 
 def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
                     params: GenerationParams, costs: RoundCosts | None = None,
-                    prior: Sequence[float] = ()) -> Planner:
-    """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration)."""
+                    prior: Sequence[float] = (), times: RoundTimes | None = None) -> Planner:
+    """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration;
+    `times`: the rounds earlier generations timed against it, planning/observed.py)."""
     widest = widest_block(params, drafter.drafter_block if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
-    return make_planner(params, widest, trees, prompt_ids, costs, prior)
+    return make_planner(params, widest, trees, prompt_ids, costs, prior, times)
 
 
 class _Clock(list):

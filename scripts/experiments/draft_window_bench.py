@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dflash_local.bench.datasets import embedded_prompts
+from dflash_local.bench.report import write_record
 from dflash_local.cli.flags import draft_window_arg
 from dflash_local.engines import load_engine
 from dflash_local.events import AUTO, GenerationParams, GenerationStats
-from dflash_local.method.calibration import machine_info
 from dflash_local.pairs.default_pair import pair_names
 
 MiB = 1024 * 1024
@@ -51,10 +51,9 @@ def main() -> int:
         finally:
             engine.close()
     record = make_record(args, rows, prompt_lengths)
-    text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    print(text)
+        record = write_record(args.out, record, setting="a shared virtual machine")
+    print(json.dumps(record, indent=2, ensure_ascii=False))
     return 0
 
 
@@ -130,7 +129,6 @@ def row(engine_name: str, name: str, entry: dict, plain_rate: float, prompts: in
 
 
 def make_record(args, rows: list[dict], prompt_lengths: list[int]) -> dict:
-    machine = machine_info()
     command = " ".join(["scripts/experiments/draft_window_bench.py", *sys.argv[1:]])
     return {
         "title": "The draft sliding window at a long context",
@@ -139,7 +137,6 @@ def make_record(args, rows: list[dict], prompt_lengths: list[int]) -> dict:
                      "pair; draft KV is the drafter's context cache at the end of a run."),
         "command": f".venv/bin/python {command}",
         "date": datetime.now(UTC).date().isoformat(),
-        "machine": f"{machine['cores']}-core {machine['cpu_model']} (a shared virtual machine)",
         "engine": args.engines.replace(",", ", "),
         "dataset": (f"{args.prompts} prompts of {min(prompt_lengths)}-{max(prompt_lengths)} "
                     f"tokens: held-out prompts of the embedded set run together, then a question"),

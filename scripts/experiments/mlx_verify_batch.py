@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -86,7 +84,7 @@ def measure(runners, batches: list[int], width: int, repeats: int, batched) -> l
     return rows
 
 
-def record(rows: list[dict], args, threads) -> dict:
+def record(rows: list[dict], args) -> dict:
     columns = [("one_by_one_ms", "B verifies one by one (ms)", 1),
                ("batched_ms", "one verify_batch (ms)", 1), ("speedup", "one by one / batched", 2),
                ("batched_per_generation_ms", "batched, per generation (ms)", 1),
@@ -100,8 +98,6 @@ def record(rows: list[dict], args, threads) -> dict:
                     f"argmax of every row checked equal on every pass.",
         "dataset": f"random token ids: one {args.context}-token prompt per runner, {args.width}-row chains",
         "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()}-core {platform.machine()} (load {os.getloadavg()[0]:.1f}, "
-                   f"{threads} BLAS threads)",
         "engine": "mlx (CPU)",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct, float32, the drafter's taps collected)",
                      "context": args.context, "width": args.width, "repeats": args.repeats},
@@ -128,10 +124,11 @@ def main() -> None:
     batches = [int(size) for size in args.batches.split(",")]
     engine, runners = load_runners(max(batches), args.context)
     rows = measure(runners, batches, args.width, args.repeats, type(runners[0]).verify_batch)
-    result = record(rows, args, engine.compute_threads())
     print(json.dumps(rows, indent=1))
     if args.record:
-        args.record.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        from dflash_local.bench.report import write_record
+
+        write_record(args.record, record(rows, args), threads=engine.compute_threads())
     engine.close()
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from datetime import date
@@ -123,7 +122,7 @@ def measure(runners, rows: int, repeats: int) -> dict:
     return _row(count, statistics.median(sequential), statistics.median(batched), same, max_diff)
 
 
-def record(args, rows: list[dict], device_name: str) -> dict:
+def record(args, rows: list[dict]) -> dict:
     columns = [("sequential_ms", "B verifies one by one, ms", 1), ("batched_ms", "verify_batch, ms", 1),
                ("speedup", "one by one / batch", 2), ("per_generation_ms", "batch ms per generation", 1),
                ("same_argmax", "same argmax", 0), ("max_logit_diff", "max abs logit diff", 6)]
@@ -140,7 +139,6 @@ def record(args, rows: list[dict], device_name: str) -> dict:
                     f"--rows {args.rows} --repeats {args.repeats} --device {args.device} "
                     f"{'--drafter ' if args.drafter else ''}--record {args.record}"),
         "date": date.today().isoformat(),
-        "machine": device_name,
         "engine": "transformers",
         "dataset": "embedded held-out prompts, repeated to the context",
         "settings": {"dtype": "float32", "rows per generation": args.rows, "context": args.context,
@@ -179,7 +177,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--drafter", action="store_true", help="time propose_batch instead")
-    parser.add_argument("--machine", default=None, help="the record's machine line")
+    parser.add_argument("--machine", default=None, help="the accelerator, as the record names it beside the CPU")
     parser.add_argument("--record", type=Path, default=None, help="write the figures as a record")
     args = parser.parse_args()
     engine = TorchEngine(embedded_target_dir(), paths.shipped_models_dir() / "smollm2-135m-dflash",
@@ -192,9 +190,10 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.record is not None:
-        device_name = args.machine or f"{platform.processor() or platform.machine()}, {args.device}"
-        args.record.write_text(json.dumps(record(args, rows, device_name), indent=1,
-                                          ensure_ascii=False) + "\n", encoding="utf-8")
+        from dflash_local.bench.report import write_record
+
+        accelerator = args.machine or ("" if args.device == "cpu" else f"device {args.device}")
+        write_record(args.record, record(args, rows), threads=torch.get_num_threads(), setting=accelerator)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramInde
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.lookups import LookupPolicy
 from dflash_local.method.planning.modes import FALLBACK, LOOKUP, PROBE, SPECULATIVE
-from dflash_local.method.planning.observed import ObservedCosts
+from dflash_local.method.planning.observed import ObservedCosts, RoundTimes
 from dflash_local.method.planning.trees import TreeSizer
 from dflash_local.method.planning.widths import BlockPolicy
 from dflash_local.method.proposers import (
@@ -43,15 +43,19 @@ class AutoPlanner:
     mode = SPECULATIVE
 
     def __init__(self, costs: RoundCosts, prior: Sequence[float], widest: int, trees: bool,
-                 prompt_ids: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM):
-        """`prompt_ids`: the text prompt lookup drafts from; None: no lookup rounds."""
+                 prompt_ids: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM,
+                 times: RoundTimes | None = None):
+        """`prompt_ids`: the text prompt lookup drafts from; None: no lookup rounds. `times`:
+        the rounds earlier generations timed against these costs (observed.py)."""
         self.policy = BlockPolicy(costs, prior, max_width=widest, whole_block_drafts=trees)
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
         self.lookup = LookupPolicy(costs, max_ngram) if prompt_ids is not None else None
         calibrated = self.policy.calibrated
-        self.observed = ObservedCosts(calibrated) if calibrated.timed else None
-        if self.observed is not None and not calibrated.reliable:
+        self.observed = ObservedCosts(calibrated, times) if calibrated.timed else None
+        if self.observed is not None:  # rounds timed before this generation may re-price it now
+            self.policy.calibrated = self.observed.corrected()
+        if self.observed is not None and not calibrated.reliable and not self.observed.compared():
             self.policy.sooner_probe_every = UNCHECKED_PROBE_EVERY
         self._context = 0  # the planned round's
         # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`

@@ -8,7 +8,9 @@ the wider rounds' median ratio is off the plain steps' by more than TOLERANCE, r
 re-priced: a plain step at its own ratio, every wider round at theirs. Otherwise the costs stay
 as calibrated: a load that slows every round alike changes no choice. While wider rounds
 disagree with their price and too few plain steps were timed to tell a slow machine from a dear
-verify, `wants_plain_step` asks for one.
+verify, `wants_plain_step` asks for one. The timed ratios (`RoundTimes`) outlive a generation:
+the engine keeps one per calibration, so the plain steps that check it are taken once, not at
+the start of every reply (each one a round that commits a single token).
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ WINDOW = 16  # the latest rounds of each kind: a load that comes or goes is foll
 TOLERANCE = 0.5
 
 
+class RoundTimes:
+    """The latest timed rounds, each as measured seconds / calibrated price: plain steps and
+    wider rounds apart. One per calibration, shared by the generations that price from it."""
+
+    def __init__(self):
+        self.plain: deque[float] = deque(maxlen=WINDOW)
+        self.wider: deque[float] = deque(maxlen=WINDOW)
+
+
 class ObservedCosts:
-    def __init__(self, calibrated: RoundCosts):
+    def __init__(self, calibrated: RoundCosts, times: RoundTimes | None = None):
+        """`times`: the rounds earlier generations timed against the same calibration (None:
+        this generation's alone)."""
         self.calibrated = calibrated
-        self._plain: deque[float] = deque(maxlen=WINDOW)  # measured seconds / calibrated price
-        self._wider: deque[float] = deque(maxlen=WINDOW)
+        self.times = times if times is not None else RoundTimes()
+        self._plain, self._wider = self.times.plain, self.times.wider
 
     def observe(self, plain: bool, seconds: float, priced_s: float) -> None:
         """A round (a plain step or not) took `seconds`; its calibrated price was `priced_s`."""

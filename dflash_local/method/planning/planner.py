@@ -17,6 +17,7 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.planning.auto import AutoPlanner
 from dflash_local.method.planning.costs import RoundCosts
 from dflash_local.method.planning.fixed import FixedPlanner, is_tree_round
+from dflash_local.method.planning.observed import RoundTimes
 from dflash_local.method.proposers import Draft, Proposer
 
 
@@ -37,14 +38,16 @@ class Planner(Protocol):
 
 
 def make_planner(params: GenerationParams, widest: int, trees: bool, prompt_ids: list[int],
-                 costs: RoundCosts | None = None, prior: Sequence[float] = ()) -> Planner:
+                 costs: RoundCosts | None = None, prior: Sequence[float] = (),
+                 times: RoundTimes | None = None) -> Planner:
     """The planner params ask for. `widest`: events.widest_block; `trees`: whether the runner
     and the request allow tree rounds; `costs`/`prior`: the engine's calibration (None: the
-    uncalibrated defaults)."""
+    uncalibrated defaults); `times`: the rounds its earlier generations timed (observed.py)."""
     if widest == 1 or not isinstance(params.block_size, Auto):
         return FixedPlanner(widest, trees and widest > 2)
     return AutoPlanner(costs or RoundCosts.uncalibrated(widest), prior, widest,
-                       trees and widest > 2, list(prompt_ids) if params.prompt_lookup else None)
+                       trees and widest > 2, list(prompt_ids) if params.prompt_lookup else None,
+                       times=times)
 
 
 @dataclass(frozen=True)
