@@ -79,3 +79,24 @@ def test_mismatched_arguments_are_refused(engine):
     taps = prompt_taps(engine)
     with pytest.raises(ValueError, match="3 sessions, 2 anchors, 3 taps, 3 widths"):
         DraftSession.propose_batch(sessions(engine), [1, 2], taps, WIDTHS)
+
+
+def test_a_session_with_no_new_taps_drafts_as_alone(engine):
+    """A session whose round brought no new context rows (its taps [1, 0, taps*H]) beside one
+    that did, chains then trees: each its own proposals and cache."""
+    taps = prompt_taps(engine)
+    alone, batched = sessions(engine), sessions(engine)
+    for session, session_taps in zip(alone, taps):
+        session.propose(21, session_taps, 4)
+    DraftSession.propose_batch(batched, [21, 21, 21], taps, [4, 4, 4])
+    new_rows = [taps[0][:, :0], taps[1][:, :2], taps[2][:, :0]]
+    expected = [session.propose(7, rows, width)
+                for session, rows, width in zip(alone, new_rows, WIDTHS)]
+    assert DraftSession.propose_batch(batched, [7, 7, 7], new_rows, WIDTHS) == expected
+    assert_same_caches(alone, batched)
+    expected = [session.propose_tree(8, rows[:, :0], nodes)
+                for session, rows, nodes in zip(alone, new_rows, NODES)]
+    trees = DraftSession.propose_tree_batch(batched, [8, 8, 8], [rows[:, :0] for rows in new_rows],
+                                            NODES)
+    assert [tree.token_ids for tree in trees] == [tree.token_ids for tree in expected]
+    assert_same_caches(alone, batched)

@@ -16,11 +16,12 @@ routed refuses that string instead of attending across lanes.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from dflash_local.method.ragged import spans
 
 LANES = "lanes"  # the mask a lane run hands every layer: no kernel but the routed one takes it
 
@@ -66,8 +67,7 @@ class LaneCache:
 
 def lane_caches(lanes: Sequence[Lane]) -> tuple[mx.array, list[LaneCache]]:
     """(the joined token ids [1, rows], one `LaneCache` per layer) for a run of `lanes`."""
-    ends = list(itertools.accumulate(len(lane.token_ids) for lane in lanes))
-    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    bounds = spans([len(lane.token_ids) for lane in lanes])
     positions = mx.concatenate([lane.positions for lane in lanes])
     masks = [lane.mask for lane in lanes]
     layers = len(lanes[0].cache)

@@ -21,6 +21,7 @@ from torch import nn
 from dflash_local.drafter.dflash2_torch import GroupedCausalConv
 from dflash_local.drafter.selector import greedy_chain, selector_tree
 from dflash_local.method.draft_tree import DraftTree, tree_from_logits
+from dflash_local.method.ragged import check_arguments, spans, split
 
 # model_torch.py's DraftSession, which imports this module (no import back: no cycle)
 DraftSession = Any
@@ -70,22 +71,16 @@ def _selector_inputs(model, hidden: torch.Tensor, anchors, widths) -> list:
 
 
 def _checked(sessions, anchors, new_taps, widths) -> bool:
-    """Refuse mismatched arguments; whether the sessions share a batchable drafter."""
-    if not len(sessions) == len(anchors) == len(new_taps) == len(widths):
-        raise ValueError(f"propose_batch: {len(sessions)} sessions, {len(anchors)} anchors, "
-                         f"{len(new_taps)} taps, {len(widths)} widths")
-    if any(session.model is not sessions[0].model for session in sessions):
-        raise ValueError("propose_batch: the sessions belong to different drafters")
+    """Refuse mismatched arguments; whether there is more than one session to batch."""
+    check_arguments("propose_batch", sessions, "session",
+                    {"anchors": anchors, "taps": new_taps, "widths": widths},
+                    lambda session: session.model, "drafter")
     return len(sessions) > 1
 
 
 def _split(rows, widths: Sequence[int]) -> list:
-    """Cut the concatenated draft rows (width - 1 per session) back into sessions."""
-    out, start = [], 0
-    for width in widths:
-        out.append(rows[start : start + width - 1])
-        start += width - 1
-    return out
+    """The joined draft rows cut back into sessions (width - 1 each: the anchor drafts none)."""
+    return split(rows, [width - 1 for width in widths])
 
 
 def _ragged_draft(sessions, anchors, new_taps, widths) -> torch.Tensor:
@@ -103,7 +98,7 @@ def _ragged_draft(sessions, anchors, new_taps, widths) -> torch.Tensor:
                  for s, n, w in zip(sessions, counts, widths)]
     ctx_rope = model.rotary(torch.cat(ctx_pos), x.dtype)
     block_rope = model.rotary(torch.cat(block_pos), x.dtype)
-    ctx_spans, block_spans = _spans(counts), _spans(widths)
+    ctx_spans, block_spans = spans(counts), spans(widths)
     for index, layer in enumerate(model.layers):
         new_keys, new_values = layer.self_attn.context_kv(ctx, ctx_rope)
         contexts = []
@@ -157,11 +152,3 @@ def _ragged_attention(attention, x, contexts, block_rope, block_spans) -> torch.
     ]
     out = torch.cat(outputs, dim=2)  # [1, heads, sum W, d]
     return attention.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
-
-
-def _spans(counts: Sequence[int]) -> list[tuple[int, int]]:
-    spans, start = [], 0
-    for count in counts:
-        spans.append((start, start + count))
-        start += count
-    return spans

@@ -26,6 +26,7 @@ from dflash_local.accel import mlx_attention
 from dflash_local.accel.mlx_lanes import LANES, Lane, lane_caches
 from dflash_local.engines.mlx_adapters import LayerRun, TargetAdapter
 from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.ragged import check_arguments
 
 
 class LaneRunner(Protocol):
@@ -47,9 +48,8 @@ class LaneRunner(Protocol):
 def verify_batch(runners: Sequence[LaneRunner], anchors: Sequence[int],
                  trees: Sequence[DraftTree]) -> list[np.ndarray]:
     """Each runner's `verify(anchor, tree)`; one forward where they batch (`batches`)."""
-    if not len(runners) == len(anchors) == len(trees):
-        raise ValueError(f"verify_batch takes one anchor and one tree per runner, got "
-                         f"{len(runners)} runners, {len(anchors)} anchors, {len(trees)} trees")
+    check_arguments("verify_batch", runners, "runner", {"anchors": anchors, "trees": trees},
+                    lambda runner: runner.model, "model")
     if not batches(runners):
         return [runner.verify(anchor, tree) for runner, anchor, tree in zip(runners, anchors, trees)]
     lanes = [runner.lane(anchor, tree) for runner, anchor, tree in zip(runners, anchors, trees)]
@@ -68,11 +68,8 @@ def verify_batch(runners: Sequence[LaneRunner], anchors: Sequence[int],
 
 def batches(runners: Sequence[LaneRunner]) -> bool:
     """Whether one forward over these runners' rows is exact (the module's docstring)."""
-    if not runners:
+    if len(runners) < 2:
         return False
     model = runners[0].model
-    models = len({id(runner.model) for runner in runners})
-    if models > 1:
-        raise ValueError(f"verify_batch takes the runners of one model, got {models} models")
-    return (len(runners) > 1 and all(runner.supports_tree for runner in runners)
+    return (len({id(runner.model) for runner in runners}) == 1 and all(runner.supports_tree for runner in runners)
             and mlx_attention.routed(model))
