@@ -100,3 +100,32 @@ def test_a_session_with_no_new_taps_drafts_as_alone(engine):
                                             NODES)
     assert [tree.token_ids for tree in trees] == [tree.token_ids for tree in expected]
     assert_same_caches(alone, batched)
+
+
+def test_a_pass_failing_between_layers_leaves_every_cache_as_it_was(engine):
+    """The first layer's block attention raises after that layer appended its context rows:
+    every session's cache is as before the pass, and the next round is each session's own."""
+    taps = prompt_taps(engine)
+    alone, batched = sessions(engine), sessions(engine)
+    for session, session_taps in zip(alone, taps):
+        session.propose(21, session_taps, 4)
+    DraftSession.propose_batch(batched, [21] * 3, taps, [4] * 3)
+    before = [(list(s.cache.keys), s.cache.start, s.cache.end) for s in batched]
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("block attention failed")
+
+    attention = engine.drafter.layers[0].self_attn
+    attention.block_qkv = failing
+    try:
+        with pytest.raises(RuntimeError, match="block attention failed"):
+            DraftSession.propose_batch(batched, [7] * 3, taps, WIDTHS)
+    finally:
+        del attention.block_qkv
+    for session, (keys, start, end) in zip(batched, before):
+        assert (session.cache.start, session.cache.end) == (start, end)
+        assert all(now is then for now, then in zip(session.cache.keys, keys))
+    expected = [session.propose(7, session_taps, width)
+                for session, session_taps, width in zip(alone, taps, WIDTHS)]
+    assert DraftSession.propose_batch(batched, [7] * 3, taps, WIDTHS) == expected
+    assert_same_caches(alone, batched)

@@ -8,7 +8,8 @@ of accel/mlx_rope.py). Afterwards each session's cache holds what its own propos
 
 Which drafters batch: v1 drafters with a RoPE that places rows one by one. DFlash 2 convolves
 along each block (dflash2_mlx.py), which a joined sequence would cross: its sessions, a batch of
-one, and a session with no new context rows, draft one by one.
+one, and a session with no new context rows, draft one by one. A pass that fails part-way
+leaves every session's cache as it was before it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def batches(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[
 
 def _draft_lanes(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
                  widths: Sequence[int]) -> mx.array:
+    """`_lanes_pass`; a pass that fails part-way trims every session's layer caches back to
+    what they held (a compacted layer's old cache restored), none left holding some layers'
+    new rows."""
+    saved = [(list(s.cache.layers), [layer.offset for layer in s.cache.layers], s.cache.end)
+             for s in sessions]
+    try:
+        return _lanes_pass(sessions, anchors, new_taps, widths)
+    except BaseException:
+        for session, (layers, offsets, end) in zip(sessions, saved, strict=True):
+            for layer, offset in zip(layers, offsets, strict=True):
+                if layer.offset > offset:
+                    layer.trim(layer.offset - offset)
+            session.cache.layers, session.cache.end = layers, end
+        raise
+
+
+def _lanes_pass(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+                widths: Sequence[int]) -> mx.array:
     """`DFlashDrafter.draft` of every session at once: the final-normed hidden states of each
     block's proposal rows (1..width-1), joined [1, rows, H]."""
     model, caches = sessions[0].model, [session.cache for session in sessions]

@@ -7,7 +7,8 @@ position. Attention stays per session: a session's block attends to its own cont
 new rows appended there, as its own pass appends them) and to its own block, under its own layer
 masks. DFlash 2's convolutions mix rows within a block, so they run per session's block (their
 small kernel projection included) between the shared sublayers; its candidate selector picks
-each session's draft from that session's rows.
+each session's draft from that session's rows. A pass that fails part-way leaves every
+session's cache as it was before it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,20 @@ def _split(rows, widths: Sequence[int]) -> list:
 
 
 def _ragged_draft(sessions, anchors, new_taps, widths) -> torch.Tensor:
+    """`_draft_rows`; a pass that fails part-way puts every session's context cache back as it
+    was (an append builds new tensors, so the lists held before are that state), none left
+    holding some layers' new rows."""
+    saved = [(list(s.cache.keys), list(s.cache.values), s.cache.start, s.cache.end) for s in sessions]
+    try:
+        return _draft_rows(sessions, anchors, new_taps, widths)
+    except BaseException:
+        for session, (keys, values, start, end) in zip(sessions, saved):
+            session.cache.keys, session.cache.values = keys, values
+            session.cache.start, session.cache.end = start, end
+        raise
+
+
+def _draft_rows(sessions, anchors, new_taps, widths) -> torch.Tensor:
     """The draft rows' hidden states (block positions 1..width-1 of each session, one after
     another), [1, sum(width - 1), H]; every session's context cache gains its new rows."""
     model, first = sessions[0].model, sessions[0]
