@@ -126,3 +126,19 @@ def test_a_pass_failing_between_layers_leaves_every_cache_as_it_was(tmp_path, ta
     assert [session.cache.end for session in batched] == CONTEXTS
     expected = [session.propose(9, session_taps, 5) for session, session_taps in zip(own, new_taps)]
     assert DraftSession.propose_batch(batched, [9] * 3, new_taps, [5] * 3) == expected
+
+
+def test_a_session_with_no_new_taps_drafts_as_alone(tmp_path, target_dir):
+    """A round that brought a session no new context rows (taps [1, 0, taps*H]) beside one that
+    did: one pass, each session's own proposals and cache."""
+    drafter = _drafter(make_drafter(tmp_path / "d", target_dir, layers=2))
+    own, batched = ([DraftSession(drafter, window) for window in (None, None, 6)] for _ in range(2))
+    taps = [_taps(drafter, rows, index) for index, rows in enumerate(CONTEXTS)]
+    for session, session_taps in zip(own, taps):
+        session.propose(9, session_taps, 4)
+    DraftSession.propose_batch(batched, [9] * 3, taps, [4] * 3)
+    new_taps = [taps[0][:, :0], _taps(drafter, 3, 7), taps[2][:, :0]]
+    assert batch_mlx.batches(batched, [8] * 3, new_taps, [5] * 3)
+    expected = [session.propose(8, session_taps, 5) for session, session_taps in zip(own, new_taps)]
+    assert DraftSession.propose_batch(batched, [8] * 3, new_taps, [5] * 3) == expected
+    assert [session.cache.end for session in batched] == [session.cache.end for session in own]

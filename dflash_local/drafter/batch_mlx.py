@@ -8,8 +8,8 @@ of accel/mlx_rope.py). Afterwards each session's cache holds what its own propos
 
 Which drafters batch: v1 drafters with a RoPE that places rows one by one. DFlash 2 convolves
 along each block (dflash2_mlx.py), which a joined sequence would cross: its sessions, a batch of
-one, and a session with no new context rows, draft one by one. A pass that fails part-way
-leaves every session's cache as it was before it.
+one, draft one by one. A session with no new context rows batches too (its block attends to
+what its cache holds). A pass that fails part-way leaves every session's cache as it was.
 """
 
 from __future__ import annotations
@@ -61,8 +61,7 @@ def batches(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[
     if not sessions:
         return False
     model = sessions[0].model
-    return (len(sessions) > 1 and model.config.dflash2 is None and model.row_rope() is not None
-            and all(taps.shape[1] > 0 for taps in new_taps))
+    return len(sessions) > 1 and model.config.dflash2 is None and model.row_rope() is not None
 
 
 def _draft_lanes(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
