@@ -1,11 +1,11 @@
 """Sliding-window targets in the ragged verify, and a forward that fails part-way.
 
-Tiny Mistral (every layer windowed) and Qwen3 (windowed layers beside full ones) targets built
-from the real Transformers classes, a window of 6 rows shorter than every context here: one
-`verify_batch` over chains and plain steps gives each runner its own verify's logits and taps
-(each runner's own window mask), and greedy generations driven round by round through it
-reproduce plain decoding token for token. A forward that raises between two layers leaves every
-runner's cache at its committed rows, so the next batch verifies as if it never ran."""
+Tiny Mistral (every layer windowed), Qwen3 and Gemma 3 (windowed layers beside full ones)
+targets built from the real Transformers classes, a window of 6 rows shorter than every context
+here: one `verify_batch` over chains and plain steps gives each runner its own verify's logits
+and taps (each runner's own window mask), and greedy generations driven round by round through
+it reproduce plain decoding token for token. A forward that raises between two layers leaves
+every runner's cache at its committed rows, so the next batch verifies as if it never ran."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ CHAINS = [DraftTree.chain([77, 3, 3, 140, 200, 6, 9, 9]), DraftTree((), ()),
 KEPT = [[0, 1, 2], [0], [0, 1, 2], [0, 1, 2, 3, 4]]
 
 
-@pytest.fixture(scope="module", params=["mistral", "qwen3_windowed"])
+@pytest.fixture(scope="module", params=["mistral", "qwen3_windowed", "gemma3_text"])
 def engine(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"{request.param}-windowed")
     target = hf_target(root / "target", request.param, seed=3)

@@ -11,8 +11,8 @@ No key or value is copied into a shared batch.
 Which targets batch (`can_batch`): those whose modeling hands the cache's keys straight to the
 attention function and passes each layer's `sliding_window` to it (`RAGGED_MODEL_TYPES`), text
 only, every layer full or sliding-window attention, with an attention kernel that takes any 4D
-mask. Sliding-window targets (Mistral, Qwen2/Qwen3 with windowed layers) batch chains and plain
-steps, as their own verify takes only those. Hybrid targets (Qwen3.5/3.6, Qwen3-Next) verify one
+mask. Sliding-window targets (Mistral, Qwen2/Qwen3 with windowed layers, Gemma 3's text model)
+batch chains and plain steps, as their own verify takes only those. Hybrid targets (Qwen3.5/3.6, Qwen3-Next) verify one
 by one: a GatedDeltaNet layer is no attention over a cache, so the ragged split has nothing to
 split; its recurrent state would have to run runner by runner row by row, which is most of the
 layer's cost, and its past recording keeps one state per row of one sequence. Any other target,
@@ -25,6 +25,7 @@ committed rows before the error goes on, so none is left holding some layers' ne
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +35,6 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from dflash_local.accel.torch_attention import NAME as CPU_GQA_SDPA
 from dflash_local.engines import torch_rollback
@@ -44,7 +44,7 @@ from dflash_local.method.ragged import check_arguments, spans
 RAGGED = "dflash_ragged_verify"  # registered only while a batched forward runs
 # modeling files (Transformers' names) whose attention passes `cache.update`'s result, and the
 # layer's `sliding_window`, to the attention function untouched
-RAGGED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
+RAGGED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text"})
 RAGGED_LAYER_KINDS = frozenset({"full_attention", "sliding_attention"})
 # attention implementations that take an arbitrary 4D mask as it is (flash kernels take none)
 MASKED_ATTENTION = (None, "sdpa", CPU_GQA_SDPA, "eager")
@@ -183,8 +183,9 @@ def _restore(runners, taps) -> None:
 def _ragged_rows(model, runners, trees, row_spans) -> RaggedRows:
     """Each runner's rows, masked in the form the model's own attention function takes."""
     implementation = model.config._attn_implementation
-    # the declared architectures' eager attention is the same function as Llama's
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    # eager: the modeling file's own function (Gemma's takes a softcap, Llama's does not)
+    own_eager = importlib.import_module(type(model).__module__).eager_attention_forward
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, own_eager)
     additive = None if implementation != "eager" else model.get_input_embeddings().weight.dtype
     rows = [RunnerRows(span, runner.context_rows, np.asarray(tree.depths), tree.ancestor_mask())
             for runner, tree, span in zip(runners, trees, row_spans)]
