@@ -54,6 +54,12 @@ HF_CONFIGS: dict[str, tuple[str, dict]] = {
     "gpt_oss": ("gpt_oss", {**_COMMON, **_SLIDING, "num_local_experts": 4, "num_experts_per_tok": 2,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}}),
 }
+# sliding-window targets outside the matrix (the ragged verify's tests): every layer windowed
+# (Mistral), and windowed layers beside full ones (Qwen3 with use_sliding_window)
+WINDOWED_CONFIGS: dict[str, tuple[str, dict]] = {
+    "mistral": ("mistral", {**_COMMON, "sliding_window": WINDOW}),
+    "qwen3_windowed": ("qwen3", {**_COMMON, **_SLIDING, "use_sliding_window": True}),
+}
 _TINY_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                 "out_hidden_size": 64}
 # the multimodal checkpoints as published (Qwen3.5/3.6, Gemma 4): the text model nested in the
@@ -71,7 +77,7 @@ def hf_target(out: Path, model_type: str, seed: int = 0) -> Path:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    text_type, fields = HF_CONFIGS[model_type]
+    text_type, fields = {**HF_CONFIGS, **WINDOWED_CONFIGS}[model_type]
     config = CONFIG_MAPPING[text_type](**fields)
     model_class = AutoModelForCausalLM
     if model_type in MULTIMODAL:

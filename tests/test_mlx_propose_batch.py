@@ -96,3 +96,49 @@ def test_sessions_of_two_drafters_are_refused(tmp_path, target_dir):
         DraftSession.propose_batch(sessions, [1, 1], taps, [4, 4])
     with pytest.raises(ValueError, match="2 sessions, 1 anchors, 2 taps, 2 widths"):
         DraftSession.propose_tree_batch(sessions, [1], taps, [3, 3])
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_a_pass_failing_between_layers_leaves_every_cache_as_it_was(tmp_path, target_dir, window):
+    """The second layer's attention raises after the first layer appended its context rows:
+    every session's caches are as before the pass, and the next round is each session's own."""
+    drafter = _drafter(make_drafter(tmp_path / "d", target_dir, layers=2))
+    own = [DraftSession(drafter, window) for _ in CONTEXTS]
+    batched = [DraftSession(drafter, window) for _ in CONTEXTS]
+    taps = [_taps(drafter, rows, index) for index, rows in enumerate(CONTEXTS)]
+    for session, session_taps in zip(own, taps):
+        session.propose(9, session_taps, 4)
+    DraftSession.propose_batch(batched, [9] * 3, taps, [4] * 3)
+    offsets = [[layer.offset for layer in session.cache.layers] for session in batched]
+    new_taps = [_taps(drafter, 2 * window if window else 3, 50 + index) for index in range(3)]
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("layer 1 failed")
+
+    attention = drafter.layers[1].self_attn
+    attention.block_qkv = failing
+    try:
+        with pytest.raises(RuntimeError, match="layer 1 failed"):
+            DraftSession.propose_batch(batched, [9] * 3, new_taps, [4] * 3)
+    finally:
+        del attention.block_qkv
+    assert [[layer.offset for layer in session.cache.layers] for session in batched] == offsets
+    assert [session.cache.end for session in batched] == CONTEXTS
+    expected = [session.propose(9, session_taps, 5) for session, session_taps in zip(own, new_taps)]
+    assert DraftSession.propose_batch(batched, [9] * 3, new_taps, [5] * 3) == expected
+
+
+def test_a_session_with_no_new_taps_drafts_as_alone(tmp_path, target_dir):
+    """A round that brought a session no new context rows (taps [1, 0, taps*H]) beside one that
+    did: one pass, each session's own proposals and cache."""
+    drafter = _drafter(make_drafter(tmp_path / "d", target_dir, layers=2))
+    own, batched = ([DraftSession(drafter, window) for window in (None, None, 6)] for _ in range(2))
+    taps = [_taps(drafter, rows, index) for index, rows in enumerate(CONTEXTS)]
+    for session, session_taps in zip(own, taps):
+        session.propose(9, session_taps, 4)
+    DraftSession.propose_batch(batched, [9] * 3, taps, [4] * 3)
+    new_taps = [taps[0][:, :0], _taps(drafter, 3, 7), taps[2][:, :0]]
+    assert batch_mlx.batches(batched, [8] * 3, new_taps, [5] * 3)
+    expected = [session.propose(8, session_taps, 5) for session, session_taps in zip(own, new_taps)]
+    assert DraftSession.propose_batch(batched, [8] * 3, new_taps, [5] * 3) == expected
+    assert [session.cache.end for session in batched] == [session.cache.end for session in own]

@@ -89,9 +89,10 @@ def test_runners_without_taps_batch_beside_runners_with_them():
     assert plain.commit([0]) is None and tapped.commit([0]).shape == (1, 1, 2 * 64)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "llama_sliding", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen3_5", "gpt_oss", "gemma3_text"])
 def test_a_target_that_cannot_batch_is_verified_runner_by_runner(family, monkeypatch):
-    """Hybrid and sliding-window targets: chains and plain steps, each its own forward."""
+    """Hybrid targets and sliding-window ones whose adapter declares no layer windows (gpt-oss,
+    Gemma 3): chains and plain steps, each its own forward."""
     model, config = build_model(family)
     adapter = adapter_for(config["model_type"])
     chains = [TREES[0], TREES[1], DraftTree.chain([4, 5])]

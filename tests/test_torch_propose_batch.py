@@ -79,3 +79,53 @@ def test_mismatched_arguments_are_refused(engine):
     taps = prompt_taps(engine)
     with pytest.raises(ValueError, match="3 sessions, 2 anchors, 3 taps, 3 widths"):
         DraftSession.propose_batch(sessions(engine), [1, 2], taps, WIDTHS)
+
+
+def test_a_session_with_no_new_taps_drafts_as_alone(engine):
+    """A session whose round brought no new context rows (its taps [1, 0, taps*H]) beside one
+    that did, chains then trees: each its own proposals and cache."""
+    taps = prompt_taps(engine)
+    alone, batched = sessions(engine), sessions(engine)
+    for session, session_taps in zip(alone, taps):
+        session.propose(21, session_taps, 4)
+    DraftSession.propose_batch(batched, [21, 21, 21], taps, [4, 4, 4])
+    new_rows = [taps[0][:, :0], taps[1][:, :2], taps[2][:, :0]]
+    expected = [session.propose(7, rows, width)
+                for session, rows, width in zip(alone, new_rows, WIDTHS)]
+    assert DraftSession.propose_batch(batched, [7, 7, 7], new_rows, WIDTHS) == expected
+    assert_same_caches(alone, batched)
+    expected = [session.propose_tree(8, rows[:, :0], nodes)
+                for session, rows, nodes in zip(alone, new_rows, NODES)]
+    trees = DraftSession.propose_tree_batch(batched, [8, 8, 8], [rows[:, :0] for rows in new_rows],
+                                            NODES)
+    assert [tree.token_ids for tree in trees] == [tree.token_ids for tree in expected]
+    assert_same_caches(alone, batched)
+
+
+def test_a_pass_failing_between_layers_leaves_every_cache_as_it_was(engine):
+    """The first layer's block attention raises after that layer appended its context rows:
+    every session's cache is as before the pass, and the next round is each session's own."""
+    taps = prompt_taps(engine)
+    alone, batched = sessions(engine), sessions(engine)
+    for session, session_taps in zip(alone, taps):
+        session.propose(21, session_taps, 4)
+    DraftSession.propose_batch(batched, [21] * 3, taps, [4] * 3)
+    before = [(list(s.cache.keys), s.cache.start, s.cache.end) for s in batched]
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("block attention failed")
+
+    attention = engine.drafter.layers[0].self_attn
+    attention.block_qkv = failing
+    try:
+        with pytest.raises(RuntimeError, match="block attention failed"):
+            DraftSession.propose_batch(batched, [7] * 3, taps, WIDTHS)
+    finally:
+        del attention.block_qkv
+    for session, (keys, start, end) in zip(batched, before):
+        assert (session.cache.start, session.cache.end) == (start, end)
+        assert all(now is then for now, then in zip(session.cache.keys, keys))
+    expected = [session.propose(7, session_taps, width)
+                for session, session_taps, width in zip(alone, taps, WIDTHS)]
+    assert DraftSession.propose_batch(batched, [7] * 3, taps, WIDTHS) == expected
+    assert_same_caches(alone, batched)

@@ -143,6 +143,6 @@ def test_mismatched_arguments_are_refused(tmp_path_factory):
     runners = [engine.make_runner(collect_taps=False), engine.make_runner(collect_taps=False)]
     with pytest.raises(ValueError, match="2 runners, 1 anchors, 2 trees"):
         TorchTargetRunner.verify_batch(runners, [1], TREES[:2])
-    with pytest.raises(ValueError, match="different models"):
+    with pytest.raises(ValueError, match="runners of one model, got 2 models"):
         TorchTargetRunner.verify_batch([runners[0], other.make_runner(collect_taps=False)],
                                        [1, 1], TREES[:2])

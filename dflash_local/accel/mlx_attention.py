@@ -73,6 +73,8 @@ def cpu_attention(queries, keys, values, cache, scale: float, mask, sinks=None) 
     """mlx-lm's `scaled_dot_product_attention`: quantized caches and sinks go to it unchanged;
     the lanes of a batched verify attend one by one."""
     if isinstance(cache, LaneCache):
+        if sinks is not None:  # lanes are masked, not sunk: engines/mlx_batch.py batches none
+            raise ValueError("a batched verify's lanes take no attention sinks")
         return cache.attend_lanes(queries, scale, attend)
     if sinks is None and not hasattr(cache, "bits"):
         return attend(queries, keys, values, scale, mask)

@@ -8,12 +8,12 @@ of accel/mlx_rope.py). Afterwards each session's cache holds what its own propos
 
 Which drafters batch: v1 drafters with a RoPE that places rows one by one. DFlash 2 convolves
 along each block (dflash2_mlx.py), which a joined sequence would cross: its sessions, a batch of
-one, and a session with no new context rows, draft one by one.
+one, draft one by one. A session with no new context rows batches too (its block attends to
+what its cache holds). A pass that fails part-way leaves every session's cache as it was.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from dflash_local.method.draft_tree import DraftTree, tree_from_logits
+from dflash_local.method.ragged import check_arguments, spans
 
 
 def propose_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
@@ -33,7 +34,7 @@ def propose_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Seq
                 for session, anchor, taps, width in zip(sessions, anchors, new_taps, widths)]
     hidden = _draft_lanes(sessions, anchors, new_taps, widths)
     proposals = sessions[0].model.draft_token_ids(hidden)[0].tolist()
-    return [proposals[start:end] for start, end in _bounds([width - 1 for width in widths])]
+    return [proposals[start:end] for start, end in spans([width - 1 for width in widths])]
 
 
 def propose_tree_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
@@ -47,34 +48,42 @@ def propose_tree_batch(sessions: Sequence[Any], anchors: Sequence[int], new_taps
     logits, ids = sessions[0].model.draft_logits(hidden)  # [1, every block's proposal rows, V']
     rows, vocab_ids = np.array(logits[0].astype(mx.float32)), None if ids is None else np.array(ids)
     return [tree_from_logits(rows[start:end], vocab_ids, count)
-            for (start, end), count in zip(_bounds(list(nodes)), nodes, strict=True)]
+            for (start, end), count in zip(spans(list(nodes)), nodes, strict=True)]
 
 
 def batches(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
             widths: Sequence[int]) -> bool:
     """Whether one joined pass is exact for these sessions (the module's docstring); refuses
     arguments that do not pair up."""
-    if not len(sessions) == len(anchors) == len(new_taps) == len(widths):
-        raise ValueError(f"propose_batch takes one anchor, taps and width per session, got "
-                         f"{len(sessions)} sessions, {len(anchors)} anchors, {len(new_taps)} taps, "
-                         f"{len(widths)} widths")
+    check_arguments("propose_batch", sessions, "session",
+                    {"anchors": anchors, "taps": new_taps, "widths": widths},
+                    lambda session: session.model, "drafter")
     if not sessions:
         return False
     model = sessions[0].model
-    models = len({id(session.model) for session in sessions})
-    if models > 1:
-        raise ValueError(f"propose_batch takes the sessions of one drafter, got {models} drafters")
-    return (len(sessions) > 1 and model.config.dflash2 is None and model.row_rope() is not None
-            and all(taps.shape[1] > 0 for taps in new_taps))
-
-
-def _bounds(lengths: list[int]) -> list[tuple[int, int]]:
-    ends = list(itertools.accumulate(lengths))
-    return list(zip([0, *ends[:-1]], ends, strict=True))
+    return len(sessions) > 1 and model.config.dflash2 is None and model.row_rope() is not None
 
 
 def _draft_lanes(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
                  widths: Sequence[int]) -> mx.array:
+    """`_lanes_pass`; a pass that fails part-way trims every session's layer caches back to
+    what they held (a compacted layer's old cache restored), none left holding some layers'
+    new rows."""
+    saved = [(list(s.cache.layers), [layer.offset for layer in s.cache.layers], s.cache.end)
+             for s in sessions]
+    try:
+        return _lanes_pass(sessions, anchors, new_taps, widths)
+    except BaseException:
+        for session, (layers, offsets, end) in zip(sessions, saved, strict=True):
+            for layer, offset in zip(layers, offsets, strict=True):
+                if layer.offset > offset:
+                    layer.trim(layer.offset - offset)
+            session.cache.layers, session.cache.end = layers, end
+        raise
+
+
+def _lanes_pass(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequence[mx.array],
+                widths: Sequence[int]) -> mx.array:
     """`DFlashDrafter.draft` of every session at once: the final-normed hidden states of each
     block's proposal rows (1..width-1), joined [1, rows, H]."""
     model, caches = sessions[0].model, [session.cache for session in sessions]
@@ -88,7 +97,7 @@ def _draft_lanes(sessions: Sequence[Any], anchors: Sequence[int], new_taps: Sequ
     block_ids = [token for anchor, width in zip(anchors, widths) for token in [anchor] + [mask_id] * (width - 1)]
     x = model.embed(mx.array([block_ids])).astype(dtype)
     ctx = model.hidden_norm(model.fc(mx.concatenate([taps.astype(dtype) for taps in new_taps], axis=1)))
-    ctx_bounds, block_bounds = _bounds(new_rows), _bounds(list(widths))
+    ctx_bounds, block_bounds = spans(new_rows), spans(list(widths))
     for index, layer in enumerate(model.layers):
         attn = layer.self_attn
         keys, values = attn.context_kv(ctx, rope, ctx_positions)

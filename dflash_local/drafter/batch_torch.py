@@ -7,7 +7,8 @@ position. Attention stays per session: a session's block attends to its own cont
 new rows appended there, as its own pass appends them) and to its own block, under its own layer
 masks. DFlash 2's convolutions mix rows within a block, so they run per session's block (their
 small kernel projection included) between the shared sublayers; its candidate selector picks
-each session's draft from that session's rows.
+each session's draft from that session's rows. A pass that fails part-way leaves every
+session's cache as it was before it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from dflash_local.drafter.dflash2_torch import GroupedCausalConv
 from dflash_local.drafter.selector import greedy_chain, selector_tree
 from dflash_local.method.draft_tree import DraftTree, tree_from_logits
+from dflash_local.method.ragged import check_arguments, spans, split
 
 # model_torch.py's DraftSession, which imports this module (no import back: no cycle)
 DraftSession = Any
@@ -70,25 +72,33 @@ def _selector_inputs(model, hidden: torch.Tensor, anchors, widths) -> list:
 
 
 def _checked(sessions, anchors, new_taps, widths) -> bool:
-    """Refuse mismatched arguments; whether the sessions share a batchable drafter."""
-    if not len(sessions) == len(anchors) == len(new_taps) == len(widths):
-        raise ValueError(f"propose_batch: {len(sessions)} sessions, {len(anchors)} anchors, "
-                         f"{len(new_taps)} taps, {len(widths)} widths")
-    if any(session.model is not sessions[0].model for session in sessions):
-        raise ValueError("propose_batch: the sessions belong to different drafters")
+    """Refuse mismatched arguments; whether there is more than one session to batch."""
+    check_arguments("propose_batch", sessions, "session",
+                    {"anchors": anchors, "taps": new_taps, "widths": widths},
+                    lambda session: session.model, "drafter")
     return len(sessions) > 1
 
 
 def _split(rows, widths: Sequence[int]) -> list:
-    """Cut the concatenated draft rows (width - 1 per session) back into sessions."""
-    out, start = [], 0
-    for width in widths:
-        out.append(rows[start : start + width - 1])
-        start += width - 1
-    return out
+    """The joined draft rows cut back into sessions (width - 1 each: the anchor drafts none)."""
+    return split(rows, [width - 1 for width in widths])
 
 
 def _ragged_draft(sessions, anchors, new_taps, widths) -> torch.Tensor:
+    """`_draft_rows`; a pass that fails part-way puts every session's context cache back as it
+    was (an append builds new tensors, so the lists held before are that state), none left
+    holding some layers' new rows."""
+    saved = [(list(s.cache.keys), list(s.cache.values), s.cache.start, s.cache.end) for s in sessions]
+    try:
+        return _draft_rows(sessions, anchors, new_taps, widths)
+    except BaseException:
+        for session, (keys, values, start, end) in zip(sessions, saved):
+            session.cache.keys, session.cache.values = keys, values
+            session.cache.start, session.cache.end = start, end
+        raise
+
+
+def _draft_rows(sessions, anchors, new_taps, widths) -> torch.Tensor:
     """The draft rows' hidden states (block positions 1..width-1 of each session, one after
     another), [1, sum(width - 1), H]; every session's context cache gains its new rows."""
     model, first = sessions[0].model, sessions[0]
@@ -103,7 +113,7 @@ def _ragged_draft(sessions, anchors, new_taps, widths) -> torch.Tensor:
                  for s, n, w in zip(sessions, counts, widths)]
     ctx_rope = model.rotary(torch.cat(ctx_pos), x.dtype)
     block_rope = model.rotary(torch.cat(block_pos), x.dtype)
-    ctx_spans, block_spans = _spans(counts), _spans(widths)
+    ctx_spans, block_spans = spans(counts), spans(widths)
     for index, layer in enumerate(model.layers):
         new_keys, new_values = layer.self_attn.context_kv(ctx, ctx_rope)
         contexts = []
@@ -157,11 +167,3 @@ def _ragged_attention(attention, x, contexts, block_rope, block_spans) -> torch.
     ]
     out = torch.cat(outputs, dim=2)  # [1, heads, sum W, d]
     return attention.o_proj(out.transpose(1, 2).reshape(1, x.shape[1], -1))
-
-
-def _spans(counts: Sequence[int]) -> list[tuple[int, int]]:
-    spans, start = [], 0
-    for count in counts:
-        spans.append((start, start + count))
-        start += count
-    return spans

@@ -43,8 +43,8 @@ class Attention(nn.Module):
 
     @staticmethod
     def _heads(x: mx.array, count: int) -> mx.array:
-        b, t, _ = x.shape
-        return x.reshape(b, t, count, -1).transpose(0, 2, 1, 3)  # [b, heads, t, d]
+        b, t, width = x.shape  # the head width spelled out: -1 cannot size zero rows
+        return x.reshape(b, t, count, width // count).transpose(0, 2, 1, 3)  # [b, heads, t, d]
 
     def context_kv(self, ctx: mx.array, rope, offset: int) -> tuple[mx.array, mx.array]:
         """Keys/values of context rows (KV injection): they are only ever attended to."""

@@ -45,8 +45,9 @@ class TargetAdapter:
         return True
 
     def install_row_rope(self, model) -> Installed:
-        """At load, where a tree verify can run: RoPEs that also place rows one by one."""
-        if not self.full_attention(model):
+        """At load, where a tree verify or a batched verify's lanes can run (`layer_windows`):
+        RoPEs that also place rows one by one."""
+        if self.layer_windows(model) is None:
             return Installed("mlx_rope")
         return mlx_rope.install(self.text_model(model).layers)
 
@@ -54,6 +55,13 @@ class TargetAdapter:
         """Whether one mask fits every layer and every layer's RoPE takes a row's own position
         (`install_row_rope` succeeded)."""
         return self.full_attention(model) and mlx_rope.installed(self.text_model(model).layers)
+
+    def layer_windows(self, model) -> list[int | None] | None:
+        """Each layer's sliding window (None: full attention) where every layer is attention over
+        a plain KVCache masked causally within at most that window, so a batched verify can mask
+        each layer's lanes itself (accel/mlx_lanes.py); None for a family with anything more
+        (recurrent layers, attention sinks, a layer pattern not declared here)."""
+        return [None] * len(self.text_model(model).layers) if self.full_attention(model) else None
 
     def rows_at_positions(self, cache: list, positions: mx.array) -> list:
         """The caches for a `run` whose rows sit at `positions` (one per row), not after the
@@ -120,6 +128,10 @@ class LlamaAdapter(TargetAdapter):
 
     def full_attention(self, model) -> bool:
         return self.text_model(model).swa_idx is None
+
+    def layer_windows(self, model):
+        inner = self.text_model(model)
+        return [inner.sliding_window if layer.use_sliding else None for layer in inner.layers]
 
     def masks(self, inner, h, cache):
         full = create_attention_mask(h, cache[inner.fa_idx])

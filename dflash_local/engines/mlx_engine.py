@@ -163,6 +163,10 @@ class MLXTargetRunner:
         self._verified = _Verified(rows.stop - rows.start, taps, {}, {})
         return taps
 
+    def drop_verified(self) -> None:
+        """Hold nothing for commit: a batched verify that failed put the cache back instead."""
+        self._verified = None
+
     def commit(self, rows: list[int]):
         """Move the kept rows' keys and values to the positions after the cache; `_keep`
         then trims the rest."""

@@ -20,7 +20,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from dflash_local.accel import Installed, torch_attention, uninstall_all
-from dflash_local.accel.torch_attention import NAME as CPU_GQA_SDPA
 from dflash_local.accel.torch_linear import (
     DEFAULT_ROWS_HINT,
     install_causal_lm,
@@ -80,6 +79,11 @@ class TapCollector:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def stop(self) -> None:
+        """Stop collecting and drop what a forward that failed part-way collected."""
+        self.outputs.clear()
+        self.enabled = False
 
     def take(self) -> torch.Tensor:
         """[1, rows, taps*H]: tap i = output of decoder layer i (HF hidden_states[i + 1])."""
@@ -207,7 +211,7 @@ class TorchTargetRunner:
 def supports_tree(config) -> bool:
     """Tree verification passes one mask for every layer: only where every layer is full causal
     attention (no sliding windows, no recurrent layers) whose kernel takes a 4D mask as it is."""
-    if getattr(config, "_attn_implementation", None) not in (None, "sdpa", CPU_GQA_SDPA, "eager"):
+    if getattr(config, "_attn_implementation", None) not in torch_batch.MASKED_ATTENTION:
         return False  # flash attention kernels take no arbitrary mask
     text = getattr(config, "text_config", None) or config
     layer_types = getattr(text, "layer_types", None)
