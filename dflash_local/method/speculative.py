@@ -98,11 +98,12 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
 
 def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
                     params: GenerationParams, costs: RoundCosts | None = None,
-                    prior: Sequence[float] = ()) -> Planner:
-    """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration)."""
+                    prior: Sequence[float] = (), lanes: Callable[[], int] | None = None) -> Planner:
+    """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration;
+    `lanes`: how many generations' rounds are batched now, for auto's prices)."""
     widest = widest_block(params, drafter.drafter_block if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
-    return make_planner(params, widest, trees, prompt_ids, costs, prior)
+    return make_planner(params, widest, trees, prompt_ids, costs, prior, lanes)
 
 
 class _Clock(list):
