@@ -55,8 +55,11 @@ def test_a_lane_in_a_batch_pays_its_share_of_the_fixed_cost_and_its_own_rows():
         assert shared.verify_only[width - 1] == pytest.approx(VERIFY.fixed_s / 4 + VERIFY.row_s * width)
     assert shared.draft_seconds(5) == pytest.approx(DRAFT.fixed_s / 4 + DRAFT.row_s * 5)
     # a fixed cost fitted above the whole step it is part of never makes a round free
-    greedy = linear_costs(BatchCosts(LinearCost(1.0, 0.0)))
-    assert min(greedy.in_batch(1000).verify_only) > 0
+    greedy = linear_costs(BatchCosts(LinearCost(1.0, 0.0), LinearCost(1.0, 0.0)))
+    assert min(greedy.in_batch(1000).seconds) > 0 and min(greedy.in_batch(1000).verify_only) > 0
+    # nor where re-priced wider rounds (planning/observed.py) cost less than a plain step
+    repriced = RoundCosts((1.0, 0.3, 0.4), (1.0, 0.1, 0.2), batch=BatchCosts(VERIFY, DRAFT)).scaled(1.0, 0.1)
+    assert min(repriced.in_batch(1000).seconds) > 0 and min(repriced.in_batch(1000).verify_only) > 0
 
 
 def test_the_lanes_split_a_batch_as_the_planner_prices_each_lanes_part():

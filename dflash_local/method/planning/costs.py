@@ -20,8 +20,8 @@ import numpy as np
 
 DEFAULT_PRIOR = 0.5  # per-position acceptance assumed without a calibration run
 DEFAULT_COST_SLOPE = 0.06  # uncalibrated: each extra row costs 6% of a plain step (CPU, small B)
-# the most of a lane's one-row step (and of its narrowest drafter pass) a batch may share out: a
-# fit of the fixed cost larger than the step it is part of is noise, and no round is ever free
+# the most of a lane's cheapest verify (and drafter pass) a batch may share out: a fitted fixed
+# cost larger than the step it is part of is noise, and no round is ever free
 MAX_SHARED = 0.95
 
 
@@ -118,12 +118,14 @@ class RoundCosts:
         if lanes <= 1 or self.batch is None:
             return self
         kept_out = 1.0 - 1.0 / lanes  # of each fixed cost, what the other lanes pay
-        verify_saved = kept_out * min(self.batch.verify.fixed_s, MAX_SHARED * self.verify_only[0])
+        verify = self.verify_only
+        drafts = [0.0, *(self.draft_seconds(w) for w in range(2, self.max_width + 1))]
+        verify_saved = kept_out * min(self.batch.verify.fixed_s, MAX_SHARED * min(verify))
         draft_saved = 0.0
         if self.batch.draft is not None and self.max_width > 1:
-            draft_saved = kept_out * min(self.batch.draft.fixed_s, MAX_SHARED * self.draft_seconds(2))
-        verify = tuple(v - verify_saved for v in self.verify_only)
-        drafts = [0.0, *(self.draft_seconds(w) - draft_saved for w in range(2, self.max_width + 1))]
+            draft_saved = kept_out * min(self.batch.draft.fixed_s, MAX_SHARED * min(drafts[1:]))
+        verify = tuple(v - verify_saved for v in verify)
+        drafts = [0.0, *(d - draft_saved for d in drafts[1:])]
         return RoundCosts(tuple(v + d for v, d in zip(verify, drafts)), verify, self.base_context,
                           timed=self.timed, reliable=self.reliable)
 
