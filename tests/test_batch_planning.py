@@ -135,6 +135,9 @@ class FakeEngine:
     def make_drafter(self):
         return self.drafter_class()
 
+    def batched_calls(self):
+        return self.runner_class.verify_batch, self.drafter_class.propose_batch
+
 
 def test_calibration_fits_the_batched_costs_from_batched_calls(monkeypatch):
     clock = ScriptedClock()

@@ -42,13 +42,13 @@ import numpy as np
 
 from dflash_local import machine_load, paths
 from dflash_local.events import Fixed, GenerationParams, StepEvent
-from dflash_local.method.calibration_batch import measure_batch
+from dflash_local.method.calibration_batch import BatchMeasurable, measure_batch
 from dflash_local.method.calibration_noise import Noise, assess, lower_quartile
 from dflash_local.method.planning.costs import BatchCosts, RoundCosts, smoothed_rates
 from dflash_local.method.planning.planner import RoundShape, timed_rounds
 
 if TYPE_CHECKING:
-    from dflash_local.method.interfaces import Drafter, TargetRunner
+    from dflash_local.method.interfaces import TargetRunner
 
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
@@ -74,11 +74,8 @@ SLOPE_REPETITIONS = 4  # of the long context's verifies, in the first repetition
 FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
 
 
-class Measurable(Protocol):
+class Measurable(BatchMeasurable, Protocol):
     """What calibration measures through: a local engine's per-generation parts."""
-
-    def make_runner(self, collect_taps: bool) -> TargetRunner: ...
-    def make_drafter(self) -> Drafter | None: ...
     def encode_chat(self, messages: list[dict]) -> list[int]: ...
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]: ...
 

@@ -4,12 +4,13 @@ a fixed cost plus a price per row (planning/costs.LinearCost), which the auto pl
 out among the lanes of a batch (RoundCosts.in_batch) and the worker's lanes split each batch's
 time by (service/lanes.py).
 
-Timed through the runner class's own `verify_batch` and the drafter class's `propose_batch`,
-the calls the lanes make, over BATCH_LANES runners (each its own drafter session) on the same
+Timed through the batched calls the engine declares (`batched_calls`: its runner class's
+`verify_batch` and its drafter class's `propose_batch`, the calls the lanes make), over
+BATCH_LANES runners (each its own drafter session) on the same
 short context, every lane drafting the same width: total rows BATCH_LANES x each of
 `batch_widths`. A real batch rather than one runner's wide verify: a ragged batch attends per
-runner and gathers each runner's rows, which a single wide verify would not pay. Where a class
-has no batched call, its calls run one after another and nothing is shared: no fit.
+runner and gathers each runner's rows, which a single wide verify would not pay. Where the
+engine declares no batched call, the calls run one after another and nothing is shared: no fit.
 
 Boundary: timing and fitting only, through the engine's parts (no framework import here).
 """
@@ -19,19 +20,28 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from dflash_local.method.calibration_noise import lower_quartile
 from dflash_local.method.draft_tree import DraftTree
+from dflash_local.method.interfaces import Drafter, TargetRunner
 from dflash_local.method.planning.costs import BatchCosts, LinearCost
-
-if TYPE_CHECKING:
-    from dflash_local.method.calibration import Measurable
 
 BATCH_LANES = 4  # runners in each timed batch: a few clients at once
 BATCH_REPETITIONS = 3  # of each width, after one warm-up pass: it runs at every first load
+
+
+class BatchMeasurable(Protocol):
+    """What the batched forwards are timed through: a local engine's per-generation parts."""
+
+    def make_runner(self, collect_taps: bool) -> TargetRunner: ...
+    def make_drafter(self) -> Drafter | None: ...
+
+    def batched_calls(self) -> tuple[Callable | None, Callable | None]:
+        """(verify_batch, propose_batch): one forward over several runners' verifies, one drafter
+        pass over several sessions' proposals, as the worker's lanes run them; None: none."""
 
 
 def batch_widths(block: int) -> list[int]:
@@ -40,18 +50,18 @@ def batch_widths(block: int) -> list[int]:
     return sorted({1, min(2, block), max(1, block // 4), block})
 
 
-def measure_batch(engine: Measurable, context_ids: list[int], block: int,
+def measure_batch(engine: BatchMeasurable, context_ids: list[int], block: int,
                   repetitions: int = BATCH_REPETITIONS,
                   timer: Callable[[], float] = time.perf_counter) -> BatchCosts | None:
     """The batched verify's and drafter pass's costs per total rows (the lower quartile of the
-    repetitions at each width, then a least-squares line); None where the runner class has no
-    `verify_batch`. The drafter's fit is None where its class has no `propose_batch`."""
-    runners = [engine.make_runner(collect_taps=True) for _ in range(BATCH_LANES)]
-    verify_batch = getattr(type(runners[0]), "verify_batch", None)
+    repetitions at each width, then a least-squares line); None where the engine declares no
+    batched verify. The drafter's fit is None where it declares no batched drafter pass."""
+    verify_batch, propose_batch = engine.batched_calls()
     if verify_batch is None:
         return None
+    runners = [engine.make_runner(collect_taps=True) for _ in range(BATCH_LANES)]
     drafters = [engine.make_drafter() for _ in runners]
-    propose_batch = getattr(type(drafters[0]), "propose_batch", None) if drafters[0] else None
+    propose_batch = propose_batch if drafters[0] is not None else None
     anchors = [context_ids[-1]] * len(runners)
     for runner, drafter in zip(runners, drafters):
         _, taps = runner.prefill(context_ids)
