@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from dflash_local.events import GenerationParams, parse_block_size
-from dflash_local.method.calibration_batch import BATCH_LANES, batch_widths, measure_batch
+from dflash_local.method.calibration_batch import (
+    BATCH_LANES,
+    batch_widths,
+    fit_batches,
+    measure_batch,
+)
 from dflash_local.method.planning.costs import BatchCosts, LinearCost, RoundCosts
 from dflash_local.method.planning.planner import make_planner
 from dflash_local.method.proposers import DrafterChain, NoDraft
@@ -17,8 +22,8 @@ from dflash_local.service import lanes as lanes_module
 from dflash_local.service.lanes import VerifyAsk
 
 BLOCK = 16
-VERIFY = LinearCost(fixed_s=0.05, row_s=0.004)  # the embedded target on a CPU, roughly
-DRAFT = LinearCost(fixed_s=0.02, row_s=0.001)
+VERIFY = LinearCost(fixed_s=0.05, row_s=0.004, lane_s=0.004)  # the embedded target on a CPU, roughly
+DRAFT = LinearCost(fixed_s=0.02, row_s=0.001, lane_s=0.002)
 
 
 def linear_costs(batch: BatchCosts | None) -> RoundCosts:
@@ -41,7 +46,7 @@ def test_a_bigger_batch_plans_narrower_drafts_then_plain():
     costs = linear_costs(BatchCosts(VERIFY, DRAFT))
     widths = {lanes: planned_width(costs, lanes) for lanes in (1, 2, 4, 8, 16)}
     assert widths[1] > widths[4] > 1, widths  # still drafting at 4, narrower
-    assert widths[8] == widths[16] == 1, widths  # a plain step pays more past that
+    assert widths[16] == 1, widths  # a plain step pays more with many lanes
     assert list(widths.values()) == sorted(widths.values(), reverse=True), widths
     unbatched = linear_costs(None)  # nothing shared (no batched forward): the same at any count
     assert planned_width(unbatched, 16) == planned_width(unbatched, 1) == widths[1]
@@ -52,8 +57,9 @@ def test_a_lane_in_a_batch_pays_its_share_of_the_fixed_cost_and_its_own_rows():
     assert costs.in_batch(1) is costs
     shared = costs.in_batch(4)
     for width in range(1, BLOCK + 1):
-        assert shared.verify_only[width - 1] == pytest.approx(VERIFY.fixed_s / 4 + VERIFY.row_s * width)
-    assert shared.draft_seconds(5) == pytest.approx(DRAFT.fixed_s / 4 + DRAFT.row_s * 5)
+        assert shared.verify_only[width - 1] == pytest.approx(
+            VERIFY.fixed_s / 4 + VERIFY.lane_s + VERIFY.row_s * width)
+    assert shared.draft_seconds(5) == pytest.approx(DRAFT.fixed_s / 4 + DRAFT.lane_s + DRAFT.row_s * 5)
     # a fixed cost fitted above the whole step it is part of never makes a round free
     greedy = linear_costs(BatchCosts(LinearCost(1.0, 0.0), LinearCost(1.0, 0.0)))
     assert min(greedy.in_batch(1000).seconds) > 0 and min(greedy.in_batch(1000).verify_only) > 0
@@ -91,8 +97,8 @@ class ScriptedClock:
 
 
 class FakeRunner:
-    """A runner whose batched verify advances the clock as `VERIFY` prices its total rows, the
-    widest batch once much slower (a busy moment the lower quartile must ignore)."""
+    """A runner whose batched verify advances the clock as `VERIFY` prices its lanes and total
+    rows, the widest batch once much slower (a busy moment the lower quartile must ignore)."""
 
     clock: ScriptedClock
     stalls = 1
@@ -106,7 +112,7 @@ class FakeRunner:
     @staticmethod
     def verify_batch(runners, anchors, trees):
         rows = sum(len(tree.token_ids) + 1 for tree in trees)
-        FakeRunner.clock.now += VERIFY.seconds(rows)
+        FakeRunner.clock.now += VERIFY.seconds(rows, len(runners))
         if rows == BATCH_LANES * BLOCK and FakeRunner.stalls:
             FakeRunner.stalls -= 1
             FakeRunner.clock.now += 5.0
@@ -121,7 +127,7 @@ class FakeDrafter:
 
     @staticmethod
     def propose_batch(sessions, anchors, new_taps, widths):
-        FakeDrafter.clock.now += DRAFT.seconds(sum(widths))
+        FakeDrafter.clock.now += DRAFT.seconds(sum(widths), len(sessions))
         return [[0] * w for w in widths]
 
 
@@ -139,6 +145,13 @@ class FakeEngine:
         return self.runner_class.verify_batch, self.drafter_class.propose_batch
 
 
+def test_the_fit_keeps_every_part_of_the_cost_at_least_zero():
+    # more lanes cost less here (noise): the lanes' part is left out, not fitted below zero
+    seconds = {(1, 1): [0.10], (1, 4): [0.13], (4, 1): [0.07], (4, 4): [0.16]}
+    fit = fit_batches(seconds)
+    assert min(fit.fixed_s, fit.lane_s, fit.row_s) >= 0 and fit.lane_s == 0 and fit.row_s > 0
+
+
 def test_calibration_fits_the_batched_costs_from_batched_calls(monkeypatch):
     clock = ScriptedClock()
     monkeypatch.setattr(FakeRunner, "clock", clock, raising=False)
@@ -146,9 +159,10 @@ def test_calibration_fits_the_batched_costs_from_batched_calls(monkeypatch):
     monkeypatch.setattr(FakeRunner, "stalls", 1)
     batch = measure_batch(FakeEngine(), [1, 2, 3, 4], BLOCK, timer=clock)
     assert batch.verify.fixed_s == pytest.approx(VERIFY.fixed_s)
+    assert batch.verify.lane_s == pytest.approx(VERIFY.lane_s)
     assert batch.verify.row_s == pytest.approx(VERIFY.row_s)
     assert batch.draft.fixed_s == pytest.approx(DRAFT.fixed_s)
-    assert batch.draft.row_s == pytest.approx(DRAFT.row_s)
+    assert batch.draft.lane_s == pytest.approx(DRAFT.lane_s) and batch.draft.row_s == pytest.approx(DRAFT.row_s)
     assert FakeRunner.stalls == 0  # the stall happened, and the fit left it out
     assert batch_widths(BLOCK) == [1, 2, 4, 16] and batch_widths(2) == [1, 2]
 

@@ -1,14 +1,15 @@
 """Calibration of batched forwards: what one verify over several generations' rows costs, as a
-function of the rows it holds in all, and the drafter's batched pass likewise; each fitted as
-a fixed cost plus a price per row (planning/costs.LinearCost), which the auto planner shares
+function of its lanes and the rows it holds in all, and the drafter's batched pass likewise;
+each fitted as a fixed cost (shared), a price per lane and one per row (planning/costs.LinearCost),
+which the auto planner shares
 out among the lanes of a batch (RoundCosts.in_batch) and the worker's lanes split each batch's
 time by (service/lanes.py).
 
 Timed through the batched calls the engine declares (`batched_calls`: its runner class's
 `verify_batch` and its drafter class's `propose_batch`, the calls the lanes make), over
 BATCH_LANES runners (each its own drafter session) on the same
-short context, every lane drafting the same width: total rows BATCH_LANES x each of
-`batch_widths`. A real batch rather than one runner's wide verify: a ragged batch attends per
+short context, every lane drafting the same width: each of `batch_widths` on one runner and on
+BATCH_LANES runners. A real batch rather than one runner's wide verify: a ragged batch attends per
 runner and gathers each runner's rows, which a single wide verify would not pay. Where the
 engine declares no batched call, the calls run one after another and nothing is shared: no fit.
 
@@ -29,8 +30,11 @@ from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
 from dflash_local.method.planning.costs import BatchCosts, LinearCost
 
-BATCH_LANES = 4  # runners in each timed batch: a few clients at once
-BATCH_REPETITIONS = 3  # of each width, after one warm-up pass: it runs at every first load
+BATCH_LANES = 4  # runners in the widest timed batch: a few clients at once
+# one runner's batch and BATCH_LANES runners': what each lane adds apart from its rows (a ragged
+# batch attends and gathers per runner) is told from what every lane shares
+BATCH_LANE_COUNTS = (1, BATCH_LANES)
+BATCH_REPETITIONS = 2  # of each batch, after one warm-up pass: it runs at every first load
 
 
 class BatchMeasurable(Protocol):
@@ -53,54 +57,60 @@ def batch_widths(block: int) -> list[int]:
 def measure_batch(engine: BatchMeasurable, context_ids: list[int], block: int,
                   repetitions: int = BATCH_REPETITIONS,
                   timer: Callable[[], float] = time.perf_counter) -> BatchCosts | None:
-    """The batched verify's and drafter pass's costs per total rows (the lower quartile of the
-    repetitions at each width, then a least-squares line); None where the engine declares no
-    batched verify. The drafter's fit is None where it declares no batched drafter pass."""
+    """The batched verify's and drafter pass's costs (the lower quartile of the repetitions of
+    each batch, then `fit_batches`); None where the engine declares no batched verify. The
+    drafter's fit is None where it declares no batched drafter pass."""
     verify_batch, propose_batch = engine.batched_calls()
     if verify_batch is None:
         return None
     runners = [engine.make_runner(collect_taps=True) for _ in range(BATCH_LANES)]
     drafters = [engine.make_drafter() for _ in runners]
     propose_batch = propose_batch if drafters[0] is not None else None
-    anchors = [context_ids[-1]] * len(runners)
+    anchor_id = context_ids[-1]
     for runner, drafter in zip(runners, drafters):
         _, taps = runner.prefill(context_ids)
         if drafter is not None:
-            drafter.propose(anchors[0], taps, 2)  # the context enters each drafter's cache once
-    widths = batch_widths(block)
+            drafter.propose(anchor_id, taps, 2)  # the context enters each drafter's cache once
+    shapes = [(lanes, width) for lanes in BATCH_LANE_COUNTS for width in batch_widths(block)]
     filler = (context_ids * block)[:block]
-    verify_s: dict[int, list[float]] = {w: [] for w in widths}
-    draft_s: dict[int, list[float]] = {w: [] for w in widths if w > 1}
+    verify_s: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    draft_s: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes if shape[1] > 1}
     order = random.Random(0)
-    for repetition in range(repetitions + 1):
-        order.shuffle(widths)
-        for width in widths:
-            trees = [DraftTree.chain(filler[: width - 1])] * len(runners)
+    for repetition in range(repetitions + 1):  # the first pass warms up
+        order.shuffle(shapes)
+        for lanes, width in shapes:
+            tree, anchors = DraftTree.chain(filler[: width - 1]), [anchor_id] * lanes
             started = timer()
-            verify_batch(runners, anchors, trees)
+            verify_batch(runners[:lanes], anchors, [tree] * lanes)
             verified = timer()
-            new_taps = [runner.commit([0]) for runner in runners]
+            new_taps = [runner.commit([0]) for runner in runners[:lanes]]
             if propose_batch is not None and width > 1:
                 proposing = timer()
-                propose_batch(drafters, anchors, new_taps, [width] * len(drafters))
+                propose_batch(drafters[:lanes], anchors, new_taps, [width] * lanes)
                 if repetition:
-                    draft_s[width].append(timer() - proposing)
-            if repetition:  # the first pass warms up
-                verify_s[width].append(verified - started)
-    draft = fit_rows(draft_s, len(runners)) if propose_batch is not None and draft_s else None
-    return BatchCosts(fit_rows(verify_s, len(runners)), draft)
+                    draft_s[lanes, width].append(timer() - proposing)
+            if repetition:
+                verify_s[lanes, width].append(verified - started)
+    draft = fit_batches(draft_s) if propose_batch is not None and draft_s else None
+    return BatchCosts(fit_batches(verify_s), draft)
 
 
-def fit_rows(seconds_by_width: dict[int, list[float]], lanes: int) -> LinearCost:
-    """fixed_s + row_s x total rows through each width's lower quartile (total rows: `lanes` x
-    width), both kept >= 0 (a noisy point cannot make rows or the forward free of cost)."""
-    rows = [lanes * width for width in sorted(seconds_by_width)]
-    seconds = [lower_quartile(seconds_by_width[width]) for width in sorted(seconds_by_width)]
-    if len(rows) < 2:  # one point: all of it fixed
-        return LinearCost(max(0.0, seconds[0]), 0.0)
-    row_s, fixed_s = np.polyfit(rows, seconds, 1)
-    row_s = max(0.0, float(row_s))
-    if fixed_s < 0:  # the line through the points' mean with the fixed cost at 0
-        row_s = float(np.mean(seconds) / np.mean(rows))
-        fixed_s = 0.0
-    return LinearCost(float(fixed_s), row_s)
+def fit_batches(seconds: dict[tuple[int, int], list[float]]) -> LinearCost:
+    """fixed_s + lane_s x lanes + row_s x total rows, least squares through each (lanes, width)
+    batch's lower quartile (total rows: lanes x width), every part >= 0: of the fits that leave
+    out a part (at 0), the closest whose parts are all >= 0 (a noisy point cannot make rows, lanes
+    or the forward free of cost)."""
+    shapes = sorted(seconds)
+    columns = np.array([[1.0, lanes, lanes * width] for lanes, width in shapes])
+    timed = np.array([lower_quartile(seconds[shape]) for shape in shapes])
+    best: tuple[float, np.ndarray] | None = None
+    for kept in ((0, 1, 2), (1, 2), (0, 2), (2,)):  # the rows' price is always fitted
+        part, *_ = np.linalg.lstsq(columns[:, kept], timed, rcond=None)
+        if np.all(part >= 0):
+            coefficients = np.zeros(3)
+            coefficients[list(kept)] = part
+            error = float(np.sum((columns @ coefficients - timed) ** 2))
+            if best is None or error < best[0]:
+                best = (error, coefficients)
+    fixed_s, lane_s, row_s = best[1] if best is not None else (0.0, 0.0, float(timed.mean()))
+    return LinearCost(float(fixed_s), float(row_s), float(lane_s))

@@ -27,19 +27,21 @@ MAX_SHARED = 0.95
 
 @dataclass(frozen=True)
 class LinearCost:
-    """One batched forward over every lane's rows together: `fixed_s` (reading the weights, paid
-    once per forward whatever its rows) + `row_s` per row (calibration_batch.py fits both)."""
+    """One batched forward over several lanes' rows: `fixed_s` (reading the weights, paid once
+    per forward however many lanes share it) + `lane_s` per lane (what a ragged batch does per
+    lane: its attention, its cache) + `row_s` per row (calibration_batch.py fits all three)."""
 
     fixed_s: float
     row_s: float
+    lane_s: float = 0.0
 
-    def seconds(self, rows: int) -> float:
-        return self.fixed_s + self.row_s * rows
+    def seconds(self, rows: int, lanes: int = 1) -> float:
+        return self.fixed_s + self.lane_s * lanes + self.row_s * rows
 
     def shares(self, rows: Sequence[int]) -> list[float]:
-        """Each part's share (they sum to 1) of one forward over parts of these rows: the fixed
-        cost split evenly among the parts, each row at its own price."""
-        parts = [self.fixed_s / len(rows) + self.row_s * part_rows for part_rows in rows]
+        """Each lane's share (they sum to 1) of one forward over lanes of these rows: the fixed
+        cost split evenly among the lanes, each lane's own cost and rows at their price."""
+        parts = [self.fixed_s / len(rows) + self.lane_s + self.row_s * lane_rows for lane_rows in rows]
         total = sum(parts)
         return [part / total for part in parts] if total > 0 else [1.0 / len(rows)] * len(rows)
 
@@ -53,9 +55,10 @@ class BatchCosts:
     draft: LinearCost | None = None
 
     def to_json(self) -> dict:
-        def pair(cost):
-            return None if cost is None else {"fixed_s": cost.fixed_s, "row_s": cost.row_s}
-        return {"verify": pair(self.verify), "draft": pair(self.draft)}
+        def parts(cost):
+            return None if cost is None else {"fixed_s": cost.fixed_s, "lane_s": cost.lane_s,
+                                               "row_s": cost.row_s}
+        return {"verify": parts(self.verify), "draft": parts(self.draft)}
 
     @classmethod
     def from_json(cls, raw: dict) -> BatchCosts:
@@ -113,7 +116,8 @@ class RoundCosts:
     def in_batch(self, lanes: int) -> RoundCosts:
         """One lane's part of these rounds while `lanes` lanes' rounds run as one batched verify
         and one drafter pass: each forward's fixed cost split among the lanes, the lane's own rows
-        at their price as timed alone. Alone, or without batch costs, these costs; a priced copy
+        (and the lane's own part of the forward) at their price as timed alone. Alone, or without
+        batch costs, these costs; a priced copy
         (without `batch`) otherwise."""
         if lanes <= 1 or self.batch is None:
             return self
