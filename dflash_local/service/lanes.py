@@ -245,8 +245,8 @@ def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list]
             cost: LinearCost | None = None) -> None:
     """Run `asks` as one call of `batch` (one list per argument, an item per ask); each gets its
     answer and its part of the time: as `cost` prices it (the forward's fixed cost split evenly,
-    each ask's rows at their own price, as the auto planner prices a round in a batch), else by
-    its rows."""
+    each ask's own part and rows at their price: as the auto planner prices a round in a batch,
+    RoundCosts.in_batch), else by its rows."""
     start = time.perf_counter()
     try:
         answers = batch(*[list(column) for column in zip(*(ask.args for ask in asks))])
