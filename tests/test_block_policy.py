@@ -328,7 +328,7 @@ def test_the_loop_prices_each_round_at_its_context(tmp_path_factory, monkeypatch
     priced = []
     policy = BlockPolicy(costs, [0.8] * 15, max_width=engine.pair.drafter_block, whole_block_drafts=True)
     price_context = policy.price_context
-    policy.price_context = lambda tokens: priced.append(tokens) or price_context(tokens)
+    policy.price_context = lambda tokens, lanes=1: priced.append(tokens) or price_context(tokens, lanes)
     use_policy(monkeypatch, lambda width, whole: policy)
     current = {TreeSizer: [], LookupPolicy: []}  # each pricing part: priced as the policy is?
     for part, method in ((TreeSizer, "size"), (LookupPolicy, "plan")):

@@ -188,3 +188,36 @@ def test_cancel_while_prefilling_leaves_before_the_next_chunk(served, calls, mon
                        if kind == "prefill" and runner in newcomer_runners]
     assert newcomer_chunks == [CHUNK_ROWS] * 3  # the pause before its fourth chunk was its last
     wait_until(lambda: not worker.busy, timeout=60)
+
+
+AUTO = [{"prompt": prompt, "max_tokens": 30, "extra_body": {"block_size": "auto"}}
+        for prompt in ("Write a poem.", "Tell me a story.", LONG_PROMPT)]
+
+
+def test_each_lanes_planner_prices_its_rounds_by_the_lanes_in_flight(served, monkeypatch):
+    """The worker's lanes tell each generation's auto planner how many lanes share the batch
+    (alone: 1; three together: 3), and split the batches' time by the calibration's batch
+    prices; each greedy reply stays its reply alone, whatever widths those prices chose."""
+    from dflash_local.method.calibration import Calibration
+    from dflash_local.method.planning.costs import BatchCosts, LinearCost, RoundCosts
+
+    state, server = served
+    engine = state.loaded.engine
+    widths = range(1, engine.pair.drafter_block + 1)
+    verify, draft = LinearCost(0.05, 0.004), LinearCost(0.02, 0.001)
+    batch = BatchCosts(verify, draft)
+    costs = RoundCosts(tuple(verify.seconds(w) + (draft.seconds(w) if w > 1 else 0) for w in widths),
+                       tuple(verify.seconds(w) for w in widths), timed=True, batch=batch)
+    monkeypatch.setattr(engine, "calibration", Calibration(costs, (0.7,) * (len(widths) - 1), {},
+                                                           "now", 0.0))
+    lanes_seen: list[int] = []
+    in_batch = RoundCosts.in_batch
+    monkeypatch.setattr(RoundCosts, "in_batch",
+                        lambda self, lanes: lanes_seen.append(lanes) or in_batch(self, lanes))
+    client = openai_client(server)
+    alone = [token_ids(client, **request) for request in AUTO]
+    assert lanes_seen and set(lanes_seen) == {1}
+    lanes_seen.clear()
+    assert together(server, AUTO) == alone
+    assert max(lanes_seen) == len(AUTO), lanes_seen
+    assert state.loaded.worker._lanes._batch_costs is batch  # the split's prices: the calibration's

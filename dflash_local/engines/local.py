@@ -302,10 +302,12 @@ class LocalEngine(Engine):
         grammar = (self.constraints.grammar(params.constraint)
                    if params.constraint is not None else None)
         runner = self.make_runner(collect_taps=drafter is not None)
-        measured = self.calibration
+        measured, sharing = self.calibration, self.sharing
+        if sharing is not None:  # the batches' time split as this calibration prices a lane's part
+            sharing.price_batches(measured.costs.batch if measured else None)
         planner = speculative.default_planner(
             runner, drafter, prompt_ids, params, measured.costs if measured else None,
-            measured.prior if measured else (), self.round_times)
+            measured.prior if measured else (), self.round_times, sharing and sharing.in_flight)
         resume = self._resume(prompt_ids, runner, drafter)
         detokenizer = StreamDetokenizer(self.tokenizer)
         if self.round_trace is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,7 @@ class MLXEngine(LocalEngine):
         if self.drafter is None:
             return None
         return DraftSession(self.drafter, window=window or self.draft_window)
+
+    def batched_calls(self) -> tuple[Callable, Callable]:
+        """The batched verify and drafter pass the worker's lanes run (calibration times them)."""
+        return MLXTargetRunner.verify_batch, DraftSession.propose_batch

@@ -11,6 +11,7 @@ engine installs the grouped-query attention and packs the linears at load (dflas
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,7 @@ class TorchEngine(LocalEngine):
         if self.drafter is None:
             return None
         return DraftSession(self.drafter, window=window or self.draft_window)
+
+    def batched_calls(self) -> tuple[Callable, Callable]:
+        """The batched verify and drafter pass the worker's lanes run (calibration times them)."""
+        return TorchTargetRunner.verify_batch, DraftSession.propose_batch

@@ -10,6 +10,9 @@ mtime) + dtype + framework versions. Two parts:
   each repetition, the lower quartile per width, then made non-decreasing in w (a wider verify
   never costs less; what says otherwise is noise); and how much each width's verify grows per
   token of context, from a few verifies on LONG_CONTEXT tokens (RoundCosts.at_context);
+- batch: what one batched verify (and drafter pass) over several generations' rows costs per
+  total rows, fitted as fixed + per row (calibration_batch.py), which prices a lane's round in
+  a batch;
 - prior: per-position acceptance of a short full-width generation on two fixed prompts, the
   starting point that the auto planner moves away from as a generation goes.
 Timings taken while other work ran are noticed (calibration_noise.py): the costs are measured
@@ -28,7 +31,6 @@ import os
 import platform
 import random
 import re
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -40,20 +42,21 @@ import numpy as np
 
 from dflash_local import machine_load, paths
 from dflash_local.events import Fixed, GenerationParams, StepEvent
-from dflash_local.method.calibration_noise import Noise, assess
-from dflash_local.method.planning.costs import RoundCosts, smoothed_rates
+from dflash_local.method.calibration_batch import BatchMeasurable, measure_batch
+from dflash_local.method.calibration_noise import Noise, assess, lower_quartile
+from dflash_local.method.planning.costs import BatchCosts, RoundCosts, smoothed_rates
 from dflash_local.method.planning.planner import RoundShape, timed_rounds
 
 if TYPE_CHECKING:
-    from dflash_local.method.interfaces import Drafter, TargetRunner
+    from dflash_local.method.interfaces import TargetRunner
 
 log = logging.getLogger(__name__)
 CALIBRATING = "calibrating"  # the load phase while a pair's round costs are measured
 
 # 2: weight-first head; 3: verify kept; 4: packed torch linears; 5: low quartile; 6: tree rounds;
 # 8: grouped-query attention in torch CPU verifies (7 was a reverted cost model: never reused);
-# 9: context slopes
-CALIBRATION_VERSION = 9
+# 9: context slopes; 10: batched forwards' costs
+CALIBRATION_VERSION = 10
 CONTEXT_TEXT = (
     "Here is the documentation of a Python function. Explain it in simple words.\n\n"
     "Return a new sorted list from the items in iterable. Has two optional arguments which "
@@ -71,11 +74,8 @@ SLOPE_REPETITIONS = 4  # of the long context's verifies, in the first repetition
 FRAMEWORKS = ("torch", "transformers", "mlx", "mlx-lm", "numpy")
 
 
-class Measurable(Protocol):
+class Measurable(BatchMeasurable, Protocol):
     """What calibration measures through: a local engine's per-generation parts."""
-
-    def make_runner(self, collect_taps: bool) -> TargetRunner: ...
-    def make_drafter(self) -> Drafter | None: ...
     def encode_chat(self, messages: list[dict]) -> list[int]: ...
     def stream(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[StepEvent]: ...
 
@@ -104,15 +104,17 @@ class Calibration:
             "acceptance_prior": [round(a, 4) for a in self.prior],
             "base_context": self.costs.base_context,
             "context_slopes": list(self.costs.context_slopes) if self.costs.context_slopes else None,
+            "batch": self.costs.batch.to_json() if self.costs.batch else None,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> Calibration:
         slopes = raw.get("context_slopes")
         noise = Noise.from_json(raw["noise"]) if raw.get("noise") else None
+        batch = BatchCosts.from_json(raw["batch"]) if raw.get("batch") else None
         costs = RoundCosts(tuple(raw["round_seconds"]), tuple(raw["verify_seconds"]),
                            raw.get("base_context", 0), tuple(slopes) if slopes else None, timed=True,
-                           reliable=noise is None or noise.reliable)
+                           reliable=noise is None or noise.reliable, batch=batch)
         return cls(costs, tuple(raw["acceptance_prior"]),
                    raw["key"], raw["measured_at"], raw.get("measure_s", 0.0), noise)
 
@@ -134,7 +136,9 @@ def load_or_measure(engine: Measurable, key: dict, force: bool = False,
 def measure(engine: Measurable, key: dict, repetitions: int = REPETITIONS) -> Calibration:
     started = time.perf_counter()
     costs, noise = quietest_costs(engine, repetitions)
-    costs = replace(costs, reliable=noise.reliable)  # the planner checks a noisy one sooner
+    context_ids = engine.encode_chat([{"role": "user", "content": CONTEXT_TEXT}])
+    batch = measure_batch(engine, context_ids, costs.max_width)
+    costs = replace(costs, reliable=noise.reliable, batch=batch)  # a noisy one is checked sooner
     prior = measure_prior(engine, costs.max_width)
     return Calibration(costs, prior, key,
                        datetime.now(UTC).isoformat(timespec="seconds"),
@@ -262,10 +266,6 @@ def _time_verify(runner: TargetRunner, anchor_id: int, draft) -> tuple[float, ob
     runner.verify(anchor_id, draft)
     new_taps = runner.commit([0])
     return time.perf_counter() - start, new_taps
-
-
-def lower_quartile(values: list[float]) -> float:
-    return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
 
 
 def measure_prior(engine: Measurable, drafter_block: int, max_tokens: int = PRIOR_TOKENS) -> tuple[float, ...]:

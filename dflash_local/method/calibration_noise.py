@@ -21,6 +21,11 @@ SPREAD_LIMIT = 0.3  # a width's slower repeats 30% over its faster ones: somethi
 BUSY_SHARE = 0.25  # of the cores, kept busy by other processes while the calibration measured
 
 
+def lower_quartile(values: list[float]) -> float:
+    """What repeats of one timing are summed up by: other work only ever adds time."""
+    return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
+
+
 @dataclass(frozen=True)
 class Noise:
     spread: float  # median over widths of (upper quartile / lower quartile - 1)

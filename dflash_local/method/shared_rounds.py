@@ -17,6 +17,7 @@ import numpy as np
 
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.planning.costs import BatchCosts
 
 # prompt rows per prefill forward while others share: the longest a newcomer's prefill holds
 # the running streams between two of their rounds
@@ -42,6 +43,14 @@ class RoundSharing(Protocol):
     def clock(self) -> float:
         """Seconds of this generation's own time (its steps, its part of each batched verify),
         for timing its rounds: the others' steps between its own are not its cost."""
+
+    def in_flight(self) -> int:
+        """How many generations' rounds are batched now, this one's included: what the auto
+        planner prices a round's part of the batch by (RoundCosts.in_batch)."""
+
+    def price_batches(self, batch: BatchCosts | None) -> None:
+        """Split each batch's time among its generations as `batch` prices their parts (the
+        calibration's; None: by rows), so a generation's timed rounds compare with its prices."""
 
 
 def shared_loop(runner: TargetRunner, drafter: Drafter | None, sharing: RoundSharing | None

@@ -38,7 +38,7 @@ from dflash_local.method.round_trace import STEPS, RoundTrace
 def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
              params: GenerationParams, planner: Planner | None = None, resume: Resume | None = None,
              trace: RoundTrace | None = None, grammar: Grammar | None = None,
-             timer: Callable[[], float] = time.perf_counter) -> Iterator[StepEvent]:
+             timer: Callable[[], float] | None = None) -> Iterator[StepEvent]:
     """Yield one StepEvent per round until a stop token or max_tokens. `planner`: a fresh one
     per generation (planning/planner.py: make_planner; None: the one params ask for, uncalibrated).
     `resume`: the prompt's first rows are already in the runner's cache (a kept prefix,
@@ -46,11 +46,11 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
     early (a cancelled request) simply stops: the runner and drafter are per-generation objects.
     Ended between rounds (finished, or closed at a yield), the state is whole and `resume.keep`
     gets it; a prefill or a round cut short by an error leaves nothing to keep. `trace`:
-    round_trace.py; `grammar`: constraint.py. prefill_s and elapsed_s are wall time (the client
-    waited); round costs are on `timer` (this generation's own time: method/shared_rounds.py)."""
+    round_trace.py; `grammar`: constraint.py. prefill_s, elapsed_s: wall time (the client waited);
+    round costs: on `timer` (shared: its own time, shared_rounds.py; None: the wall clock)."""
     _check_room(runner, prompt_ids, params)
     planner = planner or default_planner(runner, drafter, prompt_ids, params)
-    resume = resume or Resume()
+    resume, timer = resume or Resume(), timer or time.perf_counter
     rng, guide = np.random.default_rng(params.seed), make_guide(grammar, params, drafter)
     sources, start = DraftSources(drafter, runner, resume.unseen_taps), time.perf_counter()
     last_logits, taps = runner.prefill(prompt_ids, resume.cached_rows)
@@ -99,12 +99,14 @@ def generate(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int
 
 def default_planner(runner: TargetRunner, drafter: Drafter | None, prompt_ids: list[int],
                     params: GenerationParams, costs: RoundCosts | None = None,
-                    prior: Sequence[float] = (), times: RoundTimes | None = None) -> Planner:
+                    prior: Sequence[float] = (), times: RoundTimes | None = None,
+                    lanes: Callable[[], int] | None = None) -> Planner:
     """The planner params ask for, over this runner and drafter (`costs`, `prior`: a calibration;
-    `times`: the rounds earlier generations timed against it, planning/observed.py)."""
+    `times`: the rounds earlier generations timed against it, planning/observed.py; `lanes`: how
+    many generations' rounds are batched now, for auto's prices)."""
     widest = widest_block(params, drafter.drafter_block if drafter is not None else None)
     trees = params.tree and runner.supports_tree and drafter is not None and drafter.tree_drafts
-    return make_planner(params, widest, trees, prompt_ids, costs, prior, times)
+    return make_planner(params, widest, trees, prompt_ids, costs, prior, times, lanes)
 
 
 class _Clock(list):

@@ -41,6 +41,7 @@ import numpy as np
 from dflash_local.errors import GenerationCancelled
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.planning.costs import BatchCosts, LinearCost
 from dflash_local.method.shared_rounds import propose_each, verify_each
 
 Job = Any  # worker.Job: the worker imports this module, not the other way round
@@ -49,7 +50,7 @@ Job = Any  # worker.Job: the worker imports this module, not the other way round
 @dataclass
 class VerifyAsk:
     """A verify a lane handed in; `answer`: its logits (or the batch's error), once run;
-    `seconds`: its part of the batch's time, by its rows."""
+    `seconds`: its part of the batch's time (`_answer`)."""
 
     runner: TargetRunner
     anchor_id: int
@@ -118,6 +119,8 @@ class Lanes:
         self.verifies = 0  # verifies in them
         self.proposal_batches = 0  # drafter batches run
         self.proposals = 0  # drafter calls in them
+        self._in_flight = 1  # lanes in the latest tick
+        self._batch_costs: BatchCosts | None = None  # how a batch's time is split (price_batches)
 
     def lane(self, job: Job, run: Callable[[], None]) -> Lane:
         """A lane that runs `run` (the job's generation; it reports its own outcome). Made on the
@@ -127,6 +130,7 @@ class Lanes:
     def tick(self, lanes: list[Lane]) -> list[Lane]:
         """One step of every lane, then one batch of their proposals and one of their verifies;
         returns the lanes that ended."""
+        self._in_flight = max(1, len(lanes))
         prefilling = [lane for lane in lanes if lane.prefilling]
         turn = min(prefilling, key=lambda lane: lane.chunks, default=None)
         for lane in lanes:
@@ -166,6 +170,13 @@ class Lanes:
         if lane is None:
             return time.perf_counter()
         return lane.own_s + time.perf_counter() - lane.resumed_at
+
+    def in_flight(self) -> int:
+        """The lanes of the latest tick, prefilling ones included: they join the batches next."""
+        return self._in_flight
+
+    def price_batches(self, batch: BatchCosts | None) -> None:
+        self._batch_costs = batch
 
     def _answered(self, lane: Lane, field: str) -> Any:
         """Park `lane` with its ask in `field`; once resumed, the ask's answer (its error raised),
@@ -209,8 +220,9 @@ class Lanes:
             by_class.setdefault(type(ask.runner), []).append(ask)
         for runner_class, group in by_class.items():
             batched = getattr(runner_class, "verify_batch", None)
+            cost = self._batch_costs.verify if self._batch_costs else None
             for part in [group] if batched else [[ask] for ask in group]:
-                _answer(part, batched or verify_each)
+                _answer(part, batched or verify_each, cost)
             self.batches += 1
             self.verifies += len(group)
 
@@ -222,15 +234,19 @@ class Lanes:
             by_kind.setdefault((type(ask.drafter), ask.tree), []).append(ask)
         for (drafter_class, tree), group in by_kind.items():
             batched = getattr(drafter_class, "propose_tree_batch" if tree else "propose_batch", None)
+            cost = self._batch_costs.draft if self._batch_costs else None
             for part in [group] if batched else [[ask] for ask in group]:
-                _answer(part, batched or propose_each(tree))
+                _answer(part, batched or propose_each(tree), cost)
             self.proposal_batches += 1
             self.proposals += len(group)
 
 
-def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list]) -> None:
+def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list],
+            cost: LinearCost | None = None) -> None:
     """Run `asks` as one call of `batch` (one list per argument, an item per ask); each gets its
-    answer and its rows' part of the time."""
+    answer and its part of the time: as `cost` prices it (the forward's fixed cost split evenly,
+    each ask's own part and rows at their price: as the auto planner prices a round in a batch,
+    RoundCosts.in_batch), else by its rows."""
     start = time.perf_counter()
     try:
         answers = batch(*[list(column) for column in zip(*(ask.args for ask in asks))])
@@ -238,5 +254,6 @@ def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list]
         answers = [exc] * len(asks)  # session's state unknown, so each lane of it fails with it
     elapsed = time.perf_counter() - start
     rows = [ask.rows for ask in asks]
-    for ask, answer, ask_rows in zip(asks, answers, rows, strict=True):
-        ask.answer, ask.seconds = answer, elapsed * ask_rows / sum(rows)
+    shares = cost.shares(rows) if cost is not None else [r / sum(rows) for r in rows]
+    for ask, answer, share in zip(asks, answers, shares, strict=True):
+        ask.answer, ask.seconds = answer, elapsed * share

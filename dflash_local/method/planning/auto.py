@@ -1,7 +1,9 @@
 """The auto planner: each round, the proposer and width with the most expected tokens per second.
 
 It prices every kind of round from this machine's measured costs (calibration.py) at the
-context the round runs on, and the acceptance seen so far in this generation:
+context the round runs on, as its part of the batch where `lanes` says others' rounds are
+batched with it (RoundCosts.in_batch: a big batch wants narrower drafts, or none), and the
+acceptance seen so far in this generation:
 - a drafter round of the width `BlockPolicy` chooses (widths.py; width 1 is a plain step, and it
   falls back to plain while speculation would lose, probing now and then with a short chain);
 - with trees, that round drafts all it may and verifies the prefix of the tree the `TreeSizer`
@@ -16,7 +18,7 @@ were timed to compare it, a fallback to plain probes every UNCHECKED_PROBE_EVERY
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.lookup import DEFAULT_MAX_NGRAM, LookupDraft, NgramIndex
@@ -44,9 +46,12 @@ class AutoPlanner:
 
     def __init__(self, costs: RoundCosts, prior: Sequence[float], widest: int, trees: bool,
                  prompt_ids: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM,
-                 times: RoundTimes | None = None):
+                 times: RoundTimes | None = None, lanes: Callable[[], int] | None = None):
         """`prompt_ids`: the text prompt lookup drafts from; None: no lookup rounds. `times`:
-        the rounds earlier generations timed against these costs (observed.py)."""
+        the rounds earlier generations timed against these costs (observed.py). `lanes`: how
+        many generations' rounds are batched now, this one's included (shared_rounds.py:
+        RoundSharing.in_flight); None: it runs alone."""
+        self.lanes = lanes
         self.policy = BlockPolicy(costs, prior, max_width=widest, whole_block_drafts=trees)
         self.sizer = TreeSizer(costs) if trees else None
         self.index = NgramIndex(prompt_ids, max_ngram) if prompt_ids is not None else None
@@ -57,7 +62,7 @@ class AutoPlanner:
             self.policy.calibrated = self.observed.corrected()
         if self.observed is not None and not calibrated.reliable and not self.observed.compared():
             self.policy.sooner_probe_every = UNCHECKED_PROBE_EVERY
-        self._context = 0  # the planned round's
+        self._context, self._lanes = 0, 1  # the planned round's
         # the planned round's drafter pass (its width; 1: none) and expected tokens, for `priced`
         self._planned: tuple[int, float | None] = (1, None)
 
@@ -87,7 +92,8 @@ class AutoPlanner:
     def observe(self, draft: Draft, path: list[int], committed: list[int],
                 seconds: float | None = None) -> None:
         if seconds is not None and self.observed is not None:
-            calibrated = self._price_of(draft, self.observed.calibrated.at_context(self._context))
+            calibrated = self._price_of(draft, self.observed.calibrated.at_context(
+                self._context).in_batch(self._lanes))
             self.observed.observe(not draft.tree.token_ids and not draft.drafter_nodes, seconds,
                                   calibrated)
             self.policy.calibrated = self.observed.corrected()
@@ -123,9 +129,10 @@ class AutoPlanner:
         return costs.verify_only[rows - 1] + draft_s
 
     def _price(self, context: int) -> None:
-        """Every part that prices rounds prices them at the context the next round runs on."""
-        self._context = context
-        costs = self.policy.price_context(context)
+        """Every part that prices rounds prices them at the context the next round runs on, as
+        its part of the batch it runs in."""
+        self._context, self._lanes = context, self.lanes() if self.lanes is not None else 1
+        costs = self.policy.price_context(context, self._lanes)
         if self.sizer is not None:
             self.sizer.costs = costs
         if self.lookup is not None:

@@ -8,7 +8,7 @@ measured costs. `timed_rounds` says which rounds calibration.py must time for th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,15 +39,16 @@ class Planner(Protocol):
 
 def make_planner(params: GenerationParams, widest: int, trees: bool, prompt_ids: list[int],
                  costs: RoundCosts | None = None, prior: Sequence[float] = (),
-                 times: RoundTimes | None = None) -> Planner:
+                 times: RoundTimes | None = None, lanes: Callable[[], int] | None = None) -> Planner:
     """The planner params ask for. `widest`: events.widest_block; `trees`: whether the runner
     and the request allow tree rounds; `costs`/`prior`: the engine's calibration (None: the
-    uncalibrated defaults); `times`: the rounds its earlier generations timed (observed.py)."""
+    uncalibrated defaults); `times`: the rounds its earlier generations timed (observed.py);
+    `lanes`: how many generations' rounds are batched now (None: alone)."""
     if widest == 1 or not isinstance(params.block_size, Auto):
         return FixedPlanner(widest, trees and widest > 2)
     return AutoPlanner(costs or RoundCosts.uncalibrated(widest), prior, widest,
                        trees and widest > 2, list(prompt_ids) if params.prompt_lookup else None,
-                       times=times)
+                       times=times, lanes=lanes)
 
 
 @dataclass(frozen=True)

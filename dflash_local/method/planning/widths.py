@@ -86,10 +86,11 @@ class BlockPolicy:
         self._probing = False
         self.sooner_probe_every: int | None = None
 
-    def price_context(self, tokens: int) -> RoundCosts:
-        """Price rounds at `tokens` of context from now on (RoundCosts.at_context); returns the
-        costs, which the auto planner hands to its tree sizer and lookup policy too."""
-        self.costs = self.calibrated.at_context(tokens)
+    def price_context(self, tokens: int, lanes: int = 1) -> RoundCosts:
+        """Price rounds at `tokens` of context from now on (RoundCosts.at_context), as one of
+        `lanes` lanes whose rounds are batched (RoundCosts.in_batch); returns the costs, which
+        the auto planner hands to its tree sizer and lookup policy too."""
+        self.costs = self.calibrated.at_context(tokens).in_batch(lanes)
         return self.costs
 
     def round_seconds(self, limit: int) -> tuple[float, ...]:
