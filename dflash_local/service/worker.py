@@ -34,7 +34,7 @@ from dflash_local.service.job_items import (
     Started,
     ToolCallDelta,
 )
-from dflash_local.service.lanes import Lanes
+from dflash_local.service.lanes import Lane, Lanes
 from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
 from dflash_local.service.scheduler import RoundRobin
@@ -230,17 +230,26 @@ class GenerationWorker:
             if joining is None:
                 self.engine.share_rounds(None)
                 return
-            for job in joining:
-                if job.cancelled:  # its client left while it waited
-                    job.outcome = "cancelled"
-                    continue
-                self._batch.add(self._lanes.lane(job, partial(self._run, job)))
-            for lane in self._lanes.tick(list(self._batch.lanes)):  # a round of each, batched
+            self._admit(joining)  # and again mid-tick, before the verifies (lanes.py)
+            mid_tick = lambda: self._admit(self._batch.joining(block=False) or [])
+            for lane in self._lanes.tick(list(self._batch.lanes), mid_tick):
                 self._batch.remove(lane)
                 self.last = lane.job
                 self.jobs_done += 1
                 self.on_finished(lane.job)
                 self._to_warm.append(lane.job)
+
+    def _admit(self, jobs: list[Job]) -> list[Lane]:
+        """A lane for each job, in flight from now; a job whose client left while it waited
+        has none."""
+        joined = []
+        for job in jobs:
+            if job.cancelled:
+                job.outcome = "cancelled"
+                continue
+            joined.append(self._lanes.lane(job, partial(self._run, job)))
+            self._batch.add(joined[-1])
+        return joined
 
     def _warm_finished(self) -> None:
         """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
