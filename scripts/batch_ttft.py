@@ -84,7 +84,7 @@ def _service(engine: str, max_batch: int):
     from dflash_local.service.app import create_app
     from dflash_local.service.state import ServiceState
 
-    state = ServiceState(max_batch=max_batch)
+    state = ServiceState(max_batch=max_batch, adapt=False)
     state.load_pair("embedded", engine)
     return state, create_app(state)
 

@@ -106,7 +106,7 @@ def serve(args: argparse.Namespace, max_batch: int):
     if drafter is None:
         raise DFlashError("bench --concurrency compares speculative with plain decoding: it "
                           "needs a drafter (--drafter DIR|REPO)")
-    state = ServiceState(max_batch=max_batch)
+    state = ServiceState(max_batch=max_batch, adapt=False)
     state.load(args.engine, target, drafter, served_name=SERVED_NAME,
                block_size=args.block_size[0])
     return state, BackgroundServer(create_app(state)).start()
