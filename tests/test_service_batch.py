@@ -186,6 +186,21 @@ def test_eight_clients_none_starves_none_refused(pair):
     assert max(first for _, first, _, _ in replies) < min(end for _, _, end, _ in replies)
 
 
+def test_the_heap_goes_back_once_the_batch_drains(served, monkeypatch):
+    """The worker gives the freed heap back (service/heap.py) once nothing runs: after the
+    batch drains, never with a lane in flight."""
+    from dflash_local.service import worker as worker_module
+
+    state, server = served
+    worker, lanes_at_trims = state.loaded.worker, []
+    monkeypatch.setattr(worker_module, "trim_heap",
+                        lambda: lanes_at_trims.append(len(worker._batch.lanes)) or True)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda request: token_ids(openai_client(server), **request), REQUESTS[:2]))
+    wait_until(lambda: lanes_at_trims and not worker.busy, timeout=60)
+    assert set(lanes_at_trims) == {0}, lanes_at_trims
+
+
 def test_max_batch_refused_below_one_and_past_memory(served):
     engine = served[0].loaded.engine
     each = engine.generation_bytes()

@@ -8,13 +8,14 @@ Boundary: reads the process and the loaded pair; changes nothing but the C heap'
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import threading
 import time
 from typing import Self
 
 import psutil
+
+from dflash_local.service.heap import trim_heap
 
 MIB = 1024**2
 SAMPLE_S = 0.05  # the peak's sampling period: a round is longer
@@ -85,13 +86,3 @@ class Watch:
             sample = self._sample()
             if sample["rss"] > self.peak["rss"]:
                 self.peak = sample
-
-
-def trim_heap() -> bool:
-    """Give glibc's free heap back to the system (malloc_trim); False where there is none."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    trim = getattr(libc, "malloc_trim", None)
-    return bool(trim is not None and trim(0))
