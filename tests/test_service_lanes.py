@@ -189,39 +189,3 @@ def test_cancel_while_prefilling_leaves_before_the_next_chunk(served, calls, mon
     assert newcomer_chunks == [CHUNK_ROWS] * 3  # the pause before its fourth chunk was its last
     wait_until(lambda: not worker.busy, timeout=60)
 
-
-def test_a_newcomer_prefills_before_the_running_streams_verify(served, calls, monkeypatch):
-    """A job arriving while the others' proposals run joins before their verifies: its first
-    chunk waits for one batch of theirs, not for the rest of the tick."""
-    from dflash_local.service.lanes import Lanes
-
-    state, server = served
-    worker = state.loaded.worker
-    hold, run_proposals = threading.Event(), Lanes._run_proposals
-
-    def proposals_until_one_waits(self, asks):
-        if hold.is_set():  # the next batch of proposals runs while the newcomer arrives
-            hold.clear()
-            calls.append(("propose", 0, len(asks)))
-            wait_until(lambda: worker._batch.waiting)
-        return run_proposals(self, asks)
-
-    monkeypatch.setattr(Lanes, "_run_proposals", proposals_until_one_waits)
-    body = {"messages": [{"role": "user", "content": "Write a poem."}], "max_tokens": 200,
-            "stream": True, "block_size": 4}
-    with httpx.Client(timeout=60) as http, http.stream(
-            "POST", server.url + "/v1/chat/completions", json=body) as running:
-        lines = running.iter_lines()  # kept: a dropped iterator closes the stream
-        next(line for line in lines if line.startswith("data: "))
-        stream_runner = wait_until(lambda: next((runner for kind, runner, _ in calls
-                                                 if kind == "verify"), None))
-        hold.set()
-        with _newcomer(server, http) as newcomer:
-            list(newcomer.iter_lines())
-    held = calls.index(("propose", 0, 1))
-    first_chunk = next(i for i, (kind, runner, _) in enumerate(calls)
-                       if kind == "prefill" and runner != stream_runner and i > held)
-    stream_verifies = [i for i, (kind, runner, _) in enumerate(calls)
-                       if kind == "verify" and runner == stream_runner and i > held]
-    assert first_chunk < stream_verifies[0], calls[held:]  # joined before the stream's verify
-    wait_until(lambda: not worker.busy, timeout=60)
