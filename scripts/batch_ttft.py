@@ -34,7 +34,15 @@ def main() -> int:
     parser.add_argument("--newcomer-tokens", type=int, default=12)
     parser.add_argument("--tries", type=int, default=3, help="newcomers per setting (median)")
     parser.add_argument("--record", type=Path, help="write the JSON record here")
+    parser.add_argument("--long-join", type=int, metavar="TOKENS",
+                        help="instead: a prompt of about TOKENS tokens joins 3 streams (--max-batch "
+                             "4); the longest gap in their chunks while it prefills, against one "
+                             "prefill chunk's time")
     args = parser.parse_args()
+    if args.long_join:
+        from batch_long_join import measure_long_join
+
+        return measure_long_join(args, _service, _reply)
     results = {batch: measure(args, batch) for batch in (1, 4)}
     identical = all(r["identical"] for r in results.values())
     streams_same = results[1]["stream_ids"] == results[4]["stream_ids"]
@@ -76,7 +84,7 @@ def _service(engine: str, max_batch: int):
     from dflash_local.service.app import create_app
     from dflash_local.service.state import ServiceState
 
-    state = ServiceState(max_batch=max_batch)
+    state = ServiceState(max_batch=max_batch, adapt=False)
     state.load_pair("embedded", engine)
     return state, create_app(state)
 

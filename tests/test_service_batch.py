@@ -5,7 +5,9 @@ requests before any 429."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -153,6 +155,50 @@ def test_no_429_while_the_batch_has_room(pair):
                 assert list(pool.map(short, range(2))) == [200, 200]
     finally:
         server.stop()
+
+
+def test_eight_clients_none_starves_none_refused(pair):
+    """8 clients at once, 8 places and no queue: each gets its place (no 429), and each has its
+    first token before any reply ends (plain, a token a round: none waits for another to end)."""
+    _state, server = start(pair, max_batch=8, max_queue=0)
+    start_together = threading.Barrier(8)
+
+    def client(index: int) -> tuple[int, float, float, int]:
+        body = {"messages": [{"role": "user", "content": f"Count to {index + 3}."}],
+                "max_tokens": 30, "stream": True, "speculative": False}
+        start_together.wait()
+        first, tokens = None, 0
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") and (chunk := json.loads(line[6:])).get("choices"):
+                    tokens += len(chunk["dflash"]["token_ids"])
+                    first = first or time.perf_counter()
+        return response.status_code, first, time.perf_counter(), tokens
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(client, range(8)))
+    finally:
+        server.stop()
+    assert [status for status, *_ in replies] == [200] * 8
+    assert all(tokens > 8 for *_, tokens in replies), replies  # each outlasts 8 joiners' turns
+    assert max(first for _, first, _, _ in replies) < min(end for _, _, end, _ in replies)
+
+
+def test_the_heap_goes_back_once_the_batch_drains(served, monkeypatch):
+    """The worker gives the freed heap back (service/heap.py) once nothing runs: after the
+    batch drains, never with a lane in flight."""
+    from dflash_local.service import worker as worker_module
+
+    state, server = served
+    worker, lanes_at_trims = state.loaded.worker, []
+    monkeypatch.setattr(worker_module, "trim_heap",
+                        lambda: lanes_at_trims.append(len(worker._batch.lanes)) or True)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda request: token_ids(openai_client(server), **request), REQUESTS[:2]))
+    wait_until(lambda: lanes_at_trims and not worker.busy, timeout=60)
+    assert set(lanes_at_trims) == {0}, lanes_at_trims
 
 
 def test_max_batch_refused_below_one_and_past_memory(served):

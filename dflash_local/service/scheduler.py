@@ -4,8 +4,9 @@ Up to `max_batch` generations are in flight, each a lane (lanes.py) that runs it
 the worker thread and hands its verify in: every tick, each lane runs up to its next verify
 (or one chunk of its prompt's prefill), then every lane's verify runs as one batch, through the
 runner class's `verify_batch` where it has one. The waiting jobs join the free places between
-ticks, in arrival order; a finished or cancelled generation leaves at once. Each generation's
-runner, drafter, planner and sampler are its own, so its output is what it would be alone.
+ticks and before a tick's verifies (lanes.py), in arrival order; a finished or cancelled
+generation leaves at once. Each generation's runner, drafter, planner and sampler are its
+own, so its output is what it would be alone.
 Jobs past the free places wait in a queue of `max_queue`; `submit` refuses (a 429) only when
 that queue is full and no place is free. `max_batch_for` chooses max_batch.
 """

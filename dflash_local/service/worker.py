@@ -26,6 +26,7 @@ from dflash_local.engines.interface import Engine
 from dflash_local.errors import DFlashError, GenerationCancelled, PromptTooLongError
 from dflash_local.events import GenerationParams, GenerationStats, StepEvent
 from dflash_local.service.api_errors import NoModelLoadedError
+from dflash_local.service.heap import trim_heap
 from dflash_local.service.job_items import (
     Chunk,
     Failed,
@@ -34,18 +35,12 @@ from dflash_local.service.job_items import (
     Started,
     ToolCallDelta,
 )
-from dflash_local.service.lanes import Lanes
+from dflash_local.service.lanes import Lane, Lanes
 from dflash_local.service.logprob_entries import LogprobEntries
 from dflash_local.service.raw_prompt import PromptEcho, prompt_echo
 from dflash_local.service.scheduler import RoundRobin
 from dflash_local.service.stop_strings import StopMatcher
-from dflash_local.service.tool_calls import (
-    NO_TOOLS,
-    ToolPlan,
-    ToolSupport,
-    plan_tools,
-    split_calls,
-)
+from dflash_local.service.tool_calls import NO_TOOLS, ToolPlan, ToolSupport, plan_tools, split_calls
 
 log = logging.getLogger("dflash_local.service")
 
@@ -230,22 +225,35 @@ class GenerationWorker:
             if joining is None:
                 self.engine.share_rounds(None)
                 return
-            for job in joining:
-                if job.cancelled:  # its client left while it waited
-                    job.outcome = "cancelled"
-                    continue
-                self._batch.add(self._lanes.lane(job, partial(self._run, job)))
-            for lane in self._lanes.tick(list(self._batch.lanes)):  # a round of each, batched
+            self._admit(joining)  # and again mid-tick, before the verifies (lanes.py)
+            mid_tick = lambda: self._admit(self._batch.joining(block=False) or [])
+            for lane in self._lanes.tick(list(self._batch.lanes), mid_tick):
                 self._batch.remove(lane)
                 self.last = lane.job
                 self.jobs_done += 1
                 self.on_finished(lane.job)
                 self._to_warm.append(lane.job)
 
+    def _admit(self, jobs: list[Job]) -> list[Lane]:
+        """A lane in flight for each job but one whose client left while it waited."""
+        joined = []
+        for job in jobs:
+            if job.cancelled:
+                job.outcome = "cancelled"
+                continue
+            joined.append(self._lanes.lane(job, partial(self._run, job)))
+            self._batch.add(joined[-1])
+        return joined
+
     def _warm_finished(self) -> None:
-        """The finished jobs' next turns, newest first, while nothing runs and nothing waits."""
+        """The finished jobs' next turns, newest first, while nothing runs and nothing waits;
+        then the heap the batch freed goes back to the system (heap.py), once a drain."""
+        if not self._to_warm:
+            return
         while self._to_warm and not self._closed and not self._batch.waiting:
             self._warm_next_turn(self._to_warm.pop())
+        if not self._to_warm:
+            trim_heap()
 
     def _idle_slice(self) -> bool:
         """One slice of the idle work, when there is some and no job waits; False: none ran."""
