@@ -174,6 +174,35 @@ def test_a_request_arriving_during_a_slice_runs_before_the_next_slice(tmp_path):
     engine.close()
 
 
+class LateWork:
+    """Idle work that appears with no job to wake the worker (`adapt reset` from the CLI)."""
+
+    def __init__(self):
+        self.appeared = False
+        self.ran = threading.Event()
+
+    def has_work(self) -> bool:
+        return self.appeared and not self.ran.is_set()
+
+    def run_slice(self) -> None:
+        self.ran.set()
+
+
+def test_idle_work_that_appears_without_a_job_runs(tmp_path, monkeypatch):
+    from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.service import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "IDLE_POLL_S", 0.05)
+    engine = TorchEngine(*make_pair(tmp_path))
+    work = LateWork()
+    worker = worker_module.GenerationWorker(engine, idle_work=work)
+    wait_until(lambda: not worker.busy)
+    work.appeared = True  # no submit follows: only the idle poll can find it
+    assert work.ran.wait(30)
+    worker.close()
+    engine.close()
+
+
 CONTRACT = {"enabled", "recording", "replies", "pending", "training", "version", "trained_on",
             "tau_recent", "history"}
 

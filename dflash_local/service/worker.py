@@ -48,6 +48,9 @@ from dflash_local.service.tool_calls import (
 )
 
 log = logging.getLogger("dflash_local.service")
+# idle work can appear with no job to wake the worker (`adapt reset` from another process):
+# an idle worker looks for it this often
+IDLE_POLL_S = 1.0
 
 
 class IdleWork(Protocol):
@@ -226,10 +229,12 @@ class GenerationWorker:
                 self._warm_finished()
                 if self._idle_slice():
                     continue  # then look for jobs again: one arriving waited one slice at most
-            joining = self._batch.joining(block=idle)
+            joining = self._batch.joining(block=idle, timeout=IDLE_POLL_S if self.idle_work else None)
             if joining is None:
                 self.engine.share_rounds(None)
                 return
+            if not joining and not self._batch.lanes:
+                continue  # the poll: idle work may have come with no job (`adapt reset`)
             for job in joining:
                 if job.cancelled:  # its client left while it waited
                     job.outcome = "cancelled"
