@@ -43,6 +43,22 @@ def test_publish_serves_the_new_version_and_reset_returns_to_the_shipped(tmp_pat
     assert versions.serving() is None and versions.numbers() == []
 
 
+def test_the_pointer_is_parsed_again_only_when_its_file_changes(tmp_path, monkeypatch):
+    versions = VersionStore("pair", TARGET, tmp_path)
+    versions.publish(writer(b"one"), RECORD)
+    parses = []
+    parse = versions._parse_pointer
+    monkeypatch.setattr(versions, "_parse_pointer", lambda: parses.append(1) or parse())
+    assert [versions.pointed() for _ in range(5)] == [1] * 5
+    assert len(parses) == 1
+    versions.publish(writer(b"two"), RECORD)
+    assert versions.pointed() == 2 and len(parses) == 2
+    versions.serve(None)
+    assert versions.pointed() is None
+    VersionStore("pair", TARGET, tmp_path).serve(1)  # another process's write
+    assert versions.pointed() == 1
+
+
 def test_adapt_reset_deletes_every_pairs_versions(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
     for key in ("one", "two"):
