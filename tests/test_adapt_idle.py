@@ -130,6 +130,21 @@ def test_a_better_candidate_serves_losslessly_and_a_restart_takes_the_last_good(
     restarted.close()
 
 
+def test_a_swap_takes_weights_held_in_memory_and_the_target_as_loaded(tmp_path, monkeypatch):
+    from dflash_local.drafter import model_torch
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    target, drafter = make_pair(tmp_path)
+    engine = TorchEngine(target, drafter)
+    state = noised(load_drafter(drafter).state_dict(), 0.1)
+    (target / "config.json").unlink()  # the target as the engine read it at load is checked
+    monkeypatch.setattr(model_torch, "load_file", lambda path: pytest.fail(f"{path} read again"))
+    swap_drafter(engine, drafter, 1, {name: tensor.numpy() for name, tensor in state.items()})
+    assert engine.drafter_version == 1
+    assert torch.equal(engine.drafter.norm.weight.float(), state["norm.weight"])
+    engine.close()
+
+
 class ScriptedWork:
     """Idle work whose first slice is held open until the test has submitted a job."""
 

@@ -298,8 +298,11 @@ class Adaptation:
         version = self.versions.publish(self.trainer.save_candidate, record)
         self._pointer_seen = version.number
         yield "publish"
-        swap_drafter(self.engine, version.path, version.number)
-        self.trainer.serving = self.trainer.candidate_state()
+        # the weights just written (rounded as the files hold them), from memory: not read back
+        serving = {name: tensor.bfloat16().float() for name, tensor in self.trainer.candidate_state().items()}
+        swap_drafter(self.engine, version.path, version.number,
+                     {name: tensor.numpy() for name, tensor in serving.items()})
+        self.trainer.serving = serving
         self.tau_recent["serving"] = round(tau_after, 4)
         log.info("adapted drafter v%d serves: tau on the recent replies %.2f -> %.2f",
                  version.number, tau_before, tau_after)

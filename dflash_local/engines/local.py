@@ -108,7 +108,7 @@ class LocalEngine(Engine):
                         target_path, drafter_path, dtype, self.on_accelerator())
         check_draft_window(draft_window, max_context)  # before any weight loads
         disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
-        target_info = load_target_info(target_path, raw_config)
+        self.target_info = target_info = load_target_info(target_path, raw_config)  # swaps check against it
         drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
                           if drafter_path else None)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
@@ -189,9 +189,10 @@ class LocalEngine(Engine):
 
     @abc.abstractmethod
     def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
-                     draft_ids: list[int] | None):
+                     draft_ids: list[int] | None, weights: dict | None = None):
         """The drafter, bound to the target's embeddings and head, drafting only `draft_ids`
-        where given; the engine also readies the target's taps of it."""
+        where given (`weights`: its numpy arrays, in place of its files'); the engine also
+        readies the target's taps of it."""
 
     @abc.abstractmethod
     def exact_tree_verify(self) -> bool:
