@@ -222,12 +222,12 @@ class Adaptation:
         yield from self._follow_pointer()
         if not self._ready():
             return
-        with self._lock:
-            replies = list(self._store.replies(self.recorder.pair.identity))
-        held_count = min(self.settings.held_out, max(self.settings.min_held_out, len(replies) // 5))
+        with self._lock:  # only the newest replies are kept tapped: only they are read
+            replies = list(self._store.replies(self.recorder.pair.identity, self.settings.max_tapped))
+            recorded = self._store.count(self.recorder.pair.key)
+        held_count = min(self.settings.held_out, max(self.settings.min_held_out, recorded // 5))
         held, train = replies[-held_count:], replies[:-held_count]
-        # newest first (the held-out ones, then what trains), as many as are kept tapped
-        for reply in reversed(replies[-self.settings.max_tapped:]):
+        for reply in reversed(replies):  # newest first: the held-out ones, then what trains
             if reply.id not in self._tapped:
                 yield from self._tap_reply(reply)
         for sequence in self.replay[len(self._replay_tapped):][: self.settings.replay_per_round]:
