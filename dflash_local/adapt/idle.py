@@ -31,7 +31,7 @@ from dflash_local.adapt.record import ReplyRecorder
 from dflash_local.adapt.store import RecordedReply, ReplyStore
 from dflash_local.adapt.versions import VersionStore, now_iso
 from dflash_local.engines.drafter_swap import swap_drafter
-from dflash_local.errors import CheckpointError, DFlashError
+from dflash_local.errors import CheckpointError, DFlashError, check_fields
 
 log = logging.getLogger("dflash_local.adapt")
 # tests/conftest.py turns it off: a test's replies start no rounds unless the test asks
@@ -51,6 +51,19 @@ class RoundSettings:
     replay_per_round: int = 4  # shipped-data sequences tapped per round, up to replay_pool
     replay_pool: int = 32
     slice_budget_s: float = 0.2
+
+    def __post_init__(self):
+        at_least = {name: (lambda value, low=low: isinstance(value, int) and value >= low, f"an int >= {low}")
+                    for name, low in (("min_new_replies", 1), ("min_held_out", 1), ("steps_per_new_reply", 1),
+                                      ("max_steps", 1), ("score_anchors", 1), ("replay_per_round", 0),
+                                      ("replay_pool", 0))}
+        check_fields(self, {
+            **at_least,
+            "held_out": (lambda value: isinstance(value, int) and value >= self.min_held_out,
+                         f"an int >= min_held_out ({self.min_held_out})"),
+            "max_tapped": (lambda value: isinstance(value, int) and value > self.held_out,
+                           f"an int > held_out ({self.held_out}): some tapped replies must train"),
+            "slice_budget_s": (lambda value: 0 < value < math.inf, "a number of seconds > 0")})
 
 
 def disabled_status(recording: bool = False, note: str | None = None) -> dict:
