@@ -153,9 +153,9 @@ def test_held_out_blocks_are_spread_over_the_reply():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"lr": 0.0}, "AdaptSettings.lr must be a learning rate in (0, 0.1], got 0.0"),
+    ({"lr": -1e-5}, "AdaptSettings.lr must be a learning rate in [0, 0.1], got -1e-05"),
     ({"lr": float("nan")}, "AdaptSettings.lr must be"),
-    ({"lr": "3e-5"}, "AdaptSettings.lr must be a learning rate in (0, 0.1], got '3e-5'"),
+    ({"lr": "3e-5"}, "AdaptSettings.lr must be a learning rate in [0, 0.1], got '3e-5'"),
     ({"replay_share": 1.5}, "AdaptSettings.replay_share must be a share in [0, 1], got 1.5"),
     ({"max_reply_tokens": 1}, "AdaptSettings.max_reply_tokens must be an int >= 2"),
 ])

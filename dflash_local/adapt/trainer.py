@@ -49,7 +49,7 @@ class AdaptSettings:
 
     def __post_init__(self):
         check_fields(self, {
-            "lr": (lambda value: 0 < value <= 0.1, "a learning rate in (0, 0.1]"),
+            "lr": (lambda value: 0 <= value <= 0.1, "a learning rate in [0, 0.1]"),
             "gamma": (lambda value: 0 < value < math.inf, "a decay length > 0"),
             "max_prompt_tokens": (lambda value: isinstance(value, int) and value >= 1, "an int >= 1"),
             "max_reply_tokens": (lambda value: isinstance(value, int) and value >= 2,
