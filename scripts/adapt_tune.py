@@ -163,8 +163,8 @@ def main() -> int:
         row["general_ratio"] = round(row["tau_general"] / shipped["tau_general"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.record:
-        write_tune_record(args, rows)
+        if args.record:  # after each row: a run stopped early keeps the rows it measured
+            write_tune_record(args, rows)
     return 0
 
 
