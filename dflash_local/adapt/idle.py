@@ -43,7 +43,8 @@ class RoundSettings:
     min_new_replies: int = 4  # a round starts once this many replies are new
     held_out: int = 8  # at most this many of the newest replies judge, never train
     min_held_out: int = 2
-    # with AdaptSettings.lr: held-out τ of the kind 1.17x, general 0.96x (4 steps: 1.09x, 0.98x)
+    # with AdaptSettings.lr, after 48 replies: held-out τ of the kind 1.17x, general 0.96x (4 steps:
+    # 1.09x, 0.98x); after 100: 1.16x, 0.93x (docs/records/adapt-tune-100-replies.json)
     steps_per_new_reply: int = 16
     max_steps: int = 64
     max_tapped: int = 64  # sequences kept with their taps, newest first (~2 MiB each here)
