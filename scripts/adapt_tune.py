@@ -184,7 +184,8 @@ def write_tune_record(args, rows: list[dict]) -> None:
                      "grid": {label: None if setting is None else dataclasses.asdict(setting)
                               for label, setting in SETTINGS.items() if label in labels}},
         "row_header": "setting", "source": "scripts/adapt_tune.py",
-        "compares": "teacher-forced τ of the shipped drafter and of candidates trained with each setting",
+        "compares": f"teacher-forced τ of the shipped drafter and of candidates trained with each setting "
+                    f"on {args.replies} replies of one kind",
         "columns": [{"key": "tau_kind", "label": f"τ forced, held-out {args.kind}", "decimals": 2},
                     {"key": "tau_general", "label": "τ forced, held-out general", "decimals": 2},
                     {"key": "kind_ratio", "label": "× shipped (kind)", "decimals": 2},
