@@ -94,3 +94,22 @@ class ModelTooLargeError(DFlashError):
     """A pair cannot fit the memory the engine may use here: refused before any weight is read."""
 
     code = "model_too_large"
+
+
+class SettingsError(DFlashError):
+    """A settings dataclass holds a value out of its range: refused where it is made."""
+
+    code = "bad_settings"
+
+
+def check_fields(settings, rules: dict[str, tuple]) -> None:
+    """SettingsError naming the first field of `settings` whose value fails its rule
+    (`rules`: field -> (predicate, what the value must be))."""
+    for name, (holds, must_be) in rules.items():
+        value = getattr(settings, name)
+        try:
+            holds_here = bool(holds(value))
+        except TypeError:  # a value of another type altogether
+            holds_here = False
+        if not holds_here:
+            raise SettingsError(f"{type(settings).__name__}.{name} must be {must_be}, got {value!r}")

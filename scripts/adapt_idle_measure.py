@@ -40,25 +40,6 @@ def decoded(engine, prompt, max_tokens: int) -> tuple[list[int], list[int], dict
     return prompt_ids, reply, {"tau": stats.tau, "tok_s": stats.decode_tokens_per_s}
 
 
-def forced_tau(adaptation, replies, state) -> float:
-    """Teacher-forced τ of the drafter with weights `state` over these (prompt, reply) ids."""
-    from dflash_local.adapt.idle import evenly_spaced
-    from dflash_local.adapt.trainer import training_sequence
-
-    accepted = []
-    for prompt_ids, reply_ids in replies:
-        sequence = training_sequence(prompt_ids, reply_ids, adaptation.trainer.settings)
-        chunks = adaptation.teacher.taps(sequence["tokens"], lambda: 512)
-        try:
-            while True:
-                next(chunks)
-        except StopIteration as done:
-            sequence["taps"] = done.value
-        anchors = evenly_spaced(sequence, max(1, (len(sequence["tokens"]) - sequence["prompt_len"]) // 4))
-        accepted += adaptation.trainer.accepted(state, sequence, anchors)
-    return 1 + statistics.fmean(accepted)
-
-
 def slice_rows(timings) -> list[dict]:
     kinds: dict[str, list[float]] = {}
     for kind, seconds in timings:
@@ -84,6 +65,7 @@ def main() -> int:
     from dflash_local.adapt.idle import build_adaptation
     from dflash_local.adapt.record import ReplyRecorder, recorded_pair
     from dflash_local.adapt.store import ReplyStore
+    from dflash_local.bench.adapt_forced import every_fourth_block, forced_tau, tapped_replies
     from dflash_local.bench.datasets import load_prompts
     from dflash_local.engines.torch_engine import TorchEngine
     from dflash_local.pairs.default_pair import EMBEDDED_DRAFTER_DIR, embedded_target
@@ -108,13 +90,14 @@ def main() -> int:
     stream_s = time.perf_counter() - started
     after = {name: [decoded(engine, p, args.max_tokens) for p in items]
              for name, items in (("kind", held), ("general", general))}
-    serving = adaptation.trainer.serving
+    trainer = adaptation.trainer
     rows = []
     for name, label in (("kind", f"held-out {args.kind}"), ("general", "held-out general (embedded)")):
-        replies = [(prompt_ids, reply_ids) for prompt_ids, reply_ids, _ in before[name]]
+        sequences = tapped_replies(adaptation.teacher, trainer.settings,
+                                   [(prompt_ids, reply_ids) for prompt_ids, reply_ids, _ in before[name]])
         rows.append({"label": label,
-                     "forced_tau_shipped": round(forced_tau(adaptation, replies, adaptation.trainer.shipped), 3),
-                     "forced_tau_serving": round(forced_tau(adaptation, replies, serving), 3),
+                     "forced_tau_shipped": round(forced_tau(trainer, trainer.shipped, sequences, every_fourth_block), 3),
+                     "forced_tau_serving": round(forced_tau(trainer, trainer.serving, sequences, every_fourth_block), 3),
                      "tau_shipped": round(statistics.fmean(r[2]["tau"] for r in before[name]), 3),
                      "tau_serving": round(statistics.fmean(r[2]["tau"] for r in after[name]), 3)})
         assert [r[1] for r in before[name]] == [r[1] for r in after[name]], "adapted output differs"
@@ -123,17 +106,18 @@ def main() -> int:
                "rounds": adaptation.rounds, "stream_s": round(stream_s, 1)}
     print(json.dumps({"rows": rows, **summary}, indent=1))
     if args.record:
-        write_record(args, rows, summary)
+        write_measure_record(args, rows, summary)
     return 0
 
 
-def write_record(args, rows: list[dict], summary: dict) -> None:
+def write_measure_record(args, rows: list[dict], summary: dict) -> None:
+    from dflash_local.bench.report import write_record
+
     command = "nice .venv/bin/python scripts/adapt_idle_measure.py " + " ".join(sys.argv[1:])
     record = {
         "title": "Adapting the drafter while idle: held-out τ and slice lengths",
         "measured": __doc__.split("\n\n")[2].replace("\n", " "),
         "command": command, "date": datetime.date.today().isoformat(),
-        "machine": "2-core AMD EPYC (a virtual machine, shared with other work)",
         "engine": "Transformers", "dataset": f"{args.kind} (stream and held-out), embedded (general)",
         "settings": {"pair": "embedded (SmolLM2-135M-Instruct + smollm2-135m-dflash)",
                      "stream": args.stream, "held_out": args.held_out, "max_tokens": args.max_tokens,
@@ -148,7 +132,7 @@ def write_record(args, rows: list[dict], summary: dict) -> None:
             ("max_s", "max (s)", 3))],
         "rows": rows,
     }
-    args.record.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_record(args.record, record, setting="a virtual machine, shared with other work")
 
 
 if __name__ == "__main__":

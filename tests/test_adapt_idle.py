@@ -130,6 +130,21 @@ def test_a_better_candidate_serves_losslessly_and_a_restart_takes_the_last_good(
     restarted.close()
 
 
+def test_a_swap_takes_weights_held_in_memory_and_the_target_as_loaded(tmp_path, monkeypatch):
+    from dflash_local.drafter import model_torch
+    from dflash_local.engines.torch_engine import TorchEngine
+
+    target, drafter = make_pair(tmp_path)
+    engine = TorchEngine(target, drafter)
+    state = noised(load_drafter(drafter).state_dict(), 0.1)
+    (target / "config.json").unlink()  # the target as the engine read it at load is checked
+    monkeypatch.setattr(model_torch, "load_file", lambda path: pytest.fail(f"{path} read again"))
+    swap_drafter(engine, drafter, 1, {name: tensor.numpy() for name, tensor in state.items()})
+    assert engine.drafter_version == 1
+    assert torch.equal(engine.drafter.norm.weight.float(), state["norm.weight"])
+    engine.close()
+
+
 class ScriptedWork:
     """Idle work whose first slice is held open until the test has submitted a job."""
 
@@ -170,6 +185,35 @@ def test_a_request_arriving_during_a_slice_runs_before_the_next_slice(tmp_path):
     work.held.set()
     wait_until(lambda: len(work.slices) == 3)
     assert work.slices == [1, 2, 2]  # the job that came during slice 1 ran before slice 2
+    worker.close()
+    engine.close()
+
+
+class LateWork:
+    """Idle work that appears with no job to wake the worker (`adapt reset` from the CLI)."""
+
+    def __init__(self):
+        self.appeared = False
+        self.ran = threading.Event()
+
+    def has_work(self) -> bool:
+        return self.appeared and not self.ran.is_set()
+
+    def run_slice(self) -> None:
+        self.ran.set()
+
+
+def test_idle_work_that_appears_without_a_job_runs(tmp_path, monkeypatch):
+    from dflash_local.engines.torch_engine import TorchEngine
+    from dflash_local.service import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "IDLE_POLL_S", 0.05)
+    engine = TorchEngine(*make_pair(tmp_path))
+    work = LateWork()
+    worker = worker_module.GenerationWorker(engine, idle_work=work)
+    wait_until(lambda: not worker.busy)
+    work.appeared = True  # no submit follows: only the idle poll can find it
+    assert work.ran.wait(30)
     worker.close()
     engine.close()
 

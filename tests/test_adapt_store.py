@@ -26,6 +26,8 @@ def test_ids_round_trip_and_the_oldest_go_first_by_count(tmp_path):
     kept = list(store.replies(pair.identity))
     assert [reply.reply_ids for reply in kept] == [[2, 49151], [3, 49151], [4, 49151]]
     assert kept[0].prompt_ids == [1, 2**31 + 2] and kept[0].meta == {"temperature": 0.0}
+    newest = list(store.replies(pair.identity, newest=2))  # what a training round reads
+    assert [reply.reply_ids for reply in newest] == [[3, 49151], [4, 49151]]
 
 
 def test_the_byte_budget_evicts_the_oldest_whichever_pair_wrote_them(tmp_path):

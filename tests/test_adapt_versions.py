@@ -1,7 +1,8 @@
 """Adapted drafters' versions on disk (adapt/versions.py), no model needed: a kill -9 while a
 version is written leaves the last good one serving and no half version; a corrupt version is
 detected and skipped; a version made for another target is refused with the reason; a reset goes
-back to the shipped drafter; the margin a candidate must win by."""
+back to the shipped drafter; the margin a candidate must win by; settings out of range refused,
+naming the field."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_local.adapt.idle import better_by_margin, evenly_spaced
+from dflash_local.adapt.idle import RoundSettings, better_by_margin, evenly_spaced
 from dflash_local.adapt.versions import PARTIAL_PREFIX, VersionStore, reset_versions
+from dflash_local.errors import SettingsError
 
 TARGET = {"path": "/models/target", "weights": [["model.safetensors", 10, 1]], "texts": {}}
 RECORD = {"trained_on": 4, "tau_before": 1.5, "tau_after": 1.8, "at": "2026-01-01T00:00:00Z"}
@@ -41,6 +43,22 @@ def test_publish_serves_the_new_version_and_reset_returns_to_the_shipped(tmp_pat
     assert set(versions.history()[0]) == {"version", "trained_on", "tau_before", "tau_after", "at"}
     assert versions.reset() == 2
     assert versions.serving() is None and versions.numbers() == []
+
+
+def test_the_pointer_is_parsed_again_only_when_its_file_changes(tmp_path, monkeypatch):
+    versions = VersionStore("pair", TARGET, tmp_path)
+    versions.publish(writer(b"one"), RECORD)
+    parses = []
+    parse = versions._parse_pointer
+    monkeypatch.setattr(versions, "_parse_pointer", lambda: parses.append(1) or parse())
+    assert [versions.pointed() for _ in range(5)] == [1] * 5
+    assert len(parses) == 1
+    versions.publish(writer(b"two"), RECORD)
+    assert versions.pointed() == 2 and len(parses) == 2
+    versions.serve(None)
+    assert versions.pointed() is None
+    VersionStore("pair", TARGET, tmp_path).serve(1)  # another process's write
+    assert versions.pointed() == 1
 
 
 def test_adapt_reset_deletes_every_pairs_versions(tmp_path, monkeypatch):
@@ -132,3 +150,31 @@ def test_held_out_blocks_are_spread_over_the_reply():
     assert anchors == sorted(anchors) and len(anchors) == 4
     assert anchors[0] == 9 and anchors[-1] <= 38
     assert evenly_spaced({"tokens": [1, 2], "prompt_len": 1}, 4) == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"lr": -1e-5}, "AdaptSettings.lr must be a learning rate in [0, 0.1], got -1e-05"),
+    ({"lr": float("nan")}, "AdaptSettings.lr must be"),
+    ({"lr": "3e-5"}, "AdaptSettings.lr must be a learning rate in [0, 0.1], got '3e-5'"),
+    ({"replay_share": 1.5}, "AdaptSettings.replay_share must be a share in [0, 1], got 1.5"),
+    ({"max_reply_tokens": 1}, "AdaptSettings.max_reply_tokens must be an int >= 2"),
+])
+def test_bad_trainer_settings_are_refused_naming_the_field(fields, message):
+    from dflash_local.adapt.trainer import AdaptSettings
+
+    with pytest.raises(SettingsError) as refused:
+        AdaptSettings(**fields)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"steps_per_new_reply": 0}, "RoundSettings.steps_per_new_reply must be an int >= 1, got 0"),
+    ({"max_steps": 2.5}, "RoundSettings.max_steps must be an int >= 1, got 2.5"),
+    ({"held_out": 1, "min_held_out": 2}, "RoundSettings.held_out must be an int >= min_held_out (2), got 1"),
+    ({"max_tapped": 8}, "RoundSettings.max_tapped must be an int > held_out (8)"),
+    ({"slice_budget_s": -0.1}, "RoundSettings.slice_budget_s must be a number of seconds > 0, got -0.1"),
+])
+def test_bad_round_settings_are_refused_naming_the_field(fields, message):
+    with pytest.raises(SettingsError) as refused:
+        RoundSettings(**fields)
+    assert str(refused.value).startswith(message)

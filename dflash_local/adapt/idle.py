@@ -31,7 +31,7 @@ from dflash_local.adapt.record import ReplyRecorder
 from dflash_local.adapt.store import RecordedReply, ReplyStore
 from dflash_local.adapt.versions import VersionStore, now_iso
 from dflash_local.engines.drafter_swap import swap_drafter
-from dflash_local.errors import CheckpointError, DFlashError
+from dflash_local.errors import CheckpointError, DFlashError, check_fields
 
 log = logging.getLogger("dflash_local.adapt")
 # tests/conftest.py turns it off: a test's replies start no rounds unless the test asks
@@ -43,7 +43,8 @@ class RoundSettings:
     min_new_replies: int = 4  # a round starts once this many replies are new
     held_out: int = 8  # at most this many of the newest replies judge, never train
     min_held_out: int = 2
-    # with AdaptSettings.lr: held-out τ of the kind 1.17x, general 0.96x (4 steps: 1.09x, 0.98x)
+    # with AdaptSettings.lr, after 48 replies: held-out τ of the kind 1.17x, general 0.96x (4 steps:
+    # 1.09x, 0.98x); after 100: 1.16x, 0.93x (docs/records/adapt-tune-100-replies.json)
     steps_per_new_reply: int = 16
     max_steps: int = 64
     max_tapped: int = 64  # sequences kept with their taps, newest first (~2 MiB each here)
@@ -51,6 +52,19 @@ class RoundSettings:
     replay_per_round: int = 4  # shipped-data sequences tapped per round, up to replay_pool
     replay_pool: int = 32
     slice_budget_s: float = 0.2
+
+    def __post_init__(self):
+        at_least = {name: (lambda value, low=low: isinstance(value, int) and value >= low, f"an int >= {low}")
+                    for name, low in (("min_new_replies", 1), ("min_held_out", 1), ("steps_per_new_reply", 1),
+                                      ("max_steps", 1), ("score_anchors", 1), ("replay_per_round", 0),
+                                      ("replay_pool", 0))}
+        check_fields(self, {
+            **at_least,
+            "held_out": (lambda value: isinstance(value, int) and value >= self.min_held_out,
+                         f"an int >= min_held_out ({self.min_held_out})"),
+            "max_tapped": (lambda value: isinstance(value, int) and value > self.held_out,
+                           f"an int > held_out ({self.held_out}): some tapped replies must train"),
+            "slice_budget_s": (lambda value: 0 < value < math.inf, "a number of seconds > 0")})
 
 
 def disabled_status(recording: bool = False, note: str | None = None) -> dict:
@@ -222,12 +236,12 @@ class Adaptation:
         yield from self._follow_pointer()
         if not self._ready():
             return
-        with self._lock:
-            replies = list(self._store.replies(self.recorder.pair.identity))
-        held_count = min(self.settings.held_out, max(self.settings.min_held_out, len(replies) // 5))
+        with self._lock:  # only the newest replies are kept tapped: only they are read
+            replies = list(self._store.replies(self.recorder.pair.identity, self.settings.max_tapped))
+            recorded = self._store.count(self.recorder.pair.key)
+        held_count = min(self.settings.held_out, max(self.settings.min_held_out, recorded // 5))
         held, train = replies[-held_count:], replies[:-held_count]
-        # newest first (the held-out ones, then what trains), as many as are kept tapped
-        for reply in reversed(replies[-self.settings.max_tapped:]):
+        for reply in reversed(replies):  # newest first: the held-out ones, then what trains
             if reply.id not in self._tapped:
                 yield from self._tap_reply(reply)
         for sequence in self.replay[len(self._replay_tapped):][: self.settings.replay_per_round]:
@@ -298,8 +312,11 @@ class Adaptation:
         version = self.versions.publish(self.trainer.save_candidate, record)
         self._pointer_seen = version.number
         yield "publish"
-        swap_drafter(self.engine, version.path, version.number)
-        self.trainer.serving = self.trainer.candidate_state()
+        # the weights just written (rounded as the files hold them), from memory: not read back
+        serving = {name: tensor.bfloat16().float() for name, tensor in self.trainer.candidate_state().items()}
+        swap_drafter(self.engine, version.path, version.number,
+                     {name: tensor.numpy() for name, tensor in serving.items()})
+        self.trainer.serving = serving
         self.tau_recent["serving"] = round(tau_after, 4)
         log.info("adapted drafter v%d serves: tau on the recent replies %.2f -> %.2f",
                  version.number, tau_before, tau_after)

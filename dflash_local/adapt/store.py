@@ -184,9 +184,10 @@ class ReplyStore:
                  "prompt_tokens": prompt, "reply_tokens": reply, "bytes": size, "newest": newest}
                 for key, count, prompt, reply, size, newest in rows]
 
-    def replies(self, identity: dict) -> Iterator[RecordedReply]:
-        """The replies of the pair with this identity, oldest first; a stored identity that
-        differs under the same key (a tampered or foreign row) is refused, never mixed in."""
+    def replies(self, identity: dict, newest: int | None = None) -> Iterator[RecordedReply]:
+        """The replies of the pair with this identity (only the `newest` ones where given), oldest
+        first; a stored identity that differs under the same key (a tampered or foreign row) is
+        refused, never mixed in."""
         key = pair_key(identity)
         stored = self.connection.execute("SELECT identity FROM pairs WHERE key = ?", (key,)).fetchone()
         if stored is None:
@@ -195,7 +196,7 @@ class ReplyStore:
         if json.loads(stored[0]) != expected:
             raise StorageError(f"the store's pair {key} was recorded by other models than these; "
                                f"its replies are not used (dflash-local adapt reset --pair {key})")
-        yield from self._rows("WHERE pair_key = ?", (key,))
+        yield from self._rows("WHERE pair_key = ?", (key,), newest)
 
     def count(self, key: str, after_id: int = 0) -> int:
         """One pair's replies recorded after row `after_id` (0: all of them)."""
@@ -206,8 +207,13 @@ class ReplyStore:
         """Every pair's replies (or one key's), oldest first: for export."""
         yield from self._rows("WHERE pair_key = ?" if key else "", (key,) if key else ())
 
-    def _rows(self, where: str, values: tuple) -> Iterator[RecordedReply]:
-        query = f"SELECT id, pair_key, created, prompt_ids, reply_ids, meta FROM replies {where} ORDER BY id"
+    def _rows(self, where: str, values: tuple, newest: int | None = None) -> Iterator[RecordedReply]:
+        query = f"SELECT id, pair_key, created, prompt_ids, reply_ids, meta FROM replies {where}"
+        if newest is None:
+            query += " ORDER BY id"
+        else:  # the newest rows, read back oldest first
+            query = f"SELECT * FROM ({query} ORDER BY id DESC LIMIT ?) ORDER BY id"
+            values = (*values, newest)
         for row_id, key, created, prompt, reply, meta in self.connection.execute(query, values):
             yield RecordedReply(row_id, key, created, unpack_ids(prompt), unpack_ids(reply),
                                 json.loads(meta))

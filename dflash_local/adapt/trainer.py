@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 import shutil
 from collections.abc import Generator
@@ -27,6 +28,7 @@ import torch
 from dflash_local.drafter.draft_vocab import FILE_NAME as DRAFT_VOCAB_FILE
 from dflash_local.drafter.model_torch import DFlashDrafter, load_drafter, save_drafter
 from dflash_local.engines.torch_engine import TapCollector
+from dflash_local.errors import check_fields
 from dflash_local.train.batches import make_batch
 from dflash_local.train.trainer import accepted_per_block, loss_and_predictions
 
@@ -36,7 +38,8 @@ log = logging.getLogger("dflash_local.adapt")
 @dataclass(frozen=True)
 class AdaptSettings:
     # of those tried, the one that gains on the user's kind and keeps the general τ (>= 0.95x):
-    # docs/records/adapt-tune-embedded.json
+    # docs/records/adapt-tune-embedded.json (after 100 replies no setting tried does better:
+    # adapt-tune-100-replies.json)
     lr: float = 3e-5
     gamma: float = 7.0
     max_prompt_tokens: int = 256  # a reply's context is cut to the prompt's last tokens
@@ -44,6 +47,16 @@ class AdaptSettings:
     pull: float = 1.0  # the L2 pull toward the shipped weights (a drafter without replay data)
     replay_share: float = 0.5  # of the steps, those that add one sequence of the shipped data
     seed: int = 0
+
+    def __post_init__(self):
+        check_fields(self, {
+            "lr": (lambda value: 0 <= value <= 0.1, "a learning rate in [0, 0.1]"),
+            "gamma": (lambda value: 0 < value < math.inf, "a decay length > 0"),
+            "max_prompt_tokens": (lambda value: isinstance(value, int) and value >= 1, "an int >= 1"),
+            "max_reply_tokens": (lambda value: isinstance(value, int) and value >= 2,
+                                 "an int >= 2 (a block needs an anchor and a draft)"),
+            "pull": (lambda value: 0 <= value < math.inf, "a weight >= 0"),
+            "replay_share": (lambda value: 0 <= value <= 1, "a share in [0, 1]")})
 
 
 def training_sequence(prompt_ids: list[int], reply_ids: list[int], settings: AdaptSettings) -> dict:

@@ -75,6 +75,7 @@ class VersionStore:
         self.pair_key = pair_key
         self.target = json.loads(json.dumps(target, default=str))
         self.dir = (root or versions_root()) / pair_key
+        self._pointer_read: tuple[tuple, int | None] | None = None  # (the file's stat, its version)
         self._sweep_partials()
 
     def _sweep_partials(self) -> None:
@@ -119,7 +120,20 @@ class VersionStore:
         _write_atomically(self.dir / POINTER, json.dumps({"version": number}) + "\n")
 
     def pointed(self) -> int | None:
-        """The version the pointer names, unchecked (None: none, or a pointer unreadable)."""
+        """The version the pointer names, unchecked (None: none, or a pointer unreadable). The
+        idle worker asks before every slice: the file is parsed again only when its stat changes
+        (each write is a new file: `os.replace`)."""
+        try:
+            stat = (self.dir / POINTER).stat()
+        except FileNotFoundError:
+            self._pointer_read = None
+            return None
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if self._pointer_read is None or self._pointer_read[0] != seen:
+            self._pointer_read = (seen, self._parse_pointer())
+        return self._pointer_read[1]
+
+    def _parse_pointer(self) -> int | None:
         try:
             return int(json.loads((self.dir / POINTER).read_text())["version"])
         except FileNotFoundError:

@@ -330,13 +330,18 @@ def _head_columns(head, ids: mx.array, hidden_size: int, dtype: mx.Dtype, chunk:
     return projection, (bias if has_bias else None)
 
 
-def load_drafter(path: str | Path, dtype: mx.Dtype = mx.float32) -> DFlashDrafter:
-    """Load a z-lab checkpoint directory as it is (v1 or DFlash 2): config.json + *.safetensors."""
+def load_drafter(path: str | Path, dtype: mx.Dtype = mx.float32, in_memory: dict | None = None
+                 ) -> DFlashDrafter:
+    """Load a z-lab checkpoint directory as it is (v1 or DFlash 2): config.json + *.safetensors;
+    `in_memory` (name -> numpy array) in place of the files' weights when they are in memory."""
     config = load_drafter_config(path)
     files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
+    if in_memory is None and not files:
         raise CheckpointError(f"drafter directory {path} has no *.safetensors file")
     weights: dict[str, mx.array] = {}
+    if in_memory is not None:
+        weights = {name: mx.array(np.asarray(value)) for name, value in in_memory.items()}
+        files = []
     for file in files:
         try:
             weights.update(mx.load(str(file)))

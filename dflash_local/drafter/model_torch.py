@@ -334,9 +334,17 @@ def _head_rows(head, ids: torch.Tensor, hidden_size: int, like: torch.Tensor, ch
     return torch.cat(columns).T.contiguous(), (bias if bool(bias.any()) else None)
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
-    """Load a z-lab checkpoint directory as it is: config.json + *.safetensors."""
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 weights: dict | None = None) -> DFlashDrafter:
+    """Load a z-lab checkpoint directory as it is: config.json + *.safetensors; `weights` (name ->
+    array, as the files hold them) in place of the files' when they are in memory already."""
     config = load_drafter_config(path)
+    if weights is not None:
+        model = DFlashDrafter(config)
+        state = {name: torch.as_tensor(value) for name, value in weights.items()}
+        _check_state(model, state, path)
+        model.load_state_dict(state)
+        return model.to(device=device, dtype=dtype).eval()
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"drafter directory {path} has no *.safetensors file")

@@ -109,7 +109,7 @@ class LocalEngine(Engine):
                         target_path, drafter_path, dtype, self.on_accelerator())
         check_draft_window(draft_window, max_context)  # before any weight loads
         disk_budget = _checked_prefix_budgets(prefix_cache, prefix_cache_mb, prefix_cache_disk_mb)
-        target_info = load_target_info(target_path, raw_config)
+        self.target_info = target_info = load_target_info(target_path, raw_config)  # swaps check against it
         drafter_config = (load_checked_drafter_config(drafter_path, target_path, target_info)
                           if drafter_path else None)
         draft_ids = (load_draft_vocab(drafter_path, drafter_config.vocab_size)
@@ -192,9 +192,9 @@ class LocalEngine(Engine):
 
     @abc.abstractmethod
     def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
-                     draft_ids: list[int] | None):
-        """The drafter, bound to the target's embeddings and head, drafting only `draft_ids`
-        where given; the engine also readies the target's taps of it."""
+                     draft_ids: list[int] | None, weights: dict | None = None):
+        """The drafter (`weights`: its numpy arrays, in place of its files'), bound to the
+        target's embeddings and head, drafting only `draft_ids` where given; taps readied."""
 
     @abc.abstractmethod
     def exact_tree_verify(self) -> bool:

@@ -279,8 +279,8 @@ class MLXEngine(LocalEngine):
         return [mlx_attention.install(self.model), self.adapter.install_row_rope(self.model)]
 
     def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
-                     draft_ids: list[int] | None):
-        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype])
+                     draft_ids: list[int] | None, weights: dict | None = None):
+        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype], in_memory=weights)
         inner = self.adapter.text_model(self.model)
         drafter.bind(inner.embed_tokens, self.adapter.lm_head(self.model))
         if draft_ids:

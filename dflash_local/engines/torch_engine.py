@@ -276,8 +276,8 @@ class TorchEngine(LocalEngine):
         return accelerations
 
     def load_bound_drafter(self, drafter_path: Path, drafter_config: DrafterConfig, dtype: str,
-                     draft_ids: list[int] | None):
-        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype], device=self.device)
+                     draft_ids: list[int] | None, weights: dict | None = None):
+        drafter = load_drafter(drafter_path, dtype=DTYPES[dtype], device=self.device, weights=weights)
         if self.pack_cpu_linears:
             pack_linears(drafter, self.rows_hint)
         drafter.bind(self.model.get_input_embeddings(), self.model.get_output_embeddings())

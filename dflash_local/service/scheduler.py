@@ -79,12 +79,13 @@ class RoundRobin:
     def busy(self) -> bool:
         return bool(self.lanes or self.waiting)
 
-    def joining(self, block: bool) -> list[Job] | None:
+    def joining(self, block: bool, timeout: float | None = None) -> list[Job] | None:
         """The waiting jobs that fit the free places, oldest first; with `block`, wait until one
-        comes. None: stopped, with nothing waiting or in flight."""
+        comes, or `timeout` seconds at most (then []). None: stopped, with nothing waiting or in
+        flight."""
         with self._wake:
-            while block and not self.waiting and not self._stopping:
-                self._wake.wait()
+            if block:
+                self._wake.wait_for(lambda: self.waiting or self._stopping, timeout)
             if self._stopping and not self.waiting and not self.lanes:
                 return None
             free_places = self.max_batch - len(self.lanes)

@@ -43,6 +43,7 @@ from dflash_local.service.stop_strings import StopMatcher
 from dflash_local.service.tool_calls import NO_TOOLS, ToolPlan, ToolSupport, plan_tools, split_calls
 
 log = logging.getLogger("dflash_local.service")
+IDLE_POLL_S = 1.0  # how often an idle worker looks for idle work no job woke it for (adapt reset)
 
 
 class IdleWork(Protocol):
@@ -182,14 +183,11 @@ class GenerationWorker:
     def status(self) -> dict:
         running = [lane.job.summary() for lane in list(self._batch.lanes)]
         return {"busy": self.busy, "queued": len(self._batch.waiting), "max_queue": self.max_queue,
-                "max_batch": self.max_batch, "running": running,
-                "current": running[0] if running else None,
-                "last": self.last.summary() if self.last else None,
+                "max_batch": self.max_batch, "running": running, "current": (running or [None])[0],
+                "last": self.last.summary() if self.last else None, "warmed": self.warmed,
                 "jobs_done": self.jobs_done, "rounds_total": self.rounds_total,
                 "verify_batches": self._lanes.batches, "verifies": self._lanes.verifies,
-                "proposal_batches": self._lanes.proposal_batches,
-                "proposals": self._lanes.proposals,
-                "warmed": self.warmed}
+                "proposal_batches": self._lanes.proposal_batches, "proposals": self._lanes.proposals}
 
     def retire(self, on_idle: Callable[[], None]) -> None:
         """Refuse new jobs, finish the ones already taken, then call `on_idle` (free the engine):
@@ -221,10 +219,12 @@ class GenerationWorker:
                 self._warm_finished()
                 if self._idle_slice():
                     continue  # then look for jobs again: one arriving waited one slice at most
-            joining = self._batch.joining(block=idle)
+            joining = self._batch.joining(block=idle, timeout=IDLE_POLL_S if self.idle_work else None)
             if joining is None:
                 self.engine.share_rounds(None)
                 return
+            if not joining and not self._batch.lanes:
+                continue  # the poll: idle work may have come with no job (`adapt reset`)
             self._admit(joining)  # and again mid-tick, before the verifies (lanes.py)
             mid_tick = lambda: self._admit(self._batch.joining(block=False) or [])
             for lane in self._lanes.tick(list(self._batch.lanes), mid_tick):
