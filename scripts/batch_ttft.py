@@ -25,6 +25,7 @@ STREAM_PROMPTS = ["Tell me a long story about a lighthouse keeper.",
                   "Write a long letter to a friend about your garden."]
 NEWCOMER = "Write a five-word title for a chat about gardening."
 SETTINGS = {"temperature": 0, "block_size": "auto (the service's default)"}
+SETTLE_S = 3.0  # after the worker's last job, for its next-turn warm-ups, before an idle newcomer
 
 
 def main() -> int:
@@ -68,6 +69,7 @@ def measure(args, max_batch: int) -> dict:
         newcomer_alone, _ = _reply(url, NEWCOMER, args.newcomer_tokens)
         idle, busy, identical = [], [], True
         for _ in range(args.tries):
+            _settle(url)
             idle.append(_reply(url, NEWCOMER, args.newcomer_tokens)[1])
             ids, ttft, stream_ids = _beside_streams(url, args)
             busy.append(ttft)
@@ -87,6 +89,18 @@ def _service(engine: str, max_batch: int):
     state = ServiceState(max_batch=max_batch, adapt=False)
     state.load_pair("embedded", engine)
     return state, create_app(state)
+
+
+def _settle(url: str) -> None:
+    """Until the worker holds no job, then SETTLE_S more: the finished replies' next turns are
+    warmed while it is idle (turn_warmup.py), and an idle newcomer timed during those warm-ups
+    waits for them."""
+    import httpx
+
+    status_url = url.removesuffix("/v1/chat/completions") + "/dflash/status"
+    while httpx.get(status_url).json()["worker"]["busy"]:
+        time.sleep(0.05)
+    time.sleep(SETTLE_S)
 
 
 def _beside_streams(url: str, args) -> tuple[list[int], float, list[list[int]]]:
@@ -146,16 +160,18 @@ def record_results(args, results: dict, identical: bool) -> None:
         "settings": {**SETTINGS, "pair": "embedded", "tries": args.tries},
         "command": f"scripts/batch_ttft.py --engine {args.engine} --stream-tokens "
                    f"{args.stream_tokens} --tries {args.tries} --record {args.record}",
-        "source": "scripts/batch_ttft.py, dflash_local/service/scheduler.py",
+        "source": "scripts/batch_ttft.py, dflash_local/service/scheduler.py, dflash_local/service/lanes.py",
         "row_header": "worker",
         "columns": [{"key": "idle_s", "label": "TTFT idle (s)", "decimals": 2},
                     {"key": "busy_s", "label": "TTFT beside 3 streams (s)", "decimals": 2},
                     {"key": "ratio", "label": "× idle", "decimals": 1},
                     {"key": "identical", "label": "replies identical to alone"}],
         "rows": rows,
-        "notes": [(f"Medians of {args.tries} newcomers. Rounds are taken in turn, one forward "
-                   f"pass each (no batched pass yet): beside 3 streams a newcomer waits for its "
-                   f"own prefill and one round of each stream.")],
+        "notes": [(f"Medians of {args.tries} newcomers. With --max-batch 4 the streams are lanes "
+                   f"whose proposals and verifies run batched; a newcomer joins mid-tick, after "
+                   f"the proposal batch, so it waits for one batch of the others and its own "
+                   f"prefill. Each idle newcomer is sent once the worker holds no job and "
+                   f"{SETTLE_S:.0f} s more (the next turns' warm-ups).")],
     }
     write_record(args.record, record)
 
