@@ -30,7 +30,7 @@ def test_levels_measured_with_memory_and_a_named_machine(tmp_path_factory, home,
     path = home / "concurrency.json"
     assert main(["bench", "--engine", "transformers", "--target", str(pair.target),
                  "--drafter", str(pair.drafter), "--concurrency", "1,2", "--max-tokens", "6",
-                 "--stagger", "0", "--block-size", "4", "--record", str(path)]) == 0
+                 "--stagger", "0", "--block-size", "4", "--repeats", "2", "--record", str(path)]) == 0
     record = json.loads(path.read_text())
     assert [row["label"] for row in record["rows"]] == ["1 client", "2 clients"]
     for row in record["rows"]:
@@ -41,7 +41,8 @@ def test_levels_measured_with_memory_and_a_named_machine(tmp_path_factory, home,
     assert memory["peak_mib"]["rss"] >= memory["idle_mib"]["rss"] > 0
     assert memory["drained_mib"]["rss"] > 0 and memory["drained_trimmed_mib"]["rss"] > 0
     assert record["machine_details"]["cores"] >= 1 and record["machine"]
-    assert "--concurrency 1,2" in record["command"]
+    assert "--concurrency 1,2" in record["command"] and "--repeats 2" in record["command"]
+    assert record["settings"]["repeats"] == 2
     assert "record:" in capsys.readouterr().out
 
 

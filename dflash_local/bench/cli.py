@@ -51,7 +51,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times per sample, interleaved, and keep the "
                              "fastest try: removes most of a shared machine's noise, at N times "
-                             "the time (default 1)")
+                             "the time (default 1); --concurrency: N speculative and N plain "
+                             "runs in turn at each level, their tokens over their summed times")
     flags.add_recalibrate_flag(parser, help="measure the block-width costs again instead of using the cache")
     parser.add_argument("--multi-turn", action="store_true",
                         help="two-turn conversations with the prefix cache off and on: time to "

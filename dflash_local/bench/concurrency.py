@@ -7,9 +7,10 @@ then the process's memory idle, during the most clients and after they drain
 N clients stream greedy replies to N prompts (held-out and chat prompts of bench/datasets.py, in
 turn), arriving `--stagger` seconds apart; the service keeps max(N) generations in flight
 (service/lanes.py), so none waits in the queue. At each concurrency the speculative and the plain
-run follow each other, so a change of the machine's load falls on both. Aggregate tokens/s: every
-reply's tokens over the wall time from the first request to the last reply's end; per request:
-its tokens after the first over the time from its first token to its end.
+runs take turns, `--repeats` of each, so a change of the machine's load falls on both. Aggregate
+tokens/s: every run's tokens over the sum of the runs' wall times, each from its first request to
+its last reply's end; per request (median): its tokens after the first over the time from its
+first token to its end.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from dflash_local.bench import service_memory
     from dflash_local.bench.report import write_record
 
-    if args.max_tokens < 1 or args.stagger < 0 or len(args.block_size) != 1:
-        raise DFlashError(f"--concurrency needs --max-tokens >= 1, --stagger >= 0 and one block "
-                          f"size, got {args.max_tokens}, {args.stagger} and "
-                          f"{','.join(map(str, args.block_size))}")
+    if args.max_tokens < 1 or args.stagger < 0 or args.repeats < 1 or len(args.block_size) != 1:
+        raise DFlashError(f"--concurrency needs --max-tokens >= 1, --stagger >= 0, --repeats >= 1 "
+                          f"and one block size, got {args.max_tokens}, {args.stagger}, "
+                          f"{args.repeats} and {','.join(map(str, args.block_size))}")
     prompts = prompt_texts(max(args.concurrency))
     state, server = serve(args, max(args.concurrency))
     try:
@@ -68,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
         alone = {(mode, p): reply(clients, p, on, time.perf_counter())["ids"]
                  for mode, on in MODES.items() for p in prompts}
         memory = service_memory.Watch(state.loaded)
-        rows = [level_row(clients, prompts[:count], alone, memory if count == max(args.concurrency)
-                          else None) for count in args.concurrency]
+        rows = [level_row(clients, prompts[:count], alone, args.repeats,
+                          memory if count == max(args.concurrency) else None)
+                for count in args.concurrency]
         memory.after_drain()
         batching = batching_words(state.loaded.engine, state.loaded.worker.status())
     finally:
@@ -112,17 +114,22 @@ def serve(args: argparse.Namespace, max_batch: int):
     return state, BackgroundServer(create_app(state)).start()
 
 
-def level_row(clients: Clients, prompts: list[str], alone: dict, memory=None) -> dict:
-    """One concurrency: the speculative run, then the plain one (`memory` watching both)."""
+def level_row(clients: Clients, prompts: list[str], alone: dict, repeats: int = 1,
+              memory=None) -> dict:
+    """One concurrency: a speculative run, then a plain one, `repeats` times (`memory` watching
+    them all)."""
     row: dict = {"label": f"{len(prompts)} client{'s' if len(prompts) > 1 else ''}"}
-    same = True
-    for mode, on in MODES.items():
-        with memory or contextlib.nullcontext():
-            replies = together(clients, prompts, on)
-        same &= all(r["ids"] == alone[(mode, p)] for r, p in zip(replies, prompts, strict=True))
-        start = min(r["sent"] for r in replies)
-        tokens = sum(len(r["ids"]) for r in replies)
-        row[f"{mode}_aggregate"] = round(tokens / (max(r["end"] for r in replies) - start), 1)
+    same, runs = True, {mode: [] for mode in MODES}
+    for _ in range(repeats):
+        for mode, on in MODES.items():
+            with memory or contextlib.nullcontext():
+                replies = together(clients, prompts, on)
+            same &= all(r["ids"] == alone[(mode, p)] for r, p in zip(replies, prompts, strict=True))
+            runs[mode].append(replies)
+    for mode, mode_runs in runs.items():
+        spans = sum(max(r["end"] for r in run) - min(r["sent"] for r in run) for run in mode_runs)
+        replies = [r for run in mode_runs for r in run]
+        row[f"{mode}_aggregate"] = round(sum(len(r["ids"]) for r in replies) / spans, 1)
         row[f"{mode}_per_request"] = round(statistics.median(
             (len(r["ids"]) - 1) / (r["end"] - r["first"]) for r in replies), 1)
         row[f"{mode}_ttft"] = round(statistics.median(r["first"] - r["sent"] for r in replies), 3)
@@ -194,10 +201,10 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
         "engine": args.engine,
         "settings": {"temperature": 0, "block_size": str(args.block_size[0]),
                      "pair": Path(args.target).name if args.target else "embedded",
-                     "stagger_s": args.stagger, "verify": batching},
+                     "stagger_s": args.stagger, "repeats": args.repeats, "verify": batching},
         "command": f"dflash-local bench --engine {args.engine} --concurrency {counts} "
                    f"--max-tokens {args.max_tokens} --stagger {args.stagger} "
-                   f"--block-size {args.block_size[0]}"
+                   f"--block-size {args.block_size[0]} --repeats {args.repeats}"
                    + (f" --record {args.record}" if args.record else ""),
         "source": "dflash_local/bench/concurrency.py, dflash_local/service/lanes.py",
         "row_header": "clients",
