@@ -20,7 +20,10 @@ One tick (`Lanes.tick`):
    (in the next tick's): a newcomer waits for one batch of the others', not a whole tick.
 4. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
    every generation's rows) where it has one, else one after another (shared_rounds.verify_each).
-Between ticks the worker admits the waiting jobs into free places too.
+Between ticks the worker admits the waiting jobs into free places too. Each batch's time is
+split among its asks as the calibration prices a lane's part (`price_batches`; by rows without
+one), which each lane counts as its own, and `in_flight` tells every lane's auto planner how many
+lanes share the batches (planning/costs.py: RoundCosts.in_batch).
 
 Fair: every lane in flight gets a round every tick (one that joined mid-tick from the next),
 jobs join in arrival order, and at most one prefill chunk runs a tick. A cancelled
