@@ -34,13 +34,15 @@ def describe(threads: int | None = None) -> dict:
             "load_average": machine_load.load_average()}
 
 
-ENGINE_FRAMEWORKS = {"transformers": "torch", "mlx": "mlx.core"}
-
-
 def describe_engine(engine: str, threads: int | None = None) -> dict:
-    """describe() for a run whose engine works in a child process (a service, a worker): its
-    framework is imported here first, so the record names the kernels that child dispatches to."""
-    importlib.import_module(ENGINE_FRAMEWORKS[engine])
+    """describe() for a run whose engine works in a child process (a service, a worker): the
+    packages its row in the engine table requires are imported here first, so the record names
+    the kernels that child dispatches to."""
+    from dflash_local.engines.table import find_engine
+
+    spec = find_engine(engine)
+    for package in spec.requires if spec is not None else ():
+        importlib.import_module(package)
     return describe(threads)
 
 
