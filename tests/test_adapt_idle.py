@@ -88,9 +88,26 @@ def test_a_worse_candidate_is_kept_out(embedded, tmp_path, monkeypatch):
     assert adaptation.versions.numbers() == [] and engine.drafter_version is None
     status = adaptation.status()
     assert status["tau_recent"]["serving"] > 1.5  # the shipped drafter, judged on its own target's replies
+    assert status["last_round"]["verdict"] == idle.RESTART
     assert (status["replies"], status["pending"], status["trained_on"]) == (5, 0, 5)
     candidate = trainer.candidate.state_dict()
     assert all(torch.equal(candidate[name].cpu(), trainer.shipped[name]) for name in trainer.shipped)
+    adaptation.close()
+
+
+@pytest.mark.slow
+def test_a_candidate_within_the_noise_trains_on_from_where_it_is(embedded, tmp_path, monkeypatch):
+    engine, replies = embedded
+    adaptation = build_adaptation(engine, recording(engine, replies, tmp_path, monkeypatch), QUICK,
+                                  AdaptSettings(lr=0.0))
+    trainer = adaptation.trainer
+    nudged = noised(trainer.shipped, 1e-4)  # drafts as the shipped one does, weights not its own
+    trainer.candidate.load_state_dict(nudged)
+    run_until_idle(adaptation)
+    assert adaptation.status()["last_round"]["verdict"] == idle.TRAIN_ON
+    assert adaptation.versions.numbers() == [] and engine.drafter_version is None
+    candidate = trainer.candidate.state_dict()
+    assert all(torch.equal(candidate[name].cpu(), nudged[name]) for name in nudged)  # not restarted
     adaptation.close()
 
 
@@ -219,7 +236,7 @@ def test_idle_work_that_appears_without_a_job_runs(tmp_path, monkeypatch):
 
 
 CONTRACT = {"enabled", "recording", "replies", "pending", "training", "version", "trained_on",
-            "tau_recent", "history"}
+            "tau_recent", "last_round", "history"}
 
 
 def caught_up(server) -> dict | None:
@@ -247,6 +264,8 @@ def test_the_service_reports_the_status_contract(tmp_path, monkeypatch, capsys):
         state.unload()
     assert CONTRACT <= set(adapt) and adapt["enabled"] and adapt["recording"]
     assert adapt["trained_on"] == 4 and isinstance(adapt["tau_recent"]["serving"], float)
+    assert adapt["last_round"]["verdict"] in (idle.PUBLISH, idle.RESTART, idle.TRAIN_ON)
+    assert adapt["last_round"]["held_out_blocks"] > 0
     assert main(["adapt", "status", "--json"]) == 0
     offline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["adapt"]
     assert CONTRACT <= set(offline)

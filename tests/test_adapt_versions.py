@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from dflash_local.adapt.idle import RoundSettings, better_by_margin, evenly_spaced
+from dflash_local.adapt.idle import (
+    PUBLISH,
+    RESTART,
+    TRAIN_ON,
+    RoundSettings,
+    better_by_margin,
+    evenly_spaced,
+    verdict,
+)
 from dflash_local.adapt.versions import PARTIAL_PREFIX, VersionStore, reset_versions
 from dflash_local.errors import SettingsError
 
@@ -142,6 +150,16 @@ def test_kill_9_while_a_version_is_written_restarts_on_the_last_good_one(tmp_pat
 ])
 def test_a_candidate_serves_only_when_better_by_the_margin(candidate, serving, better):
     assert better_by_margin(candidate, serving) is better
+
+
+@pytest.mark.parametrize(("candidate", "serving", "decided"), [
+    ([3, 4, 3, 4, 3, 4], [1, 2, 1, 2, 1, 2], PUBLISH),
+    ([1, 2, 1, 2, 1, 2], [3, 4, 3, 4, 3, 4], RESTART),  # astray: back to what serves
+    ([0, 1, 1, 1, 1, 0], [9, 0, 0, 0, 0, 0], TRAIN_ON),  # worse on average, within the noise
+    ([2, 2, 2, 2, 2, 2], [2, 2, 2, 2, 2, 2], TRAIN_ON),
+])
+def test_a_round_publishes_restarts_or_trains_on(candidate, serving, decided):
+    assert verdict(candidate, serving) == decided
 
 
 def test_held_out_blocks_are_spread_over_the_reply():

@@ -71,7 +71,7 @@ def disabled_status(recording: bool = False, note: str | None = None) -> dict:
     """/dflash/status's `adapt` where nothing adapts (served engines, serve --no-adapt)."""
     return {"enabled": False, "recording": recording, "replies": 0, "pending": 0, "training": False,
             "version": None, "trained_on": 0, "tau_recent": {"shipped": None, "serving": None},
-            "history": [], "note": note}
+            "last_round": None, "history": [], "note": note}
 
 
 def tau(accepted: list[int]) -> float | None:
@@ -89,6 +89,24 @@ def better_by_margin(candidate: list[int], serving: list[int], relative: float =
     mean = statistics.fmean(gains)
     error = statistics.stdev(gains) / math.sqrt(len(gains))
     return mean > 2 * error and mean >= relative * tau(serving)
+
+
+PUBLISH, RESTART, TRAIN_ON = "publish", "restart", "train on"
+
+
+def verdict(candidate: list[int], serving: list[int]) -> str:
+    """What a round's scores decide: PUBLISH a candidate better by the margin; RESTART one the
+    serving drafter beats by the same margin (it went astray: it starts again from what serves);
+    else TRAIN_ON, the candidate kept as it is: a gain inside the noise of one round's held-out
+    blocks carries on into the next round (restarting on every dip threw away the rounds' work,
+    and on chat no candidate ever passed: docs/records/adapt-stream-coding-100.json)."""
+    if better_by_margin(candidate, serving):
+        return PUBLISH
+    return RESTART if better_by_margin(serving, candidate) else TRAIN_ON
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def evenly_spaced(sequence: dict, count: int) -> list[int]:
@@ -194,6 +212,7 @@ class Adaptation:
         self.sizer = SliceSizer(settings.slice_budget_s)
         self.tau_recent: dict[str, float | None] = {"shipped": None, "serving": None}
         self.rounds = 0
+        self.last_round: dict | None = None  # the latest round's scores and verdict (status)
         self._store = open_store()
         self._lock = threading.Lock()
         self._round: Generator[str, None, None] | None = None
@@ -300,10 +319,14 @@ class Adaptation:
                            "shipped": tau(scores.get("shipped", scores["serving"]))}
         self.rounds += 1
         self._save_progress(taken_through)
-        if better_by_margin(scores["candidate"], scores["serving"]):
+        decided = verdict(scores["candidate"], scores["serving"])
+        self.last_round = {"round": self.rounds, "held_out_blocks": len(scores["serving"]),
+                           "tau_serving": _rounded(serving_tau),
+                           "tau_candidate": _rounded(tau(scores["candidate"])), "verdict": decided}
+        if decided == PUBLISH:
             yield from self._publish(serving_tau, tau(scores["candidate"]))
-        elif statistics.fmean(scores["candidate"] or [0]) < statistics.fmean(scores["serving"] or [0]):
-            self.trainer.candidate.load_state_dict(self.trainer.serving)  # worse: start again from it
+        elif decided == RESTART:
+            self.trainer.candidate.load_state_dict(self.trainer.serving)
 
     def _publish(self, tau_before: float, tau_after: float) -> Generator[str, None, None]:
         record = {"trained_on": self.trained_on(), "tau_before": round(tau_before, 4),
@@ -362,8 +385,8 @@ class Adaptation:
         return {"enabled": True, "recording": self.recorder.paused is None, "replies": replies,
                 "pending": pending, "training": self._round is not None,
                 "version": self.engine.drafter_version, "trained_on": replies - pending,
-                "tau_recent": dict(self.tau_recent), "history": self.versions.history(),
-                "note": None}
+                "tau_recent": dict(self.tau_recent), "last_round": self.last_round,
+                "history": self.versions.history(), "note": None}
 
     def close(self) -> None:
         if self._round is not None:

@@ -204,7 +204,7 @@ class VersionStore:
         return {"enabled": None, "recording": None, "replies": replies, "pending": pending,
                 "training": None, "version": version.number if version else None,
                 "trained_on": replies - pending, "tau_recent": {"shipped": None, "serving": None},
-                "history": self.history()}
+                "last_round": None, "history": self.history()}
 
     def reset(self) -> int:
         """Back to the shipped drafter: every version of this pair deleted; returns how many."""
