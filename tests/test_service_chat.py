@@ -330,6 +330,8 @@ def test_a_load_with_block_size_auto_calibrates_before_the_first_chat(pair, empt
     status = httpx.get(server.url + "/dflash/status", timeout=10).json()
     assert status["loaded"]["default_block_size"] == "auto" and status["loading_phase"] is None
     assert status["calibration"]["measured_at"] and "reliable" in status["calibration"]
+    verify = status["calibration"]["batch"]["verify"]  # the lanes' batched verify, fitted
+    assert verify["fixed_s"] > 0 and min(verify["lane_s"], verify["row_s"]) >= 0
     assert len(list(calibration.paths.data_dir().glob("calibration/*.json"))) == 1
 
     def measured_again(*_args, **_kwargs):

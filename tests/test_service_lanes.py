@@ -220,4 +220,4 @@ def test_each_lanes_planner_prices_its_rounds_by_the_lanes_in_flight(served, mon
     lanes_seen.clear()
     assert together(server, AUTO) == alone
     assert max(lanes_seen) == len(AUTO), lanes_seen
-    assert state.loaded.worker._lanes._batch_costs is batch  # the split's prices: the calibration's
+    assert state.loaded.worker._lanes.batch_costs() is batch  # the split's prices: the calibration's

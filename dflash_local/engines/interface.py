@@ -26,6 +26,7 @@ from dflash_local.events import (
 )
 
 if TYPE_CHECKING:
+    from dflash_local.method.planning.costs import BatchCosts
     from dflash_local.method.shared_rounds import RoundSharing
 
 
@@ -112,6 +113,11 @@ class Engine(abc.ABC):
         """The work at load that generations at this default block size need (a local engine's
         calibration under auto); `on_wait(what)` before a wait worth telling the user about.
         `recalibrate`: measure again what is cached. A served engine has nothing to prepare."""
+
+    def batch_costs(self) -> BatchCosts | None:
+        """What a round costs as a lane's part of a batch (the calibration's fit): how the
+        worker's lanes split a batch's time among its generations; None: by rows."""
+        return None
 
     def calibration_status(self) -> dict | None:
         """The calibration auto plans with, for /dflash/status and the CLI (when measured, whether

@@ -45,6 +45,7 @@ from dflash_local.events import (
 )
 from dflash_local.method import calibration, prefix_disk, speculative
 from dflash_local.method.interfaces import Drafter, TargetRunner
+from dflash_local.method.planning.costs import BatchCosts
 from dflash_local.method.planning.observed import RoundTimes
 from dflash_local.method.prefix_cache import (
     Hit,
@@ -303,8 +304,6 @@ class LocalEngine(Engine):
                    if params.constraint is not None else None)
         runner = self.make_runner(collect_taps=drafter is not None)
         measured, sharing = self.calibration, self.sharing
-        if sharing is not None:  # the batches' time split as this calibration prices a lane's part
-            sharing.price_batches(measured.costs.batch if measured else None)
         planner = speculative.default_planner(
             runner, drafter, prompt_ids, params, measured.costs if measured else None,
             measured.prior if measured else (), self.round_times, sharing and sharing.in_flight)
@@ -348,12 +347,11 @@ class LocalEngine(Engine):
         self.prefix_cache.store(entry.token_ids.tolist(), entry.kept)
         return Hit(entry, found[1], tier="disk")
 
+    def batch_costs(self) -> BatchCosts | None:
+        return self.calibration.costs.batch if self.calibration else None
+
     def calibration_status(self) -> dict | None:
-        measured = self.calibration
-        if measured is None:
-            return None
-        return {"measured_at": measured.measured_at, "reliable": measured.reliable,
-                "noise": measured.noise.to_json() if measured.noise else None}
+        return self.calibration.status() if self.calibration else None
 
     def prefix_cache_status(self) -> dict | None:
         """The prefix cache's tiers for /dflash/status (None: the cache is off)."""

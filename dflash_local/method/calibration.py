@@ -93,6 +93,13 @@ class Calibration:
     def reliable(self) -> bool:
         return self.noise is None or self.noise.reliable
 
+    def status(self) -> dict:
+        """What /dflash/status and the CLI say of it: when, whether its timings are reliable and
+        why not, and what a round costs as a lane's part of a batch (seconds)."""
+        return {"measured_at": self.measured_at, "reliable": self.reliable,
+                "noise": self.noise.to_json() if self.noise else None,
+                "batch": self.costs.batch.to_json() if self.costs.batch else None}
+
     def to_json(self) -> dict:
         return {
             "version": CALIBRATION_VERSION, "key": self.key, "measured_at": self.measured_at,

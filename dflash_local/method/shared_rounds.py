@@ -17,7 +17,6 @@ import numpy as np
 
 from dflash_local.method.draft_tree import DraftTree
 from dflash_local.method.interfaces import Drafter, TargetRunner
-from dflash_local.method.planning.costs import BatchCosts
 
 # prompt rows per prefill forward while others share: the longest a newcomer's prefill holds
 # the running streams between two of their rounds
@@ -48,9 +47,6 @@ class RoundSharing(Protocol):
         """How many generations' rounds are batched now, this one's included: what the auto
         planner prices a round's part of the batch by (RoundCosts.in_batch)."""
 
-    def price_batches(self, batch: BatchCosts | None) -> None:
-        """Split each batch's time among its generations as `batch` prices their parts (the
-        calibration's; None: by rows), so a generation's timed rounds compare with its prices."""
 
 
 def shared_loop(runner: TargetRunner, drafter: Drafter | None, sharing: RoundSharing | None

@@ -21,7 +21,7 @@ One tick (`Lanes.tick`):
 4. the verifies handed in run as one batch: the runner class's `verify_batch` (one forward over
    every generation's rows) where it has one, else one after another (shared_rounds.verify_each).
 Between ticks the worker admits the waiting jobs into free places too. Each batch's time is
-split among its asks as the calibration prices a lane's part (`price_batches`; by rows without
+split among its asks as the engine's calibration prices a lane's part (`Engine.batch_costs`; by rows without
 one), which each lane counts as its own, and `in_flight` tells every lane's auto planner how many
 lanes share the batches (planning/costs.py: RoundCosts.in_batch).
 
@@ -121,14 +121,14 @@ class Lanes:
     worker thread only. Called outside a lane (a caller of its own), a proposal or a verify
     runs alone."""
 
-    def __init__(self):
+    def __init__(self, batch_costs: Callable[[], BatchCosts | None] = lambda: None):
         self._running: Lane | None = None
         self.batches = 0  # verify batches run
         self.verifies = 0  # verifies in them
         self.proposal_batches = 0  # drafter batches run
         self.proposals = 0  # drafter calls in them
         self._in_flight = 1  # lanes in the latest tick
-        self._batch_costs: BatchCosts | None = None  # how a batch's time is split (price_batches)
+        self.batch_costs = batch_costs  # how a batch's time is split: the engine's calibration
 
     def lane(self, job: Job, run: Callable[[], None]) -> Lane:
         """A lane that runs `run` (the job's generation; it reports its own outcome). Made on the
@@ -196,9 +196,6 @@ class Lanes:
         """The lanes of the latest tick, prefilling ones included: they join the batches next."""
         return self._in_flight
 
-    def price_batches(self, batch: BatchCosts | None) -> None:
-        self._batch_costs = batch
-
     def _answered(self, lane: Lane, field: str) -> Any:
         """Park `lane` with its ask in `field`; once resumed, the ask's answer (its error raised),
         its part of the batch's time counted as the lane's own."""
@@ -241,7 +238,8 @@ class Lanes:
             by_class.setdefault(type(ask.runner), []).append(ask)
         for runner_class, group in by_class.items():
             batched = getattr(runner_class, "verify_batch", None)
-            cost = self._batch_costs.verify if self._batch_costs else None
+            prices = self.batch_costs()
+            cost = prices.verify if prices else None
             for part in [group] if batched else [[ask] for ask in group]:
                 _answer(part, batched or verify_each, cost)
             self.batches += 1
@@ -255,7 +253,8 @@ class Lanes:
             by_kind.setdefault((type(ask.drafter), ask.tree), []).append(ask)
         for (drafter_class, tree), group in by_kind.items():
             batched = getattr(drafter_class, "propose_tree_batch" if tree else "propose_batch", None)
-            cost = self._batch_costs.draft if self._batch_costs else None
+            prices = self.batch_costs()
+            cost = prices.draft if prices else None
             for part in [group] if batched else [[ask] for ask in group]:
                 _answer(part, batched or propose_each(tree), cost)
             self.proposal_batches += 1

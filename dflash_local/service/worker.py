@@ -159,7 +159,7 @@ class GenerationWorker:
         self.warm_ups_ended = 0  # warm-ups ended: stored, cut by a job, or nothing to do
         self._closed = False
         self._batch = RoundRobin(self.max_batch, max_queue)
-        self._lanes = Lanes()
+        self._lanes = Lanes(engine.batch_costs)
         engine.share_rounds(self._lanes)  # its verifies batched, its prefills in chunks
         self._to_warm: deque[Job] = deque(maxlen=self.max_batch)  # finished while others ran
         self._thread = threading.Thread(target=self._serve, name="generation-worker", daemon=True)
