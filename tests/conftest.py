@@ -39,6 +39,14 @@ def _tests_own_data_dir() -> None:
 _tests_own_data_dir()
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A test's own data dir (settings, chats, calibrations), also its scratch dir. A module
+    that needs a store in it first defines its own `home`."""
+    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
+    return tmp_path
+
+
 def _install_fast_blas() -> None:
     """As `engine_class_for("mlx")` does before the MLX engine is imported: test modules import
     MLX directly, so the fast BLAS is loaded before any of them (in the tests' data dir)."""

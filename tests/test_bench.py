@@ -20,12 +20,6 @@ from dflash_local.events import AUTO, Fixed
 from dflash_local.method.round_trace import read_trace
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))  # calibration cache
-    return tmp_path
-
-
 def bench(pair, out, *extra):
     return main(["bench", "--engine", "transformers", "--target", str(pair.target),
                  "--drafter", str(pair.drafter), "--out", str(out), *extra])

@@ -16,12 +16,6 @@ from dflash_local.cli.main import main
 PROMPTS = ["Write a poem.", "Tell me a story."]
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
 def test_levels_measured_with_memory_and_a_named_machine(tmp_path_factory, home, capsys,
                                                          monkeypatch):
     pair = tiny_pair(tmp_path_factory, "qwen3")

@@ -22,12 +22,6 @@ from dflash_local.cli.main import main
 from dflash_local.events import GenerationParams
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
 def test_the_driver_speaks_json_in_its_own_process_and_loads_our_blas_first(home):
     # our own venv's Python stands in for a peer environment: it has mlx, not the peers
     process = peer_process.PeerProcess(sys.executable, log=lambda line: None)

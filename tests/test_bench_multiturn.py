@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from fixtures_tiny import tiny_pair
 
 from dflash_local.bench import datasets
 from dflash_local.cli.main import main
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path / "home"))
-    return tmp_path
 
 
 def test_multi_turn_reports_both_ways_and_stays_within_budget(tmp_path_factory, home, capsys,

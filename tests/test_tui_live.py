@@ -100,12 +100,6 @@ def service(pair, service_env, tmp_path_factory):
         loop.close()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
-    return tmp_path
-
-
 def make_app(service, **settings) -> DFlashChatApp:
     url, key = service
     return DFlashChatApp(Options(server=url, api_key=key), settings=Settings(**settings))

@@ -32,12 +32,6 @@ STATS = {"tau": 2.0, "decode_tokens_per_s": 30.0, "speculative": True, "rounds":
 CHUNKS = [chunk("One", [1], 0, 0), chunk(" two three", [2, 3, 4], 2, 1), chunk(" four", [5], 0, 2)]
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
-    return tmp_path
-
-
 def test_a_reply_served_from_the_disk_cache_says_so(home):
     async def scenario(app, pilot):
         usage = StreamUsage(40, 4, {**STATS, "cached_tier": "disk"}, cached_tokens=32)

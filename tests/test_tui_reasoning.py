@@ -34,12 +34,6 @@ def service_url(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
-    return tmp_path
-
-
 def make_app(url: str) -> DFlashChatApp:
     return DFlashChatApp(Options(server=url), settings=Settings(max_tokens=160))
 

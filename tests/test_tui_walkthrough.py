@@ -27,12 +27,6 @@ CLASS_REPLY = ("class BankAccount:\n    def __init__(self, account_number, initi
 PASTE = "\n".join(f"{i}. a pasted line of a long text" for i in range(60))
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_LOCAL_HOME", str(tmp_path))
-    return tmp_path
-
-
 # Ctrl+Z after a long paste (say, one the context refused) crashed the app
 @pytest.mark.parametrize("size", [NARROW, WIDE])
 def test_undo_takes_a_long_paste_back(home, size):
