@@ -43,6 +43,7 @@ SETTINGS: dict[str, Setting | None] = {
     "lr1e-4 s16 decay": Setting({"lr": 1e-4}, 16, lr_decay=0.25),
     "lr3e-5 s16 replay0.8": Setting({"lr": 3e-5, "replay_share": 0.8}, 16),
     "lr3e-5 s32": Setting({"lr": 3e-5}, 32),
+    "lr3e-5 s64": Setting({"lr": 3e-5}, 64),
     "lr3e-5 s16 b8": Setting({"lr": 3e-5}, 16, 8),
     "lr3e-5 s16 replay0.3": Setting({"lr": 3e-5, "replay_share": 0.3}, 16),
     "lr3e-5 s4": Setting({"lr": 3e-5}, 4),
