@@ -73,6 +73,12 @@ def test_the_shipped_drafter_serving_is_said_in_the_panel_not_the_bar():
                                                                      "serving": None}}))
     assert adapt_short(fresh) == ""
     assert adapt_sentence(fresh) == "340 replies recorded: the shipped drafter serves"
+    trying = adapt_state(status_with({**ADAPTED, "version": None, "history": [],
+                                      "tau_recent": {"shipped": 1.61, "serving": 1.61},
+                                      "last_round": {"round": 3, "tau_candidate": 1.64,
+                                                     "tau_serving": 1.61, "verdict": "train on"}}))
+    assert adapt_sentence(trying) == ("340 replies recorded: the shipped drafter serves "
+                                      "(in training: tau 1.64 against 1.61)")
 
 
 def test_a_recording_only_service_and_junk_fields():

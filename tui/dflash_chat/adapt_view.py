@@ -33,6 +33,7 @@ class AdaptState:
     trained_on: int = 0
     tau_shipped: float | None = None  # τ on the recent chats, shipped drafter
     tau_serving: float | None = None  # ... the one serving now
+    tau_candidate: float | None = None  # ... the one in training, at the last round
     history: tuple[AdaptVersion, ...] = ()
 
     @property
@@ -50,6 +51,7 @@ def adapt_state(status: dict) -> AdaptState:
     if not isinstance(raw, dict):
         return AdaptState()
     tau = raw.get("tau_recent") if isinstance(raw.get("tau_recent"), dict) else {}
+    last_round = raw.get("last_round") if isinstance(raw.get("last_round"), dict) else {}
     return AdaptState(
         enabled=bool(raw.get("enabled", raw.get("recording", False))),
         recording=bool(raw.get("recording", False)),
@@ -58,6 +60,7 @@ def adapt_state(status: dict) -> AdaptState:
         version=raw["version"] if isinstance(raw.get("version"), int) else None,
         trained_on=_count(raw.get("trained_on")),
         tau_shipped=_tau(tau.get("shipped")), tau_serving=_tau(tau.get("serving")),
+        tau_candidate=_tau(last_round.get("tau_candidate")),
         history=tuple(v for v in map(_version, raw.get("history") or ()) if v is not None))
 
 
@@ -85,6 +88,13 @@ def _tau_change(state: AdaptState) -> str:
     return f"{state.tau_shipped:.1f} -> {state.tau_serving:.1f}"
 
 
+def _in_training(state: AdaptState) -> str:
+    """How the drafter in training compares on the recent chats: why it does not serve yet."""
+    if state.tau_candidate is None or state.tau_serving is None:
+        return ""
+    return f" (in training: tau {state.tau_candidate:.2f} against {state.tau_serving:.2f})"
+
+
 def adapt_sentence(state: AdaptState) -> str:
     """The speed panel's words: what the drafter has learnt of this user's replies."""
     if not state.enabled:
@@ -94,7 +104,7 @@ def adapt_sentence(state: AdaptState) -> str:
     if state.version is None:
         if not state.recording:
             return "recording paused: the shipped drafter serves"
-        return f"{state.replies} replies recorded: the shipped drafter serves"
+        return f"{state.replies} replies recorded: the shipped drafter serves{_in_training(state)}"
     change = _tau_change(state)
     tail = f": tau on your recent chats {change}" if change else ""
     return f"adapted on {state.trained_on} of your replies{tail}"
