@@ -125,7 +125,7 @@ def main() -> int:
         store.add(recorder.pair, prompt_ids, reply_ids, {})
         while adaptation.has_work():
             adaptation.run_slice()
-        if adaptation.last_round and (not rounds or rounds[-1] != adaptation.last_round):
+        if adaptation.last_round and (not rounds or rounds[-1]["round"] != adaptation.last_round["round"]):
             rounds.append(dict(adaptation.last_round, replies=store.count(recorder.pair.key)))
             print(json.dumps(rounds[-1]), flush=True)
     stream_s = time.perf_counter() - started
