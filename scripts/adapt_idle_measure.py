@@ -6,17 +6,18 @@ CI (minutes of decoding and training); the Transformers engine.
     nice .venv/bin/python scripts/adapt_idle_measure.py --record docs/records/adapt-idle-embedded.json
     .venv/bin/python scripts/render_benchmarks.py
 
+Rows: teacher-forced τ (the drafts greedy verification would accept, on every 4th block of the
+target's own greedy replies) of the shipped drafter, the one serving after the stream and the
+candidate still in training, on
+the held-out replies of the stream's kind and on the general held-out set; τ as decoded (the
+held-out prompts decoded again by the serving drafter); and each kind of slice's length (p50,
+p90, max): the longest a request arriving during adaptation waits before its first round.
+
 --kind takes a bench dataset (humaneval, embedded, ...) or a kind of `bench --adapt-stream`
 (coding, general, language, agent: bench/adapt_kinds.py; ShareGPT's reserved bucket left out).
 --policy restart-on-dip runs the rounds as they ran before adapt/idle.py's `verdict`: a candidate
 whose held-out mean fell below the serving drafter's at all started again from it (a before/after
 of that one decision, the rest the same code).
-
-Rows: teacher-forced τ (the drafts greedy verification would accept, on every 4th block of the
-target's own greedy replies) of the shipped drafter and of the one serving after the stream, on
-the held-out replies of the stream's kind and on the general held-out set; τ as decoded (the
-held-out prompts decoded again by the serving drafter); and each kind of slice's length (p50,
-p90, max): the longest a request arriving during adaptation waits before its first round.
 """
 
 from __future__ import annotations
