@@ -10,7 +10,9 @@ turn), arriving `--stagger` seconds apart; the service keeps max(N) generations 
 runs take turns, `--repeats` of each, so a change of the machine's load falls on both. Aggregate
 tokens/s: every run's tokens over the sum of the runs' wall times, each from its first request to
 its last reply's end; per request (median): its tokens after the first over the time from its
-first token to its end.
+first token to its end; one by one: the same prompts' replies alone (each request sent after the
+last ended: the replies every level is checked against), their tokens over their summed times,
+and the batch gain, a level's aggregate over that (both speculative).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     state, server = serve(args, max(args.concurrency))
     try:
         clients = Clients(server.url + "/v1/chat/completions", args.max_tokens, args.stagger)
-        alone = {(mode, p): reply(clients, p, on, time.perf_counter())["ids"]
+        alone = {(mode, p): reply(clients, p, on, time.perf_counter())
                  for mode, on in MODES.items() for p in prompts}
         memory = service_memory.Watch(state.loaded)
         rows = [level_row(clients, prompts[:count], alone, args.repeats,
@@ -124,7 +126,7 @@ def level_row(clients: Clients, prompts: list[str], alone: dict, repeats: int = 
         for mode, on in MODES.items():
             with memory or contextlib.nullcontext():
                 replies = together(clients, prompts, on)
-            same &= all(r["ids"] == alone[(mode, p)] for r, p in zip(replies, prompts, strict=True))
+            same &= all(r["ids"] == alone[(mode, p)]["ids"] for r, p in zip(replies, prompts, strict=True))
             runs[mode].append(replies)
     for mode, mode_runs in runs.items():
         spans = sum(max(r["end"] for r in run) - min(r["sent"] for r in run) for run in mode_runs)
@@ -134,6 +136,10 @@ def level_row(clients: Clients, prompts: list[str], alone: dict, repeats: int = 
             (len(r["ids"]) - 1) / (r["end"] - r["first"]) for r in replies), 1)
         row[f"{mode}_ttft"] = round(statistics.median(r["first"] - r["sent"] for r in replies), 3)
     row["speedup"] = round(row["speculative_aggregate"] / row["plain_aggregate"], 2)
+    one_by_one = [alone[("speculative", p)] for p in prompts]
+    row["speculative_one_by_one"] = round(sum(len(r["ids"]) for r in one_by_one) / sum(
+        r["end"] - r["sent"] for r in one_by_one), 1)
+    row["batch_gain"] = round(row["speculative_aggregate"] / row["speculative_one_by_one"], 2)
     row["identical"] = "yes" if same else "no"
     return row
 
@@ -211,6 +217,8 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
         "columns": [column("speculative_aggregate", "spec aggregate tok/s"),
                     column("plain_aggregate", "plain aggregate tok/s"),
                     column("speedup", "spec ÷ plain", 2),
+                    column("speculative_one_by_one", "spec one by one tok/s"),
+                    column("batch_gain", "spec aggregate ÷ one by one", 2),
                     column("speculative_per_request", "spec per-request tok/s"),
                     column("plain_per_request", "plain per-request tok/s"),
                     column("speculative_ttft", "spec TTFT (s)", 2),
