@@ -32,7 +32,7 @@ REQUIRED = ("title", "measured", "command", "date", "machine", "engine", "datase
 # output, many clients at once
 CURRENT = ("held-out-30-prompts", "chat-set-four-tries", "mac-peers-shipped", "prefix-cache-multiturn",
            "prefix-cache-memory", "prefix-disk-ttft", "prefix-disk-budget", "json-extraction",
-           "concurrency-transformers-batched", "concurrency-mlx")
+           "concurrency-transformers-128", "concurrency-mlx-128")
 
 
 def load_records(root: Path = ROOT) -> dict[str, dict]:

@@ -197,7 +197,8 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
 
     counts = ",".join(str(count) for count in args.concurrency)
     return {
-        "title": f"Many clients at once: tokens/s and time to first token ({args.engine})",
+        "title": f"Many clients at once, {args.max_tokens} tokens a reply: tokens/s and time to first "
+                 f"token ({args.engine})",
         "compares": f"speculative against plain at {counts} concurrent clients, through the "
                     f"worker's lanes",
         "measured": __doc__.split("\n\n")[1].replace("\n", " ").strip(),
