@@ -98,8 +98,8 @@ def verdict(candidate: list[int], serving: list[int]) -> str:
     """What a round's scores decide: PUBLISH a candidate better by the margin; RESTART one the
     serving drafter beats by the same margin (it went astray: it starts again from what serves);
     else TRAIN_ON, the candidate kept as it is: a gain inside the noise of one round's held-out
-    blocks carries on into the next round (restarting on every dip threw away the rounds' work,
-    and on chat no candidate ever passed: docs/records/adapt-stream-coding-100.json)."""
+    blocks carries on into the next round (restarting on every dip threw away the rounds' work:
+    12 restarts in 25 rounds of ShareGPT coding, docs/records/adapt-rounds-coding-*.json)."""
     if better_by_margin(candidate, serving):
         return PUBLISH
     return RESTART if better_by_margin(serving, candidate) else TRAIN_ON
@@ -385,7 +385,7 @@ class Adaptation:
         return {"enabled": True, "recording": self.recorder.paused is None, "replies": replies,
                 "pending": pending, "training": self._round is not None,
                 "version": self.engine.drafter_version, "trained_on": replies - pending,
-                "tau_recent": dict(self.tau_recent), "last_round": self.last_round,
+                "tau_recent": dict(self.tau_recent), "last_round": dict(self.last_round) if self.last_round else None,
                 "history": self.versions.history(), "note": None}
 
     def close(self) -> None:
