@@ -31,6 +31,7 @@ def test_levels_measured_with_memory_and_a_named_machine(tmp_path_factory, home,
         assert row["identical"] == "yes"
         assert row["speculative_aggregate"] > 0 and row["plain_aggregate"] > 0
         assert row["speedup"] == round(row["speculative_aggregate"] / row["plain_aggregate"], 2)
+        assert row["speculative_tau"] >= 1 and 1 <= row["speculative_width"] <= 4  # --block-size 4
         assert row["batch_gain"] == round(row["speculative_aggregate"] / row["speculative_one_by_one"], 2)
     memory = record["memory"]
     assert memory["peak_mib"]["rss"] >= memory["idle_mib"]["rss"] > 0

@@ -10,7 +10,8 @@ turn), arriving `--stagger` seconds apart; the service keeps max(N) generations 
 runs take turns, `--repeats` of each, so a change of the machine's load falls on both. Aggregate
 tokens/s: every run's tokens over the sum of the runs' wall times, each from its first request to
 its last reply's end; per request (median): its tokens after the first over the time from its
-first token to its end; one by one: the same prompts' replies alone (each request sent after the
+first token to its end; spec τ and mean width: the speculative runs' tokens per decoding round
+and the widths their planners chose; one by one: the same prompts' replies alone (each request sent after the
 last ended: the replies every level is checked against), their tokens over their summed times,
 and the batch gain, a level's aggregate over that (both speculative).
 """
@@ -136,6 +137,10 @@ def level_row(clients: Clients, prompts: list[str], alone: dict, repeats: int = 
             (len(r["ids"]) - 1) / (r["end"] - r["first"]) for r in replies), 1)
         row[f"{mode}_ttft"] = round(statistics.median(r["first"] - r["sent"] for r in replies), 3)
     row["speedup"] = round(row["speculative_aggregate"] / row["plain_aggregate"], 2)
+    rounds = [r for replies in runs["speculative"] for reply in replies for r in reply["rounds"]]
+    if rounds:  # what the lanes' planners chose beside each other, and what it bought
+        row["speculative_tau"] = round(statistics.fmean(tokens for tokens, _ in rounds), 2)
+        row["speculative_width"] = round(statistics.fmean(width for _, width in rounds), 1)
     one_by_one = [alone[("speculative", p)] for p in prompts]
     row["speculative_one_by_one"] = round(sum(len(r["ids"]) for r in one_by_one) / sum(
         r["end"] - r["sent"] for r in one_by_one), 1)
@@ -165,13 +170,16 @@ def reply(clients: Clients, prompt: str, speculative: bool, sent: float) -> dict
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": clients.tokens, "temperature": 0, "stream": True,
             "speculative": speculative}
-    ids, first = [], None
+    ids, first, rounds = [], None, []
     with httpx.stream("POST", clients.url, json=body, timeout=600) as response:
         for line in response.iter_lines():
             if line.startswith("data: {") and (chunk := json.loads(line[6:])).get("choices"):
-                ids += chunk["dflash"]["token_ids"]
+                step = chunk["dflash"]
+                ids += step["token_ids"]
                 first = first or (time.perf_counter() if ids else None)
-    return {"ids": ids, "sent": sent, "first": first, "end": time.perf_counter()}
+                if step["round"]:  # a decoding round (0: the prefill's token): tokens, width
+                    rounds.append((len(step["token_ids"]), step["block_size"]))
+    return {"ids": ids, "sent": sent, "first": first, "end": time.perf_counter(), "rounds": rounds}
 
 
 def batching_words(engine, worker: dict) -> str:
@@ -220,6 +228,8 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
                     column("speedup", "spec ÷ plain", 2),
                     column("speculative_one_by_one", "spec one by one tok/s"),
                     column("batch_gain", "spec aggregate ÷ one by one", 2),
+                    column("speculative_tau", "spec τ", 2),
+                    column("speculative_width", "spec mean width"),
                     column("speculative_per_request", "spec per-request tok/s"),
                     column("plain_per_request", "plain per-request tok/s"),
                     column("speculative_ttft", "spec TTFT (s)", 2),
