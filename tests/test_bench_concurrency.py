@@ -20,7 +20,7 @@ def test_levels_measured_with_memory_and_a_named_machine(tmp_path_factory, home,
                                                          monkeypatch):
     pair = tiny_pair(tmp_path_factory, "qwen3")
     # the tiny tokenizer spells one token a byte: short prompts keep the run in seconds
-    monkeypatch.setattr(concurrency, "prompt_texts", lambda count: PROMPTS[:count])
+    monkeypatch.setattr(concurrency, "prompt_texts", lambda count, datasets: PROMPTS[:count])
     path = home / "concurrency.json"
     assert main(["bench", "--engine", "transformers", "--target", str(pair.target),
                  "--drafter", str(pair.drafter), "--concurrency", "1,2", "--max-tokens", "6",
@@ -56,3 +56,13 @@ def test_a_served_engine_refused(capsys):
     assert main(["bench", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
                  "--concurrency", "2"]) != 0
     assert "--concurrency starts a service of its own on a local engine" in capsys.readouterr().err
+
+
+def test_clients_take_the_named_datasets_prompts_in_turn():
+    from dflash_local.bench.datasets import DatasetUnavailableError, load_prompts
+
+    held_out, chat = load_prompts("embedded", 3), load_prompts("chat", 3)
+    assert concurrency.prompt_texts(3) == [held_out[0].turns[0], chat[0].turns[0], held_out[1].turns[0]]
+    assert concurrency.prompt_texts(2, ("embedded",)) == [p.turns[0] for p in load_prompts("embedded", 2)]
+    with pytest.raises(DatasetUnavailableError, match="unknown dataset 'nope'"):
+        concurrency.prompt_texts(2, ("nope",))

@@ -5,7 +5,7 @@ then the process's memory idle, during the most clients and after they drain
 (bench/service_memory.py). The record goes through report.write_record (the machine named).
 
 N clients stream greedy replies to N prompts (held-out and chat prompts of bench/datasets.py, in
-turn), arriving `--stagger` seconds apart; the service keeps max(N) generations in flight
+turn; --dataset names others), arriving `--stagger` seconds apart; the service keeps max(N) generations in flight
 (service/lanes.py), so none waits in the queue. At each concurrency the speculative and the plain
 runs take turns, `--repeats` of each, so a change of the machine's load falls on both. Aggregate
 tokens/s: every run's tokens over the sum of the runs' wall times, each from its first request to
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise DFlashError(f"--concurrency needs --max-tokens >= 1, --stagger >= 0, --repeats >= 1 "
                           f"and one block size, got {args.max_tokens}, {args.stagger}, "
                           f"{args.repeats} and {','.join(map(str, args.block_size))}")
-    prompts = prompt_texts(max(args.concurrency))
+    prompts = prompt_texts(max(args.concurrency), dataset_names(args))
     state, server = serve(args, max(args.concurrency))
     try:
         clients = Clients(server.url + "/v1/chat/completions", args.max_tokens, args.stagger)
@@ -91,12 +91,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["identical"] == "yes" for row in rows) else 1
 
 
-def prompt_texts(count: int) -> list[str]:
-    """Held-out and chat prompts in turn, `count` of them."""
-    from dflash_local.bench.datasets import chat_prompts, embedded_prompts
+def dataset_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """--dataset's names (default: the held-out set and chat)."""
+    return tuple(name.strip() for name in (args.dataset or "embedded,chat").split(",") if name.strip())
 
-    held_out, chat = embedded_prompts(count), chat_prompts(count)
-    mixed = [p for pair in zip(held_out, chat, strict=False) for p in pair][:count]
+
+def prompt_texts(count: int, datasets: tuple[str, ...] = ("embedded", "chat")) -> list[str]:
+    """The datasets' prompts in turn (one of each, then the next of each), `count` of them."""
+    from dflash_local.bench.datasets import load_prompts
+
+    sets = [load_prompts(name, count) for name in datasets]
+    mixed = [p for turn in zip(*sets, strict=False) for p in turn][:count]
     return [prompt.turns[0] for prompt in mixed]
 
 
@@ -210,7 +215,7 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
         "compares": f"speculative against plain at {counts} concurrent clients, through the "
                     f"worker's lanes",
         "measured": __doc__.split("\n\n")[1].replace("\n", " ").strip(),
-        "dataset": f"{prompt_count} prompts: embedded held-out and chat in turn; "
+        "dataset": f"{prompt_count} prompts: {' and '.join(dataset_names(args))} in turn; "
                    f"{args.max_tokens} tokens each",
         "date": time.strftime("%Y-%m-%d"),
         "engine": args.engine,
@@ -220,6 +225,7 @@ def record(args: argparse.Namespace, rows: list[dict], batching: str, memory: di
         "command": f"dflash-local bench --engine {args.engine} --concurrency {counts} "
                    f"--max-tokens {args.max_tokens} --stagger {args.stagger} "
                    f"--block-size {args.block_size[0]} --repeats {args.repeats}"
+                   + (f" --dataset {args.dataset}" if args.dataset else "")
                    + (f" --record {args.record}" if args.record else ""),
         "source": "dflash_local/bench/concurrency.py, dflash_local/service/lanes.py",
         "row_header": "clients",
